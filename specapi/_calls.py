@@ -1,0 +1,206 @@
+"""Calls to one role's endpoint: retries (tenacity), timing, usage metering and error naming.
+
+Responses are kept as the JSON the server sent (dicts), since verification needs fields that the SDK's
+types do not model (vLLM's `prompt_logprobs`, llama.cpp's chat-shaped completion logprobs, ...).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+import openai
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt, wait_exponential_jitter
+
+from ._exceptions import DraftError, EndpointError, MalformedResponseError, TargetError
+from .endpoint import Endpoint
+from .pricing import call_cost
+from .stats import RoleUsage
+
+__all__ = ["Meter", "RoleClient", "is_transient", "Sleep", "Clock"]
+
+Sleep = Callable[[float], Awaitable[None]]
+Clock = Callable[[], float]
+
+_TRANSIENT_STATUS = {408, 409, 429, 500, 502, 503, 504}
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Worth retrying: rate limits, server errors, timeouts and dropped connections."""
+    if isinstance(exc, (openai.APITimeoutError, openai.APIConnectionError)):
+        return True
+    return isinstance(exc, openai.APIStatusError) and (exc.status_code in _TRANSIENT_STATUS or exc.status_code >= 500)
+
+
+def _retry_after_seconds(exc: BaseException | None) -> float | None:
+    if not isinstance(exc, openai.APIStatusError):
+        return None
+    value = exc.response.headers.get("retry-after-ms")
+    if value is not None:
+        try:
+            return float(value) / 1000.0
+        except ValueError:
+            pass
+    value = exc.response.headers.get("retry-after")
+    if value is None:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        return None
+
+
+class wait_retry_after:
+    """Wait what the server asked for (Retry-After), else back off exponentially with jitter."""
+
+    def __init__(self, *, initial: float = 0.2, maximum: float = 20.0) -> None:
+        self._fallback = wait_exponential_jitter(initial=initial, max=maximum)
+        self._maximum = maximum
+
+    def __call__(self, retry_state: RetryCallState) -> float:
+        exc = retry_state.outcome.exception() if retry_state.outcome else None
+        asked = _retry_after_seconds(exc)
+        if asked is not None:
+            return min(asked, self._maximum)
+        return self._fallback(retry_state)
+
+
+class Meter:
+    """Adds up what one role was asked and billed for during one user request."""
+
+    def __init__(self, endpoint: Endpoint) -> None:
+        self._endpoint = endpoint
+        self.requests = 0
+        self.failed_requests = 0
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+        self.cached_tokens = 0
+        self.latency_s = 0.0
+        self.cost_usd: Decimal | None = Decimal(0)
+
+    def record_attempt(self, latency_s: float, *, failed: bool) -> None:
+        self.requests += 1
+        self.failed_requests += failed
+        self.latency_s += latency_s
+
+    def record_usage(self, usage: Mapping[str, Any] | None) -> None:
+        if not usage:
+            return
+        prompt = int(usage.get("prompt_tokens") or 0)
+        completion = int(usage.get("completion_tokens") or 0)
+        details = usage.get("prompt_tokens_details") or {}
+        cached = int(details.get("cached_tokens") or 0) if isinstance(details, Mapping) else 0
+        self.prompt_tokens += prompt
+        self.completion_tokens += completion
+        self.cached_tokens += cached
+        cost = call_cost(self._endpoint, prompt_tokens=prompt, completion_tokens=completion, cached_tokens=cached)
+        self.cost_usd = None if cost is None or self.cost_usd is None else self.cost_usd + cost
+
+    def snapshot(self) -> RoleUsage:
+        return RoleUsage(
+            requests=self.requests,
+            prompt_tokens=self.prompt_tokens,
+            completion_tokens=self.completion_tokens,
+            cached_tokens=self.cached_tokens,
+            latency_s=self.latency_s,
+            cost_usd=self.cost_usd,
+            failed_requests=self.failed_requests,
+        )
+
+
+@dataclass
+class RoleClient:
+    """One role's endpoint, with the SDK client built once and shared by all requests."""
+
+    role: str
+    endpoint: Endpoint
+    sleep: Sleep = asyncio.sleep
+    clock: Clock = time.perf_counter
+
+    def __post_init__(self) -> None:
+        self._client: openai.AsyncOpenAI | None = None
+
+    @property
+    def sdk(self) -> openai.AsyncOpenAI:
+        if self._client is None:
+            self._client = self.endpoint.build_client()
+        return self._client
+
+    def error(self, message: str, *, status_code: int | None = None, malformed: bool = False) -> EndpointError:
+        if malformed:
+            return MalformedResponseError(message, role=self.role, endpoint=self.endpoint.label, status_code=status_code)
+        cls = DraftError if self.role == "draft" else TargetError
+        return cls(message, role=self.role, endpoint=self.endpoint.label, status_code=status_code)
+
+    def _body(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        merged = dict(self.endpoint.extra_body or {})
+        merged.update(body)
+        merged.setdefault("model", self.endpoint.model)
+        return merged
+
+    async def post(self, path: str, body: Mapping[str, Any], meter: Meter, *, retries: int | None = None) -> dict[str, Any]:
+        """POST `body` (plus the endpoint's extras) and return the JSON; retry transient failures."""
+        payload = self._body(body)
+        attempts = 1 + (self.endpoint.max_retries if retries is None else retries)
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(attempts),
+            wait=wait_retry_after(),
+            retry=retry_if_exception(is_transient),
+            sleep=self.sleep,
+            reraise=True,
+        )
+        try:
+            async for attempt in retrying:
+                with attempt:
+                    result = await self._post_once(path, payload, meter)
+        except openai.APIStatusError as exc:
+            raise self.error(f"HTTP {exc.status_code}: {exc.message}", status_code=exc.status_code) from exc
+        except openai.APIError as exc:
+            raise self.error(f"{type(exc).__name__}: {exc}") from exc
+        except (json.JSONDecodeError, UnicodeDecodeError, ValueError) as exc:
+            raise self.error(f"unreadable response body ({exc})", malformed=True) from exc
+        if not isinstance(result, dict):
+            raise self.error(f"expected a JSON object, got {type(result).__name__}", malformed=True)
+        meter.record_usage(result.get("usage"))
+        return result
+
+    async def _post_once(self, path: str, payload: dict[str, Any], meter: Meter) -> Any:
+        started = self.clock()
+        try:
+            result = await self.sdk.post(path, body=payload, cast_to=object)
+        except BaseException:
+            meter.record_attempt(self.clock() - started, failed=True)
+            raise
+        meter.record_attempt(self.clock() - started, failed=False)
+        return result
+
+    async def stream(self, path: str, body: Mapping[str, Any], meter: Meter) -> AsyncIterator[dict[str, Any]]:
+        """POST with `stream: true` and yield each JSON chunk (the request itself is retried, not the stream)."""
+        payload = self._body(body)
+        payload["stream"] = True
+        started = self.clock()
+        try:
+            stream = await self.sdk.post(path, body=payload, cast_to=object, stream=True, stream_cls=openai.AsyncStream[object])
+        except openai.APIStatusError as exc:
+            meter.record_attempt(self.clock() - started, failed=True)
+            raise self.error(f"HTTP {exc.status_code}: {exc.message}", status_code=exc.status_code) from exc
+        except openai.APIError as exc:
+            meter.record_attempt(self.clock() - started, failed=True)
+            raise self.error(f"{type(exc).__name__}: {exc}") from exc
+        failed = True
+        try:
+            async for chunk in stream:
+                if isinstance(chunk, dict):
+                    if chunk.get("usage"):
+                        meter.record_usage(chunk["usage"])
+                    yield chunk
+            failed = False
+        except openai.APIError as exc:
+            raise self.error(f"stream broke: {exc}") from exc
+        finally:
+            meter.record_attempt(self.clock() - started, failed=failed)

@@ -1,0 +1,96 @@
+"""Reading the logprob payloads servers send, in every shape providers.md lists, into `ScoredToken`s."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .alignment import ScoredToken
+
+__all__ = ["completion_tokens", "chat_tokens", "prompt_logprob_tokens", "WireError"]
+
+
+class WireError(ValueError):
+    """A payload lacks or contradicts the fields verification needs."""
+
+
+def _top_from_list(items: Any) -> dict[str, float] | None:
+    if items is None:
+        return None
+    if isinstance(items, Mapping):
+        return {str(k): float(v) for k, v in items.items() if v is not None}
+    result: dict[str, float] = {}
+    for item in items:
+        if isinstance(item, Mapping) and "token" in item and item.get("logprob") is not None:
+            result.setdefault(str(item["token"]), float(item["logprob"]))
+    return result
+
+
+def chat_tokens(content: Any) -> list[ScoredToken]:
+    """`logprobs.content` of a chat response (also llama.cpp's completions logprobs)."""
+    if not isinstance(content, Sequence):
+        raise WireError("logprobs.content is missing")
+    tokens = []
+    for item in content:
+        if not isinstance(item, Mapping) or "token" not in item:
+            raise WireError("a logprobs.content item has no token")
+        logprob = item.get("logprob")
+        tokens.append(
+            ScoredToken(
+                text=str(item["token"]),
+                logprob=None if logprob is None else float(logprob),
+                top=_top_from_list(item.get("top_logprobs")),
+            )
+        )
+    return tokens
+
+
+def completion_tokens(logprobs: Any) -> list[ScoredToken]:
+    """`choices[i].logprobs` of a completions response: OpenAI's parallel arrays or the chat shape."""
+    if not isinstance(logprobs, Mapping):
+        raise WireError("choices[0].logprobs is missing")
+    if "content" in logprobs and "tokens" not in logprobs:
+        return chat_tokens(logprobs["content"])
+    tokens = logprobs.get("tokens")
+    values = logprobs.get("token_logprobs")
+    tops = logprobs.get("top_logprobs")
+    if not isinstance(tokens, Sequence) or not isinstance(values, Sequence):
+        raise WireError("logprobs.tokens or logprobs.token_logprobs is missing")
+    if tops is None:
+        tops = [None] * len(tokens)
+    if not (len(tokens) == len(values) == len(tops)):
+        raise WireError(f"logprobs arrays disagree in length ({len(tokens)}, {len(values)}, {len(tops)})")
+    return [
+        ScoredToken(text=str(t), logprob=None if v is None else float(v), top=_top_from_list(top))
+        for t, v, top in zip(tokens, values, tops)
+    ]
+
+
+def prompt_logprob_tokens(entries: Any, token_ids: Any) -> list[ScoredToken]:
+    """vLLM's raw `prompt_logprobs` (null, then `{token_id: {logprob, rank, decoded_token}}` per position).
+
+    The actual token at each position is only known from `prompt_token_ids` (ask with `return_token_ids`).
+    """
+    if not isinstance(entries, Sequence) or not isinstance(token_ids, Sequence):
+        raise WireError("prompt_logprobs or prompt_token_ids is missing")
+    if len(entries) != len(token_ids):
+        raise WireError(f"prompt_logprobs has {len(entries)} entries for {len(token_ids)} prompt tokens")
+    tokens = []
+    for position, (entry, token_id) in enumerate(zip(entries, token_ids)):
+        if entry is None:
+            if position != 0:
+                raise WireError(f"prompt_logprobs has no entry at position {position}")
+            tokens.append(ScoredToken(text="", logprob=None, top=None))
+            continue
+        if not isinstance(entry, Mapping):
+            raise WireError("a prompt_logprobs entry is not an object")
+        actual = entry.get(str(token_id))
+        if not isinstance(actual, Mapping) or "decoded_token" not in actual:
+            raise WireError(f"prompt_logprobs lacks the prompt token {token_id} at position {position}")
+        top = {
+            str(value["decoded_token"]): float(value["logprob"])
+            for key, value in entry.items()
+            if isinstance(value, Mapping) and value.get("logprob") is not None and key != str(token_id)
+        }
+        tokens.append(ScoredToken(text=str(actual["decoded_token"]), logprob=float(actual["logprob"]), top=top))
+    return tokens

@@ -1,0 +1,149 @@
+"""Deciding one round: which draft tokens the target keeps, and what it says instead. Pure functions.
+
+Inputs are the target's scored positions over the draft text (from any verifier) and the draft's
+tokens. Greedy rounds keep tokens while they are the target's argmax; sampled rounds use the
+speculative-sampling rule (accept with min(1, p/q), resample from the residual) where a target token
+lines up with a draft token, and sample directly from p where tokenizations differ, which is always
+exact. Nothing here emits a byte the target's distribution did not produce.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
+from .alignment import ScoredToken, spans, token_bytes
+from .sampling import TokenDist, acceptance_probability, argmax_token, residual, sample_token
+
+__all__ = ["Emitted", "RoundDecision", "SamplingParams", "decide_round", "DEFAULT_EOS_TOKENS"]
+
+#: Token strings that end generation (shown in top lists, never as text).
+DEFAULT_EOS_TOKENS = frozenset(
+    {"<|endoftext|>", "</s>", "<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<eos>", "<end_of_turn>", "<|end|>"}
+)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How the target samples: temperature 0 means greedy."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    raw_logprobs: bool = True
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass(frozen=True)
+class Emitted:
+    """A target token added to the output. `data` is the new bytes (a token that straddles already
+    committed text contributes only its tail); `eos` marks the end of text and carries no token."""
+
+    token: str
+    data: bytes
+    logprob: float | None = None
+    top: dict[str, float] | None = None
+    eos: bool = False
+    count: int = 1  # how many target tokens `data` stands for (a plain target step returns many at once)
+
+
+@dataclass(frozen=True)
+class RoundDecision:
+    emitted: tuple[Emitted, ...]
+    accepted: int
+    accepted_by_position: tuple[bool, ...]
+    all_accepted: bool
+    stalled: bool = False
+    gap: float = 0.0
+
+
+def _emit(token: str, position: ScoredToken, straddle: bytes, eos_tokens: Collection[str]) -> Emitted | None:
+    """The output for `token` chosen at `position`; None when its bytes contradict committed text."""
+    dist = position.distribution()
+    if token in eos_tokens:
+        return Emitted(token=token, data=b"", logprob=dist.get(token), top=dict(position.top or {}), eos=True)
+    data = token_bytes(token)
+    if data is None or not data.startswith(straddle):
+        return None
+    return Emitted(token=token, data=data[len(straddle) :], logprob=dist.get(token), top=dict(position.top or {}))
+
+
+def decide_round(
+    positions: Sequence[ScoredToken],
+    straddle: int,
+    draft: Sequence[ScoredToken],
+    params: SamplingParams,
+    rng: random.Random,
+    eos_tokens: Collection[str] = DEFAULT_EOS_TOKENS,
+) -> RoundDecision:
+    """Decide a round.
+
+    `positions` are the target's tokens covering the draft text, each with the target's distribution
+    at that position; the first carries `straddle` bytes of already committed text. `draft` are the
+    draft's tokens with the draft's distributions (used for sampled rounds).
+    """
+    draft_spans = spans(draft)
+    draft_by_span = {span: token for span, token in zip(draft_spans, draft)}
+    target_spans = spans(positions, start=-straddle)
+    emitted: list[Emitted] = []
+    gap = 0.0
+    accepted_bytes = 0
+    all_accepted = True
+    stalled = False
+
+    for index, (position, span) in enumerate(zip(positions, target_spans)):
+        carried = position.data[:straddle] if index == 0 else b""
+        dist = position.distribution()
+        if not dist:
+            # The server listed nothing here (e.g. the first prompt token): this position cannot be checked.
+            all_accepted = False
+            stalled = not emitted
+            break
+        if params.greedy:
+            choice = argmax_token(dist, prefer=position.text)
+            keep = choice == position.text
+        else:
+            p = TokenDist.from_logprobs(dist, temperature=params.temperature, top_p=params.top_p, raw=params.raw_logprobs)
+            drafted = draft_by_span.get(span)
+            if drafted is not None and drafted.text == position.text:
+                q = TokenDist.from_logprobs(
+                    drafted.distribution(), temperature=params.temperature, top_p=params.top_p, raw=params.raw_logprobs
+                )
+                gap = max(gap, p.gap, q.gap)
+                keep = rng.random() < acceptance_probability(p.get(position.text), q.get(position.text))
+                choice = position.text if keep else sample_token(residual(p, q), rng)
+            elif carried:
+                # A token merging committed text with the draft: p here is conditioned on a different
+                # split of the context, so neither keeping nor resampling is sound. Take a plain step.
+                all_accepted = False
+                stalled = True
+                break
+            else:
+                # Tokenizations differ here: no q for this token, so sample the position from p itself.
+                gap = max(gap, p.gap)
+                choice = sample_token(p, rng)
+                keep = choice == position.text
+        if keep:
+            emitted.append(Emitted(token=position.text, data=position.data[len(carried) :], logprob=position.logprob, top=dict(position.top or {})))
+            accepted_bytes = span[1]
+            continue
+        all_accepted = False
+        replacement = _emit(choice, position, carried, eos_tokens) if choice is not None else None
+        if replacement is None:
+            stalled = not emitted
+        else:
+            emitted.append(replacement)
+        break
+
+    accepted_by_position = tuple(end <= accepted_bytes for _, end in draft_spans)
+    return RoundDecision(
+        emitted=tuple(emitted),
+        accepted=sum(accepted_by_position),
+        accepted_by_position=accepted_by_position,
+        all_accepted=all_accepted,
+        stalled=stalled,
+        gap=gap,
+    )

@@ -1,0 +1,100 @@
+"""Token alignment: where a draft's text sits in a target's token list, in bytes.
+
+Servers disagree on `text_offset` (from the prompt start, from the generated text, -1, code points or
+bytes: see providers.md), so offsets are never trusted. Positions are found from the end of the scored
+prompt instead: the prompt always ends with the draft text, so walking back over the token bytes finds
+the tokens that cover it, and comparing those bytes with the draft proves the alignment or refutes it.
+"""
+
+from __future__ import annotations
+
+import codecs
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+__all__ = ["ScoredToken", "token_bytes", "locate_suffix", "complete_utf8_prefix", "spans"]
+
+
+def token_bytes(token: str) -> bytes | None:
+    """The bytes a token string stands for; None when the server hid them (e.g. "token_id:123").
+
+    OpenAI spells tokens that are partial UTF-8 as "bytes:\\xe2\\x80"; such strings are decoded here.
+    """
+    if token.startswith("bytes:"):
+        try:
+            return codecs.escape_decode(token[len("bytes:") :].encode("ascii"))[0]
+        except (ValueError, UnicodeEncodeError):
+            return None
+    if token.startswith("token_id:"):
+        return None
+    return token.encode("utf-8")
+
+
+@dataclass(frozen=True)
+class ScoredToken:
+    """A token at one position, with its logprob and the top alternatives a server listed there."""
+
+    text: str
+    logprob: float | None = None
+    top: Mapping[str, float] | None = field(default=None, compare=False)
+
+    @property
+    def data(self) -> bytes:
+        data = token_bytes(self.text)
+        if data is None:
+            raise ValueError(f"token {self.text!r} does not reveal its bytes")
+        return data
+
+    def distribution(self) -> dict[str, float]:
+        """The listed alternatives plus the token itself (a server always scores the token it saw)."""
+        listed = dict(self.top or {})
+        if self.logprob is not None:
+            listed.setdefault(self.text, self.logprob)
+        return listed
+
+
+def locate_suffix(tokens: Sequence[ScoredToken], suffix: bytes) -> tuple[int, int] | None:
+    """Find the tokens that cover the last `len(suffix)` bytes.
+
+    Returns `(index, straddle)`: `tokens[index:]` cover `suffix`, and the first of them also carries
+    `straddle` bytes from before it (a token that merges context and draft). None when the bytes do not
+    match: the server tokenized or spelled something that specapi cannot align, so nothing may be trusted.
+    """
+    if not suffix:
+        return (len(tokens), 0)
+    covered = 0
+    pieces: list[bytes] = []
+    for index in range(len(tokens) - 1, -1, -1):
+        data = token_bytes(tokens[index].text)
+        if data is None:
+            return None
+        pieces.append(data)
+        covered += len(data)
+        if covered >= len(suffix):
+            joined = b"".join(reversed(pieces))
+            if not joined.endswith(suffix):
+                return None
+            return (index, covered - len(suffix))
+    return None
+
+
+def complete_utf8_prefix(data: bytes) -> bytes:
+    """The longest prefix of `data` that decodes as UTF-8 (drops a trailing partial character)."""
+    for cut in range(len(data), max(-1, len(data) - 4), -1):
+        try:
+            data[:cut].decode("utf-8")
+            return data[:cut]
+        except UnicodeDecodeError:
+            continue
+    return b""
+
+
+def spans(tokens: Sequence[ScoredToken], start: int = 0) -> list[tuple[int, int]]:
+    """Byte spans `[begin, end)` of consecutive tokens, the first beginning at `start`."""
+    result = []
+    position = start
+    for token in tokens:
+        end = position + len(token.data)
+        result.append((position, end))
+        position = end
+    return result

@@ -1,0 +1,350 @@
+"""`AsyncSpeculativeOpenAI` and `SpeculativeOpenAI`: drop-in clients with the openai SDK's call shapes.
+
+    client = AsyncSpeculativeOpenAI(target=Endpoint(...), draft=Endpoint(...))
+    resp = await client.completions.create(prompt="...", max_tokens=64, temperature=0)
+    chat = await client.chat.completions.create(messages=[...], max_tokens=64)
+
+Arguments are checked before any request is sent. Requests that speculation cannot serve exactly
+(tools, n > 1, logit_bias, penalties, ...) go to the target unchanged and say so in `resp.speculative`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ._calls import Clock, Meter, RoleClient, Sleep
+from ._exceptions import ConfigurationError
+from .acceptance import SamplingParams
+from .context import Context
+from .drafters import Drafter, ModelDrafter
+from .endpoint import Endpoint
+from .engine import Engine, Finished, GenerationRequest, Piece
+from .policy import DraftLengthPolicy, FixedDraftLength
+from .stats import RoleUsage, SpeculativeStats
+from .types import SpeculativeChatCompletion, SpeculativeCompletion
+from .verifiers import ChatPromptLogprobsVerifier, EchoVerifier, Verifier
+
+__all__ = ["AsyncSpeculativeOpenAI", "AsyncCompletions", "AsyncChatCompletions"]
+
+#: When a chat request gives no max_tokens, generation still needs a bound.
+DEFAULT_CHAT_MAX_TOKENS = 4096
+
+#: Arguments the engine reproduces exactly.
+_COMPLETION_ARGS = {"prompt", "model", "max_tokens", "temperature", "top_p", "seed", "stop", "n", "stream", "user", "extra_body", "stream_options"}
+_CHAT_ARGS = {"messages", "model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop", "n", "stream", "user", "extra_body", "stream_options", "metadata", "store"}
+#: Sampling extras whose value changes nothing (forwarded, speculation still exact).
+_NEUTRAL_EXTRAS = {"repeat_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "min_p": 0.0, "top_k": -1, "repetition_penalty": 1.0}
+_HARMLESS_EXTRAS = {"user", "metadata", "store", "service_tier", "request_id"}
+
+
+def _check_number(name: str, value: Any, low: float, high: float, *, low_open: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigurationError(f"{name} must be a number, got {value!r}")
+    if value < low or value > high or (low_open and value == low):
+        bracket = "(" if low_open else "["
+        raise ConfigurationError(f"{name} must be in {bracket}{low}, {high}], got {value!r}")
+    return float(value)
+
+
+def _stops(stop: Any) -> tuple[str, ...]:
+    if stop is None:
+        return ()
+    if isinstance(stop, str):
+        stop = [stop]
+    if not isinstance(stop, Sequence) or not all(isinstance(s, str) and s for s in stop) or len(stop) > 16:
+        raise ConfigurationError(f"stop must be a non-empty string or a list of up to 16 of them, got {stop!r}")
+    return tuple(stop)
+
+
+def _unverifiable(kwargs: Mapping[str, Any], allowed: set[str]) -> str | None:
+    """Why speculation cannot reproduce this request exactly, or None if it can."""
+    for name, value in kwargs.items():
+        if name in allowed or value is None:
+            continue
+        if name in ("presence_penalty", "frequency_penalty") and value == 0:
+            continue
+        if name == "logprobs" and value in (False, 0):
+            continue
+        if name == "echo" and value is False:
+            continue
+        return f"argument {name!r} is not reproduced by verification"
+    if kwargs.get("n") not in (None, 1):
+        return "n > 1 is served by the target alone"
+    extra = kwargs.get("extra_body") or {}
+    for name, value in extra.items():
+        if name in _HARMLESS_EXTRAS or (name in _NEUTRAL_EXTRAS and value == _NEUTRAL_EXTRAS[name]):
+            continue
+        return f"extra_body field {name!r} changes sampling in a way verification cannot reproduce"
+    return None
+
+
+class _Runtime:
+    """What every request of a client shares: the role clients, the policy, the verifier choice."""
+
+    def __init__(
+        self,
+        *,
+        target: Endpoint,
+        draft: Endpoint | None,
+        drafter: Drafter | None,
+        policy: DraftLengthPolicy,
+        verification: str,
+        sleep: Sleep,
+        clock: Clock,
+    ) -> None:
+        self.target = RoleClient("target", target, sleep=sleep, clock=clock)
+        self.draft = RoleClient("draft", draft, sleep=sleep, clock=clock) if draft is not None else None
+        self.drafter = drafter if drafter is not None else (ModelDrafter(self.draft) if self.draft else None)
+        self.policy = policy
+        self.verification = verification
+        self.clock = clock
+        # Verification paths a target refused: later requests go straight to the target.
+        self.refused: dict[str, str] = {}
+
+    def verifier(self, chat: bool) -> Verifier | None:
+        if self.verification == "none":
+            return None
+        if chat:
+            return None if "chat" in self.refused else ChatPromptLogprobsVerifier(self.target)
+        return None if "completions" in self.refused else EchoVerifier(self.target)
+
+    def engine(self, chat: bool) -> Engine:
+        return Engine(
+            target=self.target,
+            verifier=self.verifier(chat),
+            drafter=self.drafter,
+            draft_meter_endpoint=self.draft,
+            policy=self.policy,
+            clock=self.clock,
+        )
+
+
+class AsyncSpeculativeOpenAI:
+    """An async client that speculates: `draft` proposes, `target` verifies, output is the target's.
+
+    Args:
+        target: the expensive model whose output you want.
+        draft: the cheap model that proposes tokens (optional when `drafter` is given).
+        num_speculative_tokens: draft tokens per round (default 4).
+        drafter: a custom drafter object instead of the draft model.
+        policy: a draft-length policy object (default: `FixedDraftLength(num_speculative_tokens)`).
+        verification: "auto" (default: completions echo, vLLM chat prompt_logprobs) or "none"
+            (never speculate; useful as a baseline that goes through the same code).
+        sleep, clock: injectable for tests and the simulator.
+    """
+
+    def __init__(
+        self,
+        *,
+        target: Endpoint,
+        draft: Endpoint | None = None,
+        num_speculative_tokens: int = 4,
+        drafter: Drafter | None = None,
+        policy: DraftLengthPolicy | None = None,
+        verification: str = "auto",
+        sleep: Sleep = asyncio.sleep,
+        clock: Clock = time.perf_counter,
+    ) -> None:
+        if not isinstance(target, Endpoint):
+            raise ConfigurationError("target must be an Endpoint")
+        if draft is not None and not isinstance(draft, Endpoint):
+            raise ConfigurationError("draft must be an Endpoint or None")
+        if verification not in ("auto", "none", "echo", "prompt-logprobs"):
+            raise ConfigurationError(f"verification must be 'auto', 'echo', 'prompt-logprobs' or 'none', got {verification!r}")
+        fixed = FixedDraftLength(num_speculative_tokens)  # validates num_speculative_tokens
+        policy = policy if policy is not None else fixed
+        if draft is None and drafter is None and verification != "none":
+            raise ConfigurationError("give a draft Endpoint or a drafter (or verification='none' for the target alone)")
+        self._runtime = _Runtime(
+            target=target, draft=draft, drafter=drafter, policy=policy, verification=verification, sleep=sleep, clock=clock
+        )
+        self.target = target
+        self.draft = draft
+        self.num_speculative_tokens = num_speculative_tokens
+        self.completions = AsyncCompletions(self._runtime)
+        self.chat = _AsyncChat(self._runtime)
+
+    async def close(self) -> None:
+        for role in (self._runtime.target, self._runtime.draft):
+            if role is not None and role._client is not None and role.endpoint.client is None:
+                await role._client.close()
+
+    async def __aenter__(self) -> AsyncSpeculativeOpenAI:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+
+class _AsyncChat:
+    def __init__(self, runtime: _Runtime) -> None:
+        self.completions = AsyncChatCompletions(runtime)
+
+
+def _validated_sampling(kwargs: Mapping[str, Any], endpoint: Endpoint) -> SamplingParams:
+    temperature = _check_number("temperature", kwargs.get("temperature", 1.0) if kwargs.get("temperature") is not None else 1.0, 0.0, 2.0)
+    top_p = _check_number("top_p", kwargs.get("top_p") if kwargs.get("top_p") is not None else 1.0, 0.0, 1.0, low_open=True)
+    return SamplingParams(temperature=temperature, top_p=top_p, raw_logprobs=endpoint.logprobs_mode == "raw")
+
+
+def _validated_max_tokens(value: Any, default: int) -> int:
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigurationError(f"max_tokens must be an integer >= 1, got {value!r}")
+    return value
+
+
+def _validated_seed(value: Any) -> int | None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+        raise ConfigurationError(f"seed must be an integer, got {value!r}")
+    return value
+
+
+class _Resource:
+    """What completions and chat completions share: validation, pass-through and collection."""
+
+    chat: bool = False
+
+    def __init__(self, runtime: _Runtime) -> None:
+        self._runtime = runtime
+
+    async def _passthrough(self, path: str, kwargs: dict[str, Any], reason: str) -> Any:
+        runtime = self._runtime
+        meter = Meter(runtime.target.endpoint)
+        started = runtime.clock()
+        body = {k: v for k, v in kwargs.items() if k != "extra_body" and v is not None}
+        body.update(kwargs.get("extra_body") or {})
+        data = await runtime.target.post(path, body, meter)
+        stats = SpeculativeStats(
+            target=meter.snapshot(),
+            draft=RoleUsage(),
+            speculated=False,
+            fallback_reason=reason,
+            verification="none",
+            generated_tokens=int((data.get("usage") or {}).get("completion_tokens") or 0),
+            wall_s=runtime.clock() - started,
+        )
+        return self._build(data, stats)
+
+    def _build(self, data: dict[str, Any], stats: SpeculativeStats) -> Any:
+        cls = SpeculativeChatCompletion if self.chat else SpeculativeCompletion
+        try:
+            response = cls.model_validate(data)
+        except Exception as exc:  # pydantic.ValidationError
+            raise self._runtime.target.error(f"response is not a valid OpenAI object ({exc})", malformed=True) from exc
+        response.speculative = stats
+        return response
+
+    async def _collect(self, engine: Engine, request: GenerationRequest, reason: str | None) -> tuple[str, Finished]:
+        text = []
+        async for event in engine.generate(request, unverifiable_reason=reason):
+            if isinstance(event, Piece):
+                text.append(event.text)
+            else:
+                return "".join(text), event
+        raise RuntimeError("the engine ended without finishing")  # pragma: no cover
+
+    def _usage(self, finished: Finished) -> dict[str, int]:
+        prompt = finished.prompt_tokens or 0
+        return {"prompt_tokens": prompt, "completion_tokens": finished.completion_tokens, "total_tokens": prompt + finished.completion_tokens}
+
+    def _note_refusal(self, finished: Finished) -> None:
+        reason = finished.stats.fallback_reason or ""
+        if "could not be verified" in reason or "refused" in reason:
+            self._runtime.refused["chat" if self.chat else "completions"] = reason
+
+
+class AsyncCompletions(_Resource):
+    """`client.completions`: `/v1/completions` with speculation."""
+
+    async def create(self, *, prompt: Any, model: str | None = None, max_tokens: int | None = 16, **kwargs: Any) -> SpeculativeCompletion:
+        if kwargs.get("stream"):
+            raise ConfigurationError("stream=True is not supported by this version of specapi; call without stream")
+        runtime = self._runtime
+        target = runtime.target.endpoint
+        sampling = _validated_sampling(kwargs, target)
+        limit = _validated_max_tokens(max_tokens, 16)
+        seed = _validated_seed(kwargs.get("seed"))
+        stop = _stops(kwargs.get("stop"))
+        model = model or target.model
+        if not isinstance(prompt, str):
+            if isinstance(prompt, list) and prompt:
+                return await self._passthrough("/completions", {"prompt": prompt, "model": model, "max_tokens": limit, **kwargs}, "a list prompt (batch or token ids) is served by the target alone")
+            raise ConfigurationError(f"prompt must be a string, got {type(prompt).__name__}")
+        reason = _unverifiable(kwargs, _COMPLETION_ARGS)
+        if reason is not None or model != target.model:
+            return await self._passthrough(
+                "/completions", {"prompt": prompt, "model": model, "max_tokens": limit, **kwargs}, reason or f"model {model!r} differs from the target endpoint's"
+            )
+        context = Context(prompt=prompt, sampling=sampling, seed=seed)
+        engine = runtime.engine(chat=False)
+        text, finished = await self._collect(engine, GenerationRequest(context=context, max_tokens=limit, stop=stop), None)
+        self._note_refusal(finished)
+        data = {
+            "id": f"cmpl-spec-{uuid.uuid4().hex[:24]}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": target.model,
+            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finished.finish_reason}],
+            "usage": self._usage(finished),
+        }
+        return self._build(data, finished.stats)
+
+
+class AsyncChatCompletions(_Resource):
+    """`client.chat.completions`: `/v1/chat/completions` with speculation."""
+
+    chat = True
+
+    async def create(self, *, messages: Any, model: str | None = None, max_tokens: int | None = None, **kwargs: Any) -> SpeculativeChatCompletion:
+        if kwargs.get("stream"):
+            raise ConfigurationError("stream=True is not supported by this version of specapi; call without stream")
+        runtime = self._runtime
+        target = runtime.target.endpoint
+        if not isinstance(messages, Sequence) or isinstance(messages, str) or not messages:
+            raise ConfigurationError("messages must be a non-empty list of {'role', 'content'} objects")
+        for message in messages:
+            if not isinstance(message, Mapping) or "role" not in message:
+                raise ConfigurationError(f"each message needs a 'role', got {message!r}")
+        if max_tokens is None:
+            max_tokens = kwargs.pop("max_completion_tokens", None)
+        else:
+            kwargs.pop("max_completion_tokens", None)
+        sampling = _validated_sampling(kwargs, target)
+        limit = _validated_max_tokens(max_tokens, DEFAULT_CHAT_MAX_TOKENS)
+        seed = _validated_seed(kwargs.get("seed"))
+        stop = _stops(kwargs.get("stop"))
+        model = model or target.model
+        reason = _unverifiable(kwargs, _CHAT_ARGS)
+        if reason is None and model != target.model:
+            reason = f"model {model!r} differs from the target endpoint's"
+        if reason is None and not all(isinstance(m.get("content"), str) for m in messages):
+            reason = "message content that is not plain text is served by the target alone"
+        if reason is None and messages[-1].get("role") == "assistant":
+            reason = "a final assistant message (prefill) is served by the target alone"
+        if reason is not None:
+            body = {"messages": list(messages), "model": model, **kwargs}
+            if max_tokens is not None:
+                body["max_tokens"] = max_tokens
+            return await self._passthrough("/chat/completions", body, reason)
+        context = Context(messages=tuple(dict(m) for m in messages), sampling=sampling, seed=seed)
+        engine = runtime.engine(chat=True)
+        text, finished = await self._collect(engine, GenerationRequest(context=context, max_tokens=limit, stop=stop), None)
+        self._note_refusal(finished)
+        data = {
+            "id": f"chatcmpl-spec-{uuid.uuid4().hex[:24]}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": target.model,
+            "choices": [
+                {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": finished.finish_reason}
+            ],
+            "usage": self._usage(finished),
+        }
+        return self._build(data, finished.stats)
+

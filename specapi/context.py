@@ -1,0 +1,50 @@
+"""What a round works on: the request (prompt or messages), the text accepted so far, the sampling."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from .acceptance import SamplingParams
+
+__all__ = ["Context"]
+
+
+@dataclass(frozen=True)
+class Context:
+    """One request's state at the start of a round. `messages` is set for chat requests, else `prompt`."""
+
+    prompt: str | None = None
+    messages: Sequence[Mapping[str, Any]] | None = None
+    accepted: str = ""
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    seed: int | None = None
+
+    @property
+    def is_chat(self) -> bool:
+        return self.messages is not None
+
+    def completion_prompt(self, extra: str = "") -> str:
+        assert self.prompt is not None
+        return self.prompt + self.accepted + extra
+
+    def chat_messages(self, extra: str = "") -> list[dict[str, Any]]:
+        """The messages with the accepted text (plus `extra`) as a final assistant message to continue."""
+        assert self.messages is not None
+        messages = [dict(m) for m in self.messages]
+        prefix = self.accepted + extra
+        if prefix:
+            messages.append({"role": "assistant", "content": prefix})
+        return messages
+
+    def sampling_body(self, seed: int | None) -> dict[str, Any]:
+        body: dict[str, Any] = {"temperature": self.sampling.temperature}
+        if self.sampling.top_p < 1.0:
+            body["top_p"] = self.sampling.top_p
+        if seed is not None:
+            body["seed"] = seed
+        return body
+
+    def advanced(self, text: str) -> Context:
+        return replace(self, accepted=self.accepted + text)

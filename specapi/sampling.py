@@ -1,0 +1,169 @@
+"""Pure probability arithmetic over top-k logprob lists: no I/O.
+
+An API reveals a distribution only through a top-k list of logprobs (plus the logprob of the token
+actually seen). `TokenDist` turns such a list into probabilities at the request's temperature and top_p
+and remembers how much probability mass the list failed to cover, so callers can tell exact results
+from approximations.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+__all__ = [
+    "COVERAGE_TOLERANCE",
+    "TokenDist",
+    "argmax_token",
+    "acceptance_probability",
+    "residual",
+    "sample_token",
+]
+
+#: Missing mass below this counts as full coverage (logprobs are rounded floats).
+COVERAGE_TOLERANCE = 1e-4
+
+#: Servers report this for tokens outside their lists (OpenAI, vLLM): it means "probability 0 as far as we know".
+_FLOOR_LOGPROB = -9000.0
+
+
+def _clean(logprobs: Mapping[str, float | None]) -> dict[str, float]:
+    return {t: lp for t, lp in logprobs.items() if lp is not None and lp > _FLOOR_LOGPROB and not math.isnan(lp)}
+
+
+@dataclass(frozen=True)
+class TokenDist:
+    """A next-token distribution known on a finite set of tokens.
+
+    `probs` holds the best estimate of each known token's probability; it sums to at most 1 (exactly
+    1 once normalised for temperature or top_p). Sampling renormalises over the known tokens. `gap` bounds the probability mass (after temperature and
+    top_p) that lies on tokens the list did not show; `gap == 0` means the distribution is exact.
+    """
+
+    probs: Mapping[str, float]
+    gap: float = 0.0
+
+    @property
+    def exact(self) -> bool:
+        return self.gap <= COVERAGE_TOLERANCE
+
+    def get(self, token: str) -> float:
+        return self.probs.get(token, 0.0)
+
+    @classmethod
+    def from_logprobs(
+        cls,
+        logprobs: Mapping[str, float | None],
+        *,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        raw: bool = True,
+    ) -> TokenDist:
+        """Build the distribution a sampler uses at `temperature`/`top_p` from a top-k logprob list.
+
+        `raw=True` means the server reported temperature-1 logprobs (vLLM's default, OpenAI) and the
+        temperature must be applied here; `raw=False` means they already include the temperature.
+        """
+        if temperature <= 0:
+            raise ValueError("temperature must be > 0 for a sampling distribution; use argmax_token for greedy")
+        known = _clean(logprobs)
+        if not known:
+            return cls(probs={}, gap=1.0)
+        missing_raw = max(0.0, 1.0 - sum(math.exp(lp) for lp in known.values()))
+        if raw and temperature != 1.0:
+            # The normaliser of p^(1/T) needs the whole distribution: estimate it from the known tokens.
+            scaled = {t: lp / temperature for t, lp in known.items()}
+            top = max(scaled.values())
+            weights = {t: math.exp(v - top) for t, v in scaled.items()}
+            total = sum(weights.values())
+            probs = {t: w / total for t, w in weights.items()}
+        else:
+            # The logprobs are the sampling distribution itself: each listed value is exact even when the
+            # list is short, so keep them as they are (rounding may push the sum a hair over 1).
+            probs = {t: math.exp(lp) for t, lp in known.items()}
+            total = sum(probs.values())
+            if total > 1.0:
+                probs = {t: v / total for t, v in probs.items()}
+        gap = _tempered_gap(missing_raw, min(known.values()), temperature if raw else 1.0, known)
+        if top_p < 1.0:
+            probs, gap = _nucleus(probs, top_p, gap)
+        return cls(probs=probs, gap=gap)
+
+
+def _tempered_gap(missing_raw: float, min_logprob: float, temperature: float, known: Mapping[str, float]) -> float:
+    """An upper bound on the share of the tempered distribution held by unseen tokens."""
+    if missing_raw <= COVERAGE_TOLERANCE / 10:
+        return 0.0
+    if temperature == 1.0:
+        return min(1.0, missing_raw)
+    z_known = sum(math.exp(lp / temperature) for lp in known.values())
+    if temperature < 1.0:
+        # Each unseen token has p <= p_min, so sum p^(1/T) <= p_min^(1/T - 1) * missing.
+        unseen = math.exp(min_logprob * (1.0 / temperature - 1.0)) * missing_raw
+    else:
+        # Without knowing how many tokens share the missing mass, only a coarse bound exists.
+        unseen = missing_raw ** (1.0 / temperature)
+    return min(1.0, unseen / (z_known + unseen))
+
+
+def _nucleus(probs: Mapping[str, float], top_p: float, gap: float) -> tuple[dict[str, float], float]:
+    """Keep the smallest set of most likely tokens whose mass reaches top_p, renormalised."""
+    kept: dict[str, float] = {}
+    mass = 0.0
+    scale = sum(probs.values()) / max(1e-300, 1.0 - gap) if gap < 1.0 else 1.0
+    for token, p in sorted(probs.items(), key=lambda kv: (-kv[1], kv[0])):
+        kept[token] = p
+        mass += p / scale if scale > 0 else p
+        if mass >= top_p:
+            # The known tokens reached top_p on their own: the unseen ones are all cut off.
+            total = sum(kept.values())
+            return {t: v / total for t, v in kept.items()}, 0.0
+    total = sum(kept.values())
+    return {t: v / total for t, v in kept.items()}, gap
+
+
+def argmax_token(logprobs: Mapping[str, float | None], prefer: str | None = None) -> str | None:
+    """The most likely token of a list; `prefer` wins ties (so a tie never rejects a matching draft)."""
+    known = _clean(logprobs)
+    if not known:
+        return None
+    best = max(known.values())
+    if prefer is not None and known.get(prefer) == best:
+        return prefer
+    return next(t for t, lp in known.items() if lp == best)
+
+
+def acceptance_probability(p: float, q: float) -> float:
+    """min(1, p/q): the chance of keeping a draft token with target probability p and draft probability q."""
+    if q <= 0.0:
+        return 1.0 if p > 0.0 else 0.0
+    return min(1.0, p / q)
+
+
+def residual(p: TokenDist, q: TokenDist) -> TokenDist:
+    """The distribution to resample from after a rejection: max(0, p - q), renormalised.
+
+    Tokens q does not list are taken to have q = 0, which is exact when q's list covers its mass.
+    """
+    diff = {t: max(0.0, pt - q.get(t)) for t, pt in p.probs.items()}
+    total = sum(diff.values())
+    if total <= 1e-12:
+        return p
+    return TokenDist(probs={t: v / total for t, v in diff.items() if v > 0.0}, gap=max(p.gap, q.gap))
+
+
+def sample_token(dist: TokenDist, rng: random.Random) -> str:
+    """Draw one token by inverse CDF over a fixed (sorted) order, so a seeded rng is reproducible."""
+    if not dist.probs:
+        raise ValueError("cannot sample from an empty distribution")
+    u = rng.random() * sum(dist.probs.values())
+    cumulative = 0.0
+    last = ""
+    for token in sorted(dist.probs):
+        cumulative += dist.probs[token]
+        last = token
+        if u < cumulative:
+            return token
+    return last

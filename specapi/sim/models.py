@@ -1,0 +1,496 @@
+"""Interpolated n-gram language models over real ``cl100k_base`` tokens.
+
+A model answers one question: given the token ids so far, how likely is each next token? Everything the
+simulated provider reports (logprobs, top lists, greedy and sampled text) is derived from that answer, so
+generation, echo scoring and top lists always agree with each other.
+
+The estimate has three parts:
+
+* **n-gram** (Witten-Bell interpolation): the counts seen after the last ``order - 1`` tokens, mixed with
+  the estimate for one token less, down to add-alpha unigram counts; each level weighs
+  ``n(h) / (n(h) + beta * distinct(h))``.
+* **copy**: like the induction behaviour of real models, the tokens that followed earlier occurrences of
+  the context's longest repeated suffix (at least ``copy_min_match`` tokens) get weight growing with the
+  match length, up to ``copy_max``. This is what makes boilerplate and edits of the prompt predictable,
+  and what prompt-lookup drafting exploits.
+* **tail**: ``tail_mass`` spread uniformly over the whole tokenizer (``UNIVERSE_SIZE`` tokens), so every
+  token has a nonzero probability.
+
+Only the corpus's tokens (the *active vocabulary*, a few thousand) are held as dense arrays; any other token
+has probability ``tail_prob`` unless the copy part names it.
+
+Every probability is computed by one elementwise formula (``m = w * unigram + sum(coef * count)``, levels in
+a fixed order, then ``keep * m + tail_prob``) whether one token, a candidate set or the whole vocabulary is
+asked for, so the numbers are bit-identical across those paths; logs are taken with ``math.log`` on single
+values for the same reason. Ties are broken by the lowest token id.
+
+Target and draft differ in order, smoothing and training documents (they share the code, not the prose):
+they agree on code and boilerplate, and much less on free prose.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .corpus import EOS_TOKEN_ID, UNIVERSE_SIZE, load_corpus
+
+__all__ = [
+    "MODEL_SPECS",
+    "Mixture",
+    "ModelSpec",
+    "NGramModel",
+    "ScoredPosition",
+    "get_model",
+    "model_names",
+]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSpec:
+    """How to build one simulated model.
+
+    ``order``: n of the n-gram (the context is ``order - 1`` tokens; at most 4). ``tier``: ``"target"``
+    (large) or ``"draft"`` (small); latency profiles time and price models by tier. ``documents``: which
+    training documents, as ``(kind, every, offset)`` triples (see ``Corpus.stream``). ``beta``: Witten-Bell weight
+    of unseen continuations (higher = smoother). ``unigram_alpha``: add-alpha count of the unigram level.
+    ``copy_min_match`` / ``copy_max``: shortest repeated suffix that triggers copying, and the copy weight's
+    ceiling (0 turns copying off). ``noise``: standard deviation of a log-normal factor, fixed per
+    (``seed``, last three tokens, candidate token), on the tokens the n-gram and copy parts name: the model's
+    idiosyncrasy, which flips its choice where the distribution is flat (prose) and rarely where it is
+    sharp (code). ``tail_mass``: probability spread uniformly over every token.
+    """
+
+    name: str
+    order: int
+    tier: str
+    documents: tuple[tuple[str, int, int], ...] = (("code", 1, 0), ("prose", 1, 0))
+    beta: float = 1.0
+    unigram_alpha: float = 0.5
+    copy_min_match: int = 2
+    copy_max: float = 0.9
+    noise: float = 0.0
+    seed: int = 0
+    tail_mass: float = 1e-5
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.order <= 4:
+            raise ValueError("order must be in 1..4")
+        if self.tier not in ("target", "draft"):
+            raise ValueError("tier must be 'target' or 'draft'")
+        if not 0.0 < self.tail_mass < 1.0:
+            raise ValueError("tail_mass must be in (0, 1)")
+        if not 0.0 <= self.copy_max < 1.0:
+            raise ValueError("copy_max must be in [0, 1)")
+
+
+MODEL_SPECS: Mapping[str, ModelSpec] = {
+    spec.name: spec
+    for spec in (
+        ModelSpec(
+            name="sim-target",
+            order=4,
+            tier="target",
+            documents=(("code", 1, 0), ("prose", 2, 0)),
+            description="large: 4-gram on all the code and half of the prose",
+        ),
+        ModelSpec(
+            name="sim-draft",
+            order=2,
+            tier="draft",
+            documents=(("code", 1, 0), ("prose", 2, 1)),
+            beta=2.0,
+            unigram_alpha=1.0,
+            copy_max=0.8,
+            noise=1.0,
+            seed=1,
+            description="small: 2-gram on all the code and the other half of the prose, smoother",
+        ),
+        ModelSpec(
+            name="sim-draft-3gram",
+            order=3,
+            tier="draft",
+            documents=(("code", 1, 0), ("prose", 1, 0)),
+            beta=1.5,
+            noise=0.5,
+            seed=2,
+            description="a stronger draft: 3-gram on the whole corpus",
+        ),
+        ModelSpec(
+            name="sim-target-clone",
+            order=4,
+            tier="draft",
+            documents=(("code", 1, 0), ("prose", 2, 0)),
+            description="a draft identical to sim-target (greedy drafts are always accepted)",
+        ),
+    )
+}
+
+
+def model_names() -> list[str]:
+    """Names of the built-in models."""
+    return list(MODEL_SPECS)
+
+
+@dataclass(frozen=True)
+class Mixture:
+    """One next-token distribution, held sparsely.
+
+    Tokens in ``ids`` (sorted) have probability ``probs``; every other token ``x`` has
+    ``tail_prob + scale * unigram(x)``. Each path (one token, candidates, whole vocabulary) reads these same
+    numbers, so they agree bit for bit.
+    """
+
+    ids: np.ndarray
+    probs: np.ndarray
+    scale: float
+
+@dataclass(frozen=True)
+class ScoredPosition:
+    """One scored position: the actual token's logprob and rank, and the top alternatives."""
+
+    token_id: int
+    logprob: float
+    rank: int | None
+    top: tuple[tuple[int, float], ...]  # (token id, logprob), most likely first
+
+
+class _Level:
+    """Counts after every context of one length, in a CSR layout (contexts keyed in active indices)."""
+
+    __slots__ = ("rows", "starts", "next_ids", "counts", "totals", "distinct")
+
+    def __init__(self, local: np.ndarray, length: int, vocab_ids: np.ndarray) -> None:
+        vocab = len(vocab_ids)
+        n = len(local)
+        key = np.zeros(n - length, dtype=np.int64)
+        for back in range(1, length + 1):  # the most recent token is the lowest digit
+            key += local[length - back : n - back] * vocab ** (back - 1)
+        pairs, counts = np.unique(key * vocab + local[length:], return_counts=True)
+        keys, starts = np.unique(pairs // vocab, return_index=True)
+        self.rows: dict[int, int] = dict(zip(keys.tolist(), range(len(keys))))
+        self.next_ids = vocab_ids[pairs % vocab]  # sorted within a row, as active order = id order
+        self.counts = counts.astype(np.float64)
+        self.totals: list[float] = np.add.reduceat(self.counts, starts).tolist()
+        ends = np.append(starts[1:], len(pairs))
+        self.distinct: list[int] = (ends - starts).tolist()
+        self.starts: list[int] = np.append(starts, len(pairs)).tolist()
+
+
+class NGramModel:
+    """A deterministic next-token model (see the module docstring). Contexts are token-id sequences."""
+
+    def __init__(self, spec: ModelSpec, stream: np.ndarray, vocab_ids: np.ndarray) -> None:
+        self.spec = spec
+        self.name = spec.name
+        self.vocab_ids = vocab_ids  # sorted ids of the active vocabulary
+        self.vocab_size = len(vocab_ids)
+        self.tail_prob = spec.tail_mass / UNIVERSE_SIZE
+        self._keep = 1.0 - spec.tail_mass
+        self._local = np.full(EOS_TOKEN_ID + 1, -1, dtype=np.int64)
+        self._local[vocab_ids] = np.arange(self.vocab_size)
+        local = self._local[stream]
+        counts = np.bincount(local, minlength=self.vocab_size).astype(np.float64)
+        alpha = spec.unigram_alpha
+        self._unigram = (counts + alpha) / (counts.sum() + alpha * self.vocab_size)
+        self._unigram_by_id = np.zeros(EOS_TOKEN_ID + 1)
+        self._unigram_by_id[vocab_ids] = self._unigram
+        self._unigram_rank = vocab_ids[np.lexsort((vocab_ids, -self._unigram))]
+        self._levels = [_Level(local, length, vocab_ids) for length in range(1, spec.order)]
+        self._complement: np.ndarray | None = None
+
+    def __repr__(self) -> str:
+        return f"NGramModel({self.name!r}, order={self.spec.order}, vocab={self.vocab_size})"
+
+    # -- the estimate ---------------------------------------------------------------------------------
+
+    @staticmethod
+    def _as_ids(token_ids: Sequence[int] | np.ndarray) -> np.ndarray:
+        ids = np.asarray(token_ids, dtype=np.int64).reshape(-1)
+        if ids.size and (ids.min() < 0 or ids.max() > EOS_TOKEN_ID):
+            raise ValueError("token id outside the tokenizer")
+        return ids
+
+    def mixture(self, context: np.ndarray) -> Mixture:
+        """The next-token distribution after ``context`` (an int64 array of token ids)."""
+        unigram_weight, terms = self._ngram_terms(context)
+        copy = self._copy_terms(context)
+        if copy is not None:
+            keep_ngram = 1.0 - copy[0]
+            unigram_weight *= keep_ngram
+            terms = [(coef * keep_ngram, ids, counts) for coef, ids, counts in terms]
+            terms.append((copy[0] / float(copy[2].sum()), copy[1], copy[2]))
+        if not terms:
+            return Mixture(_NO_IDS, _NO_PROBS, self._keep * unigram_weight)
+        ids, inverse = np.unique(np.concatenate([t[1] for t in terms]), return_inverse=True)
+        mass = np.bincount(inverse, weights=np.concatenate([coef * counts for coef, _, counts in terms]))
+        mass += unigram_weight * self._unigram_by_id[ids]
+        normaliser = 1.0
+        if self.spec.noise > 0.0:
+            noisy = mass * np.exp(self.spec.noise * _gaussian_hash(self._noise_key(context), ids))
+            normaliser = float(noisy.sum() - mass.sum()) + 1.0
+            mass = noisy
+        scale = self._keep * unigram_weight / normaliser
+        return Mixture(ids, self.tail_prob + (self._keep / normaliser) * mass, scale)
+
+    def _noise_key(self, context: np.ndarray) -> int:
+        key = self.spec.seed
+        for token in context[-3:].tolist():
+            key = (key * 1_000_003 + token + 1) & _MASK64
+        return key
+
+    def _ngram_terms(self, context: np.ndarray) -> tuple[float, list[tuple[float, np.ndarray, np.ndarray]]]:
+        """Witten-Bell terms ``(coef, next ids, counts)`` for the seen context lengths, and the unigram weight."""
+        found: list[tuple[_Level, int]] = []  # shortest context first
+        key = 0
+        vocab = self.vocab_size
+        for length, level in enumerate(self._levels, start=1):
+            if length > len(context):
+                break
+            token = int(self._local[context[-length]])
+            if token < 0:
+                break
+            key += token * vocab ** (length - 1)
+            row = level.rows.get(key)
+            if row is None:
+                break  # every longer context contains this unseen one
+            found.append((level, row))
+        remaining = 1.0
+        terms: list[tuple[float, np.ndarray, np.ndarray]] = []
+        for level, row in reversed(found):
+            total = level.totals[row]
+            lam = total / (total + self.spec.beta * level.distinct[row])
+            start, end = level.starts[row], level.starts[row + 1]
+            terms.append((remaining * lam / total, level.next_ids[start:end], level.counts[start:end]))
+            remaining *= 1.0 - lam
+        return remaining, terms
+
+    def _copy_terms(self, context: np.ndarray) -> tuple[float, np.ndarray, np.ndarray] | None:
+        """Copy weight, and the tokens (with counts) that followed the longest repeated suffix of ``context``."""
+        n = len(context)
+        if self.spec.copy_max <= 0.0 or n <= self.spec.copy_min_match:
+            return None
+        ends = np.flatnonzero(context[:-1] == context[-1])  # earlier occurrences of the last token
+        if not ends.size:
+            return None
+        width = min(_MAX_COPY_MATCH, n - 1)
+        back = np.arange(width)
+        where = ends[:, None] - back[None, :]
+        inside = where >= 0
+        equal = (context[np.where(inside, where, 0)] == context[n - 1 - back][None, :]) & inside
+        lengths = np.where(equal.all(axis=1), width, equal.argmin(axis=1))
+        length = int(lengths.max())
+        if length < self.spec.copy_min_match:
+            return None
+        ids, counts = np.unique(context[ends[lengths == length] + 1], return_counts=True)
+        return self.spec.copy_max * (length - 1) / (length + 1), ids, counts.astype(np.float64)
+
+    def _probs(self, mix: Mixture, ids: np.ndarray) -> np.ndarray:
+        """Probabilities of the given token ids."""
+        p = self.tail_prob + mix.scale * self._unigram_by_id[ids]
+        if mix.ids.size:
+            pos = np.searchsorted(mix.ids, ids)
+            pos[pos == mix.ids.size] = 0
+            hit = mix.ids[pos] == ids
+            p[hit] = mix.probs[pos[hit]]
+        return p
+
+    def _dense(self, mix: Mixture) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Probabilities of the active vocabulary, plus tokens of ``mix.ids`` outside it: ``(p, ids, p)``."""
+        p = self.tail_prob + mix.scale * self._unigram
+        local = self._local[mix.ids]
+        inside = local >= 0
+        p[local[inside]] = mix.probs[inside]
+        return p, mix.ids[~inside], mix.probs[~inside]
+
+    def _top(self, mix: Mixture, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Top-``k`` token ids and probabilities, most likely first, ties by lowest id.
+
+        Outside ``mix.ids`` probabilities follow the unigram order, so the candidates are ``mix.ids`` and the
+        first ``k`` tokens in unigram order that are not among them.
+        """
+        if k <= 0:
+            return _NO_IDS, _NO_PROBS
+        head = self._unigram_rank[: k + mix.ids.size]
+        if mix.ids.size:
+            pos = np.searchsorted(mix.ids, head)
+            pos[pos == mix.ids.size] = 0
+            head = head[mix.ids[pos] != head][:k]
+        cands = np.concatenate([mix.ids, head])
+        probs = np.concatenate([mix.probs, self.tail_prob + mix.scale * self._unigram_by_id[head]])
+        if cands.size > k:
+            part = np.argpartition(-probs, k - 1)[:k]
+            threshold = probs[part].min()
+            part = np.flatnonzero(probs >= threshold)  # keep every tie at the boundary
+            cands, probs = cands[part], probs[part]
+        order = np.lexsort((cands, -probs))[:k]
+        return cands[order], probs[order]
+
+    # -- public API -----------------------------------------------------------------------------------
+
+    def next_distribution(self, context_ids: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """Next-token distribution (temperature 1): ``(token ids, probs)`` over the active vocabulary and any
+        copied tokens. Every other token has probability ``tail_prob``."""
+        p, extra_ids, extra_p = self._dense(self.mixture(self._as_ids(context_ids)))
+        if not extra_ids.size:
+            return self.vocab_ids.copy(), p
+        ids = np.concatenate([self.vocab_ids, extra_ids])
+        order = np.argsort(ids, kind="stable")
+        return ids[order], np.concatenate([p, extra_p])[order]
+
+    def logprob(self, context_ids: Sequence[int], token_id: int) -> float:
+        """Natural-log probability of ``token_id`` after ``context_ids``."""
+        mix = self.mixture(self._as_ids(context_ids))
+        return math.log(float(self._probs(mix, self._as_ids([token_id]))[0]))
+
+    def top_logprobs(self, context_ids: Sequence[int], k: int) -> list[tuple[int, float]]:
+        """The ``k`` most likely next tokens as ``(token id, logprob)``, most likely first."""
+        ids, probs = self._top(self.mixture(self._as_ids(context_ids)), k)
+        return [(i, math.log(p)) for i, p in zip(ids.tolist(), probs.tolist())]
+
+    def greedy(self, context_ids: Sequence[int]) -> int:
+        """The most likely next token (the lowest id among ties)."""
+        ids, _ = self._top(self.mixture(self._as_ids(context_ids)), 1)
+        return int(ids[0])
+
+    def score(
+        self,
+        token_ids: Sequence[int],
+        *,
+        k: int,
+        start: int = 1,
+        with_rank: bool = False,
+    ) -> list[ScoredPosition]:
+        """Score ``token_ids[start:]``, each after the tokens before it: logprob, top ``k``, optionally rank.
+
+        ``k = -1`` lists every token of the active vocabulary (and copied ones) at each position. Rank is
+        1 + the number of tokens strictly more likely.
+        """
+        ids = self._as_ids(token_ids)
+        out: list[ScoredPosition] = []
+        for pos in range(max(start, 0), len(ids)):
+            mix = self.mixture(ids[:pos])
+            actual = ids[pos : pos + 1]
+            p_actual = float(self._probs(mix, actual)[0])
+            rank = None
+            if with_rank or k < 0:
+                dense, extra_ids, extra_p = self._dense(mix)
+                rank = int(np.count_nonzero(dense > p_actual) + np.count_nonzero(extra_p > p_actual)) + 1
+            if k < 0:
+                all_ids = np.concatenate([self.vocab_ids, extra_ids])
+                all_p = np.concatenate([dense, extra_p])
+                order = np.lexsort((all_ids, -all_p))
+                top_ids, top_p = all_ids[order], all_p[order]
+            else:
+                top_ids, top_p = self._top(mix, k)
+            out.append(
+                ScoredPosition(
+                    token_id=int(actual[0]),
+                    logprob=math.log(p_actual),
+                    rank=rank,
+                    top=tuple((i, math.log(p)) for i, p in zip(top_ids.tolist(), top_p.tolist())),
+                )
+            )
+        return out
+
+    def sample(
+        self,
+        context_ids: Sequence[int],
+        *,
+        temperature: float,
+        top_p: float = 1.0,
+        rng: np.random.Generator,
+    ) -> int:
+        """Draw the next token at ``temperature`` (0 = greedy) within nucleus ``top_p``."""
+        return self.sample_from(self.mixture(self._as_ids(context_ids)), temperature, top_p, rng)
+
+    def sample_from(self, mix: Mixture, temperature: float, top_p: float, rng: np.random.Generator) -> int:
+        """``sample`` for an already computed mixture."""
+        if temperature <= 0.0:
+            ids, _ = self._top(mix, 1)
+            return int(ids[0])
+        dense, extra_ids, extra_p = self._dense(mix)
+        ids = np.concatenate([self.vocab_ids, extra_ids])
+        probs = np.concatenate([dense, extra_p])
+        weights, tail_weight = _tempered(probs, self.tail_prob, temperature)
+        tail_count = UNIVERSE_SIZE - len(ids)
+        total = float(weights.sum()) + tail_weight * tail_count
+        if top_p < 1.0:
+            order = np.lexsort((ids, -weights))
+            cumulative = np.cumsum(weights[order]) / total
+            cut = int(np.searchsorted(cumulative, top_p)) + 1
+            if cut <= len(order):  # the nucleus closes before the uniform tail: leave the tail out
+                ids, weights = ids[order[:cut]], weights[order[:cut]]
+                total = float(weights.sum())
+                tail_count = 0
+        cumulative = np.cumsum(weights)
+        index = int(np.searchsorted(cumulative, rng.random() * total, "right"))
+        if index < len(ids) or tail_count == 0:
+            return int(ids[min(index, len(ids) - 1)])
+        tail = self._tail_ids()
+        tail = tail[~np.isin(tail, extra_ids)]
+        return int(tail[int(rng.integers(len(tail)))])
+
+    def _tail_ids(self) -> np.ndarray:
+        if self._complement is None:
+            universe = np.append(np.arange(EOS_TOKEN_ID - 1), EOS_TOKEN_ID)
+            self._complement = np.setdiff1d(universe, self.vocab_ids, assume_unique=True)
+        return self._complement
+
+
+_MASK64 = (1 << 64) - 1
+_MAX_COPY_MATCH = 32
+_NO_IDS = np.zeros(0, dtype=np.int64)
+_NO_PROBS = np.zeros(0)
+
+
+def _mix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser on uint64 arrays (wrapping arithmetic)."""
+    x = x ^ (x >> np.uint64(30))
+    x = x * np.uint64(0xBF58476D1CE4E5B9)
+    x = x ^ (x >> np.uint64(27))
+    x = x * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def _gaussian_hash(key: int, ids: np.ndarray) -> np.ndarray:
+    """A standard normal number per id, fixed by ``key`` (Box-Muller on two hashed uniforms)."""
+    base = _mix64(ids.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(key))
+    other = _mix64(base + np.uint64(0x632BE59BD9B4E019))
+    u1 = ((base >> np.uint64(11)).astype(np.float64) + 0.5) / 9007199254740992.0
+    u2 = (other >> np.uint64(11)).astype(np.float64) / 9007199254740992.0
+    return np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * np.pi * u2)
+
+
+def _tempered(probs: np.ndarray, tail_prob: float, temperature: float) -> tuple[np.ndarray, float]:
+    """Unnormalised weights ``p ** (1 / T)`` (divided by the largest, for range), and one tail token's weight."""
+    if temperature == 1.0:
+        return probs, tail_prob
+    logs = np.log(probs)
+    top = float(logs.max())
+    return np.exp((logs - top) / temperature), math.exp((math.log(tail_prob) - top) / temperature)
+
+
+@functools.lru_cache(maxsize=1)
+def _shared_vocab() -> np.ndarray:
+    return np.unique(load_corpus().stream())
+
+
+@functools.lru_cache(maxsize=None)
+def _build(spec: ModelSpec) -> NGramModel:
+    return NGramModel(spec, load_corpus().stream({kind: (every, offset) for kind, every, offset in spec.documents}), _shared_vocab())
+
+
+def get_model(model: str | ModelSpec) -> NGramModel:
+    """A built model by registry name or spec (built once per process, then cached)."""
+    if isinstance(model, str):
+        try:
+            model = MODEL_SPECS[model]
+        except KeyError:
+            raise KeyError(f"unknown simulated model {model!r}; known: {', '.join(MODEL_SPECS)}") from None
+    return _build(model)

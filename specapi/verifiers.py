@@ -1,0 +1,191 @@
+"""Verifiers: one target call that scores every draft position and yields one more token.
+
+`EchoVerifier` uses `/v1/completions` with `echo` + `logprobs` + `max_tokens: 1` (vLLM, SGLang, Together,
+OpenAI base models). `ChatPromptLogprobsVerifier` uses vLLM's chat `prompt_logprobs` with
+`continue_final_message`, so chat requests verify exactly too. Both also serve plain target steps.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Protocol
+
+from ._calls import Meter, RoleClient
+from ._wire import WireError, chat_tokens, completion_tokens, prompt_logprob_tokens
+from .acceptance import DEFAULT_EOS_TOKENS
+from .alignment import ScoredToken, locate_suffix, token_bytes
+from .context import Context
+
+__all__ = ["Verification", "Verifier", "EchoVerifier", "ChatPromptLogprobsVerifier", "PlainStep", "plain_step"]
+
+
+@dataclass(frozen=True)
+class Verification:
+    """The target's view of a draft: `positions` cover the draft text (the first carries `straddle`
+    bytes of committed text); `bonus` is the token the target generated after it (None at end of text)."""
+
+    positions: tuple[ScoredToken, ...]
+    straddle: int
+    bonus: ScoredToken | None
+    finish_reason: str | None
+    latency_s: float
+    prompt_tokens: int | None = None
+
+
+class Verifier(Protocol):
+    name: str
+
+    async def verify(self, context: Context, draft_text: str, meter: Meter, seed: int | None, top_k: int) -> Verification: ...
+
+
+def _bonus(tokens: list[ScoredToken], generated_text: str, finish_reason: str | None) -> ScoredToken | None:
+    """The generated token, or None when the target ended the text instead."""
+    real = [t for t in tokens if t.text not in DEFAULT_EOS_TOKENS and token_bytes(t.text)]
+    if not real:
+        return None
+    if len(real) > 1 or token_bytes(real[0].text) != generated_text.encode("utf-8"):
+        raise WireError(f"generated token {real[0].text!r} does not match generated text {generated_text!r}")
+    return real[0]
+
+
+@dataclass
+class EchoVerifier:
+    client: RoleClient
+    name: str = "echo"
+
+    async def verify(self, context: Context, draft_text: str, meter: Meter, seed: int | None, top_k: int) -> Verification:
+        prompt = context.completion_prompt(draft_text)
+        body = {"prompt": prompt, "echo": True, "logprobs": top_k, "max_tokens": 1, **context.sampling_body(seed)}
+        started = time.perf_counter()
+        response = await self.client.post("/completions", body, meter)
+        latency = time.perf_counter() - started
+        try:
+            return self._read(response, prompt, draft_text, latency)
+        except (KeyError, IndexError, TypeError, WireError) as exc:
+            raise self.client.error(f"echo response cannot be verified against ({exc})", malformed=True) from exc
+
+    @staticmethod
+    def _read(response: dict, prompt: str, draft_text: str, latency: float) -> Verification:
+        choice = response["choices"][0]
+        tokens = completion_tokens(choice.get("logprobs"))
+        text = choice.get("text") or ""
+        if not text.startswith(prompt):
+            raise WireError("echoed text does not start with the prompt")
+        generated = text[len(prompt) :]
+        usage = response.get("usage") or {}
+        reported = usage.get("completion_tokens")
+        candidates = [reported] if isinstance(reported, int) and 0 <= reported <= 1 else []
+        candidates += [n for n in (1, 0) if n not in candidates]
+        draft = draft_text.encode("utf-8")
+        for n_generated in candidates:
+            scored = tokens[: len(tokens) - n_generated]
+            found = locate_suffix(scored, draft)
+            if found is None:
+                continue
+            start, straddle = found
+            bonus = _bonus(tokens[len(scored) :], generated, choice.get("finish_reason"))
+            if bonus is None and generated:
+                continue
+            prompt_tokens = usage.get("prompt_tokens")
+            return Verification(
+                positions=tuple(scored[start:]),
+                straddle=straddle,
+                bonus=bonus,
+                finish_reason=choice.get("finish_reason"),
+                latency_s=latency,
+                prompt_tokens=prompt_tokens - (len(scored) - start) if isinstance(prompt_tokens, int) else None,
+            )
+        raise WireError("the echoed tokens do not spell the draft text")
+
+
+@dataclass
+class ChatPromptLogprobsVerifier:
+    client: RoleClient
+    name: str = "prompt-logprobs"
+
+    async def verify(self, context: Context, draft_text: str, meter: Meter, seed: int | None, top_k: int) -> Verification:
+        body = {
+            "messages": context.chat_messages(draft_text),
+            "max_tokens": 1,
+            "logprobs": True,
+            "top_logprobs": top_k,
+            "prompt_logprobs": top_k,
+            "return_token_ids": True,
+            **context.sampling_body(seed),
+        }
+        if context.accepted or draft_text:
+            body.update({"continue_final_message": True, "add_generation_prompt": False})
+        started = time.perf_counter()
+        response = await self.client.post("/chat/completions", body, meter)
+        latency = time.perf_counter() - started
+        try:
+            choice = response["choices"][0]
+            scored = prompt_logprob_tokens(response.get("prompt_logprobs"), response.get("prompt_token_ids"))
+            generated = chat_tokens((choice.get("logprobs") or {}).get("content"))
+            found = locate_suffix(scored, draft_text.encode("utf-8"))
+            if found is None:
+                raise WireError("the scored prompt does not end with the draft text")
+            start, straddle = found
+            content = (choice.get("message") or {}).get("content") or ""
+            bonus = _bonus(generated, content, choice.get("finish_reason"))
+        except (KeyError, IndexError, TypeError, WireError) as exc:
+            raise self.client.error(f"prompt_logprobs response cannot be verified against ({exc})", malformed=True) from exc
+        usage = response.get("usage") or {}
+        prompt_tokens = usage.get("prompt_tokens")
+        return Verification(
+            positions=tuple(scored[start:]),
+            straddle=straddle,
+            bonus=bonus,
+            finish_reason=choice.get("finish_reason"),
+            latency_s=latency,
+            prompt_tokens=prompt_tokens - (len(scored) - start) if isinstance(prompt_tokens, int) else None,
+        )
+
+
+@dataclass(frozen=True)
+class PlainStep:
+    text: str
+    finish_reason: str | None
+    completion_tokens: int
+    prompt_tokens: int | None
+    latency_s: float
+
+
+async def plain_step(
+    client: RoleClient, context: Context, max_tokens: int, meter: Meter, seed: int | None, stop: list[str] | None
+) -> PlainStep:
+    """The target alone generates up to `max_tokens` tokens from the context (exact by construction)."""
+    body: dict = {"max_tokens": max_tokens, **context.sampling_body(seed)}
+    if stop:
+        body["stop"] = stop
+    if context.is_chat:
+        body["messages"] = context.chat_messages()
+        if context.accepted:
+            body.update({"continue_final_message": True, "add_generation_prompt": False})
+        path = "/chat/completions"
+    else:
+        body["prompt"] = context.completion_prompt()
+        path = "/completions"
+    started = time.perf_counter()
+    response = await client.post(path, body, meter)
+    latency = time.perf_counter() - started
+    try:
+        choice = response["choices"][0]
+        if context.is_chat:
+            text = (choice.get("message") or {}).get("content") or ""
+        else:
+            text = choice.get("text") or ""
+        if not isinstance(text, str):
+            raise TypeError("text is not a string")
+    except (KeyError, IndexError, TypeError) as exc:
+        raise client.error(f"response has no choices[0] text ({exc})", malformed=True) from exc
+    usage = response.get("usage") or {}
+    completion = usage.get("completion_tokens")
+    return PlainStep(
+        text=text,
+        finish_reason=choice.get("finish_reason"),
+        completion_tokens=completion if isinstance(completion, int) else 0,
+        prompt_tokens=usage.get("prompt_tokens"),
+        latency_s=latency,
+    )
