@@ -13,8 +13,11 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
+
+from openai.types import Completion
+from openai.types.chat import ChatCompletionChunk
 
 from ._calls import Clock, Meter, RoleClient, Sleep
 from ._exceptions import ConfigurationError
@@ -25,6 +28,7 @@ from .endpoint import Endpoint
 from .engine import Engine, Finished, GenerationRequest, Piece
 from .policy import DraftLengthPolicy, FixedDraftLength
 from .stats import RoleUsage, SpeculativeStats
+from .streaming import SpeculativeStream, chat_chunks, completion_chunks, parse_chat_chunk, parse_completion
 from .types import SpeculativeChatCompletion, SpeculativeCompletion
 from .verifiers import ChatPromptLogprobsVerifier, EchoVerifier, Verifier
 
@@ -219,6 +223,9 @@ class _Resource:
         started = runtime.clock()
         body = {k: v for k, v in kwargs.items() if k != "extra_body" and v is not None}
         body.update(kwargs.get("extra_body") or {})
+        if body.get("stream"):
+            chunks = _passthrough_chunks(runtime, path, body, meter, reason, started)
+            return SpeculativeStream(chunks, parse_chat_chunk if self.chat else parse_completion)
         data = await runtime.target.post(path, body, meter)
         stats = SpeculativeStats(
             target=meter.snapshot(),
@@ -240,9 +247,19 @@ class _Resource:
         response.speculative = stats
         return response
 
-    async def _collect(self, engine: Engine, request: GenerationRequest, reason: str | None) -> tuple[str, Finished]:
+    async def _events(self, engine: Engine, request: GenerationRequest) -> AsyncIterator[Piece | Finished]:
+        events = engine.generate(request)
+        try:
+            async for event in events:
+                if isinstance(event, Finished):
+                    self._note_refusal(event)
+                yield event
+        finally:
+            await events.aclose()
+
+    async def _collect(self, engine: Engine, request: GenerationRequest) -> tuple[str, Finished]:
         text = []
-        async for event in engine.generate(request, unverifiable_reason=reason):
+        async for event in self._events(engine, request):
             if isinstance(event, Piece):
                 text.append(event.text)
             else:
@@ -259,18 +276,52 @@ class _Resource:
             self._runtime.refused["chat" if self.chat else "completions"] = reason
 
 
+def _stream_options(kwargs: Mapping[str, Any]) -> tuple[bool, bool]:
+    stream = bool(kwargs.get("stream"))
+    options = kwargs.get("stream_options") or {}
+    if not isinstance(options, Mapping):
+        raise ConfigurationError(f"stream_options must be an object, got {options!r}")
+    if options and not stream:
+        raise ConfigurationError("stream_options is only allowed with stream=True")
+    return stream, bool(options.get("include_usage"))
+
+
+async def _passthrough_chunks(
+    runtime: _Runtime, path: str, body: dict[str, Any], meter: Meter, reason: str, started: float
+) -> AsyncIterator[dict[str, Any]]:
+    """The target's own stream, one chunk behind, so the last chunk can carry the statistics."""
+    previous: dict[str, Any] | None = None
+    async for chunk in runtime.target.stream(path, body, meter):
+        if previous is not None:
+            yield previous
+        previous = chunk
+    if previous is not None:
+        usage = meter.snapshot()
+        previous["_speculative"] = SpeculativeStats(
+            target=usage,
+            draft=RoleUsage(),
+            speculated=False,
+            fallback_reason=reason,
+            verification="none",
+            generated_tokens=usage.completion_tokens,
+            wall_s=runtime.clock() - started,
+        )
+        yield previous
+
+
 class AsyncCompletions(_Resource):
     """`client.completions`: `/v1/completions` with speculation."""
 
-    async def create(self, *, prompt: Any, model: str | None = None, max_tokens: int | None = 16, **kwargs: Any) -> SpeculativeCompletion:
-        if kwargs.get("stream"):
-            raise ConfigurationError("stream=True is not supported by this version of specapi; call without stream")
+    async def create(
+        self, *, prompt: Any, model: str | None = None, max_tokens: int | None = 16, **kwargs: Any
+    ) -> SpeculativeCompletion | SpeculativeStream[Completion]:
         runtime = self._runtime
         target = runtime.target.endpoint
         sampling = _validated_sampling(kwargs, target)
         limit = _validated_max_tokens(max_tokens, 16)
         seed = _validated_seed(kwargs.get("seed"))
         stop = _stops(kwargs.get("stop"))
+        stream, include_usage = _stream_options(kwargs)
         model = model or target.model
         if not isinstance(prompt, str):
             if isinstance(prompt, list) and prompt:
@@ -283,8 +334,11 @@ class AsyncCompletions(_Resource):
             )
         context = Context(prompt=prompt, sampling=sampling, seed=seed)
         engine = runtime.engine(chat=False)
-        text, finished = await self._collect(engine, GenerationRequest(context=context, max_tokens=limit, stop=stop), None)
-        self._note_refusal(finished)
+        request = GenerationRequest(context=context, max_tokens=limit, stop=stop)
+        if stream:
+            events = self._events(engine, request)
+            return SpeculativeStream(completion_chunks(events, target.model, include_usage), parse_completion)
+        text, finished = await self._collect(engine, request)
         data = {
             "id": f"cmpl-spec-{uuid.uuid4().hex[:24]}",
             "object": "text_completion",
@@ -301,9 +355,9 @@ class AsyncChatCompletions(_Resource):
 
     chat = True
 
-    async def create(self, *, messages: Any, model: str | None = None, max_tokens: int | None = None, **kwargs: Any) -> SpeculativeChatCompletion:
-        if kwargs.get("stream"):
-            raise ConfigurationError("stream=True is not supported by this version of specapi; call without stream")
+    async def create(
+        self, *, messages: Any, model: str | None = None, max_tokens: int | None = None, **kwargs: Any
+    ) -> SpeculativeChatCompletion | SpeculativeStream[ChatCompletionChunk]:
         runtime = self._runtime
         target = runtime.target.endpoint
         if not isinstance(messages, Sequence) or isinstance(messages, str) or not messages:
@@ -319,6 +373,7 @@ class AsyncChatCompletions(_Resource):
         limit = _validated_max_tokens(max_tokens, DEFAULT_CHAT_MAX_TOKENS)
         seed = _validated_seed(kwargs.get("seed"))
         stop = _stops(kwargs.get("stop"))
+        stream, include_usage = _stream_options(kwargs)
         model = model or target.model
         reason = _unverifiable(kwargs, _CHAT_ARGS)
         if reason is None and model != target.model:
@@ -334,8 +389,11 @@ class AsyncChatCompletions(_Resource):
             return await self._passthrough("/chat/completions", body, reason)
         context = Context(messages=tuple(dict(m) for m in messages), sampling=sampling, seed=seed)
         engine = runtime.engine(chat=True)
-        text, finished = await self._collect(engine, GenerationRequest(context=context, max_tokens=limit, stop=stop), None)
-        self._note_refusal(finished)
+        request = GenerationRequest(context=context, max_tokens=limit, stop=stop)
+        if stream:
+            events = self._events(engine, request)
+            return SpeculativeStream(chat_chunks(events, target.model, include_usage), parse_chat_chunk)
+        text, finished = await self._collect(engine, request)
         data = {
             "id": f"chatcmpl-spec-{uuid.uuid4().hex[:24]}",
             "object": "chat.completion",

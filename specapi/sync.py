@@ -12,9 +12,10 @@ from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 from .client import AsyncSpeculativeOpenAI
+from .streaming import SpeculativeStream
 from .types import SpeculativeChatCompletion, SpeculativeCompletion
 
-__all__ = ["SpeculativeOpenAI"]
+__all__ = ["SpeculativeOpenAI", "SyncSpeculativeStream"]
 
 T = TypeVar("T")
 
@@ -69,20 +70,54 @@ class SpeculativeOpenAI:
         self.close()
 
 
+class SyncSpeculativeStream:
+    """A plain iterator over an async `SpeculativeStream`, driven on the client's loop thread."""
+
+    def __init__(self, stream: SpeculativeStream[Any], loop: _LoopThread) -> None:
+        self._stream = stream
+        self._loop = loop
+
+    @property
+    def speculative(self) -> Any:
+        return self._stream.speculative
+
+    def __iter__(self) -> SyncSpeculativeStream:
+        return self
+
+    def __next__(self) -> Any:
+        try:
+            return self._loop.run(self._stream.__anext__())
+        except StopAsyncIteration:
+            raise StopIteration from None
+
+    def close(self) -> None:
+        self._loop.run(self._stream.close())
+
+    def __enter__(self) -> SyncSpeculativeStream:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def _wrap(result: Any, loop: _LoopThread) -> Any:
+    return SyncSpeculativeStream(result, loop) if isinstance(result, SpeculativeStream) else result
+
+
 class _Completions:
     def __init__(self, client: SpeculativeOpenAI) -> None:
         self._client = client
 
-    def create(self, **kwargs: Any) -> SpeculativeCompletion:
-        return self._client._loop.run(self._client._async.completions.create(**kwargs))
+    def create(self, **kwargs: Any) -> SpeculativeCompletion | SyncSpeculativeStream:
+        return _wrap(self._client._loop.run(self._client._async.completions.create(**kwargs)), self._client._loop)
 
 
 class _ChatCompletions:
     def __init__(self, client: SpeculativeOpenAI) -> None:
         self._client = client
 
-    def create(self, **kwargs: Any) -> SpeculativeChatCompletion:
-        return self._client._loop.run(self._client._async.chat.completions.create(**kwargs))
+    def create(self, **kwargs: Any) -> SpeculativeChatCompletion | SyncSpeculativeStream:
+        return _wrap(self._client._loop.run(self._client._async.chat.completions.create(**kwargs)), self._client._loop)
 
 
 class _Chat:

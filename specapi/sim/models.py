@@ -62,7 +62,9 @@ class ModelSpec:
     ceiling (0 turns copying off). ``noise``: standard deviation of a log-normal factor, fixed per
     (``seed``, last three tokens, candidate token), on the tokens the n-gram and copy parts name: the model's
     idiosyncrasy, which flips its choice where the distribution is flat (prose) and rarely where it is
-    sharp (code). ``tail_mass``: probability spread uniformly over every token.
+    sharp (code). ``loop_penalty``: factor on the token that would start a third pass over a span of at
+    least four tokens just written twice in a row (1 = off); without it, greedy paths of a model that sees
+    a few tokens back soon cycle. ``tail_mass``: probability spread uniformly over every token.
     """
 
     name: str
@@ -75,6 +77,7 @@ class ModelSpec:
     copy_max: float = 0.9
     noise: float = 0.0
     seed: int = 0
+    loop_penalty: float = 0.02
     tail_mass: float = 1e-5
     description: str = ""
 
@@ -97,6 +100,7 @@ MODEL_SPECS: Mapping[str, ModelSpec] = {
             order=4,
             tier="target",
             documents=(("code", 1, 0), ("prose", 2, 0)),
+            noise=0.5,
             description="large: 4-gram on all the code and half of the prose",
         ),
         ModelSpec(
@@ -126,6 +130,7 @@ MODEL_SPECS: Mapping[str, ModelSpec] = {
             order=4,
             tier="draft",
             documents=(("code", 1, 0), ("prose", 2, 0)),
+            noise=0.5,
             description="a draft identical to sim-target (greedy drafts are always accepted)",
         ),
     )
@@ -201,6 +206,8 @@ class NGramModel:
         self._unigram_by_id = np.zeros(EOS_TOKEN_ID + 1)
         self._unigram_by_id[vocab_ids] = self._unigram
         self._unigram_rank = vocab_ids[np.lexsort((vocab_ids, -self._unigram))]
+        self._unigram_head = np.sort(self._unigram_rank[:_UNIGRAM_HEAD])
+        self._zero_head = np.zeros(len(self._unigram_head))
         self._levels = [_Level(local, length, vocab_ids) for length in range(1, spec.order)]
         self._complement: np.ndarray | None = None
 
@@ -219,27 +226,34 @@ class NGramModel:
     def mixture(self, context: np.ndarray) -> Mixture:
         """The next-token distribution after ``context`` (an int64 array of token ids)."""
         unigram_weight, terms = self._ngram_terms(context)
-        copy = self._copy_terms(context)
-        if copy is not None:
-            keep_ngram = 1.0 - copy[0]
+        copy_weight, copy_ids, copy_counts, loop_ids = self._copy_terms(context)
+        if copy_ids.size:
+            keep_ngram = 1.0 - copy_weight
             unigram_weight *= keep_ngram
             terms = [(coef * keep_ngram, ids, counts) for coef, ids, counts in terms]
-            terms.append((copy[0] / float(copy[2].sum()), copy[1], copy[2]))
-        if not terms:
-            return Mixture(_NO_IDS, _NO_PROBS, self._keep * unigram_weight)
+            terms.append((copy_weight / float(copy_counts.sum()), copy_ids, copy_counts))
+        # The most frequent tokens are always held sparsely too, so the noise reaches them where the
+        # context is unknown and only the unigram level speaks.
+        terms.append((0.0, self._unigram_head, self._zero_head))
+        terms.append((0.0, loop_ids, np.zeros(loop_ids.size)))
         ids, inverse = np.unique(np.concatenate([t[1] for t in terms]), return_inverse=True)
         mass = np.bincount(inverse, weights=np.concatenate([coef * counts for coef, _, counts in terms]))
         mass += unigram_weight * self._unigram_by_id[ids]
         normaliser = 1.0
-        if self.spec.noise > 0.0:
-            noisy = mass * np.exp(self.spec.noise * _gaussian_hash(self._noise_key(context), ids))
-            normaliser = float(noisy.sum() - mass.sum()) + 1.0
-            mass = noisy
+        if self.spec.noise > 0.0 or loop_ids.size:
+            factor = np.exp(self.spec.noise * _gaussian_hash(self._noise_key(context), ids))
+            if loop_ids.size:
+                factor[np.isin(ids, loop_ids)] *= self.spec.loop_penalty
+            adjusted = mass * factor
+            normaliser = float(adjusted.sum() - mass.sum()) + 1.0
+            mass = adjusted
         scale = self._keep * unigram_weight / normaliser
         return Mixture(ids, self.tail_prob + (self._keep / normaliser) * mass, scale)
 
     def _noise_key(self, context: np.ndarray) -> int:
-        key = self.spec.seed
+        # The position is part of the key: the greedy path of a model that sees only a few tokens back
+        # would otherwise turn periodic within a few dozen tokens.
+        key = (self.spec.seed * 1_000_003 + len(context)) & _MASK64
         for token in context[-3:].tolist():
             key = (key * 1_000_003 + token + 1) & _MASK64
         return key
@@ -270,25 +284,30 @@ class NGramModel:
             remaining *= 1.0 - lam
         return remaining, terms
 
-    def _copy_terms(self, context: np.ndarray) -> tuple[float, np.ndarray, np.ndarray] | None:
-        """Copy weight, and the tokens (with counts) that followed the longest repeated suffix of ``context``."""
+    def _copy_terms(self, context: np.ndarray) -> tuple[float, np.ndarray, np.ndarray, np.ndarray]:
+        """Copy weight and the tokens (with counts) that followed the longest repeated suffix of ``context``;
+        and the tokens that would start a third pass of a span just written twice in a row (a loop)."""
         n = len(context)
-        if self.spec.copy_max <= 0.0 or n <= self.spec.copy_min_match:
-            return None
+        if n < 2:
+            return 0.0, _NO_IDS, _NO_PROBS, _NO_IDS
         ends = np.flatnonzero(context[:-1] == context[-1])  # earlier occurrences of the last token
         if not ends.size:
-            return None
+            return 0.0, _NO_IDS, _NO_PROBS, _NO_IDS
         width = min(_MAX_COPY_MATCH, n - 1)
         back = np.arange(width)
         where = ends[:, None] - back[None, :]
         inside = where >= 0
         equal = (context[np.where(inside, where, 0)] == context[n - 1 - back][None, :]) & inside
         lengths = np.where(equal.all(axis=1), width, equal.argmin(axis=1))
+        distance = n - 1 - ends
+        looping = (lengths >= distance) & (distance >= _MIN_LOOP_PERIOD) & (self.spec.loop_penalty < 1.0)
+        loop_ids = np.unique(context[ends[looping] + 1]) if looping.any() else _NO_IDS
+        lengths = np.where(looping, 0, lengths)
         length = int(lengths.max())
-        if length < self.spec.copy_min_match:
-            return None
+        if self.spec.copy_max <= 0.0 or length < self.spec.copy_min_match:
+            return 0.0, _NO_IDS, _NO_PROBS, loop_ids
         ids, counts = np.unique(context[ends[lengths == length] + 1], return_counts=True)
-        return self.spec.copy_max * (length - 1) / (length + 1), ids, counts.astype(np.float64)
+        return self.spec.copy_max * (length - 1) / (length + 1), ids, counts.astype(np.float64), loop_ids
 
     def _probs(self, mix: Mixture, ids: np.ndarray) -> np.ndarray:
         """Probabilities of the given token ids."""
@@ -444,7 +463,9 @@ class NGramModel:
 
 
 _MASK64 = (1 << 64) - 1
-_MAX_COPY_MATCH = 32
+_MAX_COPY_MATCH = 64
+_MIN_LOOP_PERIOD = 4
+_UNIGRAM_HEAD = 64
 _NO_IDS = np.zeros(0, dtype=np.int64)
 _NO_PROBS = np.zeros(0)
 

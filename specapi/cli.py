@@ -1,0 +1,61 @@
+"""The `specapi` command: `bench | run | probe | serve | simulate`.
+
+Each subcommand lives in its own module, which provides `add_arguments(parser)` and `run(args) -> int`;
+this module only dispatches. `cli_logic(argv)` returns the exit code (testable in-process); `cli()` exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+__all__ = ["cli", "cli_logic", "build_parser"]
+
+_COMMANDS = {
+    "bench": ("specapi.bench.command", "compare speculation with the target alone (default: on the embedded simulator)"),
+    "run": ("specapi.run_command", "generate once with speculation and print the text and statistics"),
+    "probe": ("specapi.probe", "find out what an endpoint supports for verification"),
+    "serve": ("specapi.server.command", "run an OpenAI-compatible speculative proxy"),
+    "simulate": ("specapi.sim.command", "run the simulated OpenAI-format provider as an HTTP server"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
+    parser = argparse.ArgumentParser(prog="specapi", description="Speculative decoding over OpenAI-format endpoints.")
+    parser.add_argument("--version", action="version", version=f"specapi {__version__}")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module_name, help_text) in _COMMANDS.items():
+        sub = commands.add_parser(name, help=help_text, description=help_text)
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name is None or not module_name.startswith(exc.name):
+                raise
+            sub.set_defaults(_missing=name)
+            continue
+        module.add_arguments(sub)
+        sub.set_defaults(_run=module.run)
+    return parser
+
+
+def cli_logic(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    if getattr(args, "_missing", None):
+        print(f"specapi {args._missing}: not available in this build", file=sys.stderr)
+        return 2
+    try:
+        return int(args._run(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+
+
+def cli() -> None:
+    sys.exit(cli_logic())

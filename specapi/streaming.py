@@ -1,0 +1,126 @@
+"""Streams: the engine's accepted text as the SDK's chunk types, as soon as each round accepts it.
+
+`SpeculativeStream` iterates `Completion` chunks (completions) or `ChatCompletionChunk`s (chat), like
+`openai.AsyncStream`; `stream.speculative` holds the statistics once the stream has ended, and the
+last chunk carries them too (as an extra field OpenAI clients ignore).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Generic, TypeVar
+
+from openai.types import Completion
+from openai.types.chat import ChatCompletionChunk
+
+from .engine import Finished, Piece
+from .stats import SpeculativeStats
+
+__all__ = ["SpeculativeStream", "completion_chunks", "chat_chunks"]
+
+T = TypeVar("T")
+
+
+class SpeculativeStream(Generic[T]):
+    """An async iterator of chunks; `speculative` is set when the stream is exhausted."""
+
+    def __init__(self, chunks: AsyncIterator[dict[str, Any]], parse: Callable[[dict[str, Any]], T]) -> None:
+        self._chunks = chunks
+        self._parse = parse
+        self.speculative: SpeculativeStats | None = None
+
+    def __aiter__(self) -> SpeculativeStream[T]:
+        return self
+
+    async def __anext__(self) -> T:
+        data = await self._chunks.__anext__()
+        stats = data.pop("_speculative", None)
+        if stats is not None:
+            self.speculative = stats
+        chunk = self._parse(data)
+        if stats is not None:
+            chunk.speculative = stats  # type: ignore[attr-defined]
+        return chunk
+
+    async def close(self) -> None:
+        """Stop generating: cancels the calls still in flight."""
+        await self._chunks.aclose()  # type: ignore[attr-defined]
+
+    async def __aenter__(self) -> SpeculativeStream[T]:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+
+def _usage(finished: Finished) -> dict[str, int]:
+    prompt = finished.prompt_tokens or 0
+    return {"prompt_tokens": prompt, "completion_tokens": finished.completion_tokens, "total_tokens": prompt + finished.completion_tokens}
+
+
+async def completion_chunks(events: AsyncIterator[Piece | Finished], model: str, include_usage: bool) -> AsyncIterator[dict[str, Any]]:
+    ident, created = f"cmpl-spec-{uuid.uuid4().hex[:24]}", int(time.time())
+
+    def chunk(text: str, finish: str | None) -> dict[str, Any]:
+        return {
+            "id": ident,
+            "object": "text_completion",
+            "created": created,
+            "model": model,
+            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
+        }
+
+    try:
+        async for event in events:
+            if isinstance(event, Piece):
+                yield chunk(event.text, None)
+                continue
+            last = chunk("", event.finish_reason)
+            if include_usage:
+                yield last
+                last = {**chunk("", None), "choices": [], "usage": _usage(event)}
+            last["_speculative"] = event.stats
+            yield last
+    finally:
+        await events.aclose()  # type: ignore[attr-defined]
+
+
+async def chat_chunks(events: AsyncIterator[Piece | Finished], model: str, include_usage: bool) -> AsyncIterator[dict[str, Any]]:
+    ident, created = f"chatcmpl-spec-{uuid.uuid4().hex[:24]}", int(time.time())
+
+    def chunk(delta: dict[str, Any], finish: str | None) -> dict[str, Any]:
+        return {
+            "id": ident,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+        }
+
+    first = True
+    try:
+        async for event in events:
+            if isinstance(event, Piece):
+                delta = {"role": "assistant", "content": event.text} if first else {"content": event.text}
+                first = False
+                yield chunk(delta, None)
+                continue
+            last = chunk({"role": "assistant", "content": ""} if first else {}, event.finish_reason)
+            if include_usage:
+                yield last
+                last = {**chunk({}, None), "choices": [], "usage": _usage(event)}
+            last["_speculative"] = event.stats
+            yield last
+    finally:
+        await events.aclose()  # type: ignore[attr-defined]
+
+
+def parse_completion(data: dict[str, Any]) -> Completion:
+    # Like the SDK's own streams: chunks are built without validation (a chunk's finish_reason is null).
+    return Completion.construct(**data)
+
+
+def parse_chat_chunk(data: dict[str, Any]) -> ChatCompletionChunk:
+    return ChatCompletionChunk.construct(**data)
