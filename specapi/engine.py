@@ -7,9 +7,10 @@ functions (`acceptance.decide_round`); this module only sequences the calls and 
 
 from __future__ import annotations
 
+import asyncio
 import random
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
 
 from ._calls import Clock, Meter, RoleClient
@@ -17,7 +18,7 @@ from ._exceptions import DraftError, EndpointError, MalformedResponseError
 from .acceptance import Emitted, decide_round
 from .alignment import complete_utf8_prefix, token_bytes
 from .context import Context
-from .drafters import Draft, Drafter
+from .drafters import Draft, Drafter, ModelDrafter
 from .policy import DraftLengthPolicy, PolicyState
 from .sampling import COVERAGE_TOLERANCE
 from .stats import RoleUsage, RoundRecord, SpeculativeStats
@@ -49,10 +50,6 @@ class Finished:
     completion_tokens: int
 
 
-def _seed(rng: random.Random, seeded: bool) -> int | None:
-    return rng.randrange(2**31) if seeded else None
-
-
 @dataclass
 class _Books:
     """Mutable per-request bookkeeping."""
@@ -63,6 +60,69 @@ class _Books:
     max_gap: float = 0.0
     prompt_tokens: int | None = None
     ttft_s: float | None = None
+
+
+@dataclass
+class _Run:
+    """Everything one request's rounds share."""
+
+    request: GenerationRequest
+    rng: random.Random
+    seeded: bool
+    target_meter: Meter
+    draft_meter: Meter | None
+    books: _Books
+    top_k: int
+
+    def seed(self) -> int | None:
+        """A seed for the next call, drawn from the request's seed so that runs repeat."""
+        return self.rng.randrange(2**31) if self.seeded else None
+
+
+@dataclass
+class _Prefetch:
+    """A draft of the next round started while the current one is verified (pipelined drafting)."""
+
+    task: asyncio.Task[Draft]
+    assumed: str  # the accepted text the prefetched draft continues
+
+    @classmethod
+    def start(cls, drafter: Drafter, context: Context, k: int, run: _Run, clock: Clock) -> _Prefetch:
+        assert run.draft_meter is not None
+        task = asyncio.ensure_future(drafter.draft(context, k, run.draft_meter, run.seed()))
+        return cls(task=task, assumed=context.accepted)
+
+    def take(self, context: Context, k: int, clock: Clock) -> Awaitable[Draft | None] | None:
+        """The prefetched draft minus the tokens the round already produced, if the guess held."""
+        if not context.accepted.startswith(self.assumed):
+            self.task.cancel()
+            return None
+        produced = context.accepted[len(self.assumed) :].encode("utf-8")
+
+        async def usable() -> Draft | None:
+            started = clock()
+            try:
+                draft = await self.task
+            except Exception:
+                return None  # a failed guess costs nothing but the call: draft afresh
+            skipped, offset = 0, 0
+            while offset < len(produced) and skipped < len(draft.tokens):
+                offset += len(draft.tokens[skipped].data)
+                skipped += 1
+            if draft.text.encode("utf-8")[: len(produced)] != produced or offset != len(produced):
+                return None
+            rest = draft.tokens[skipped : skipped + k]
+            return Draft(tokens=rest, latency_s=clock() - started, drafter=draft.drafter + "+pipelined") if rest else None
+
+        return usable()
+
+    async def cancel(self) -> None:
+        if not self.task.done():
+            self.task.cancel()
+        try:
+            await self.task
+        except BaseException:
+            pass
 
 
 class Engine:
@@ -77,7 +137,9 @@ class Engine:
         draft_meter_endpoint: RoleClient | None,
         policy: DraftLengthPolicy,
         clock: Clock = time.perf_counter,
+        pipeline: bool = True,
     ) -> None:
+        self.pipeline = pipeline
         self.target = target
         self.verifier = verifier
         self.drafter = drafter
@@ -87,80 +149,89 @@ class Engine:
 
     async def generate(self, request: GenerationRequest, *, unverifiable_reason: str | None = None) -> AsyncIterator[Piece | Finished]:
         started = self.clock()
-        sampling = request.context.sampling
-        seeded = request.context.seed is not None
-        rng = random.Random(request.context.seed)
-        target_meter = Meter(self.target.endpoint)
-        draft_meter = Meter(self.draft_client.endpoint) if self.draft_client else None
-        books = _Books(fallback_reason=unverifiable_reason)
+        run = _Run(
+            request=request,
+            rng=random.Random(request.context.seed),
+            seeded=request.context.seed is not None,
+            target_meter=Meter(self.target.endpoint),
+            draft_meter=Meter(self.draft_client.endpoint) if self.draft_client else None,
+            books=_Books(fallback_reason=unverifiable_reason),
+            top_k=1 if request.context.sampling.greedy else self.target.endpoint.max_logprobs,
+        )
+        speculate = self.verifier is not None and self.drafter is not None and unverifiable_reason is None
+        self.policy.start_request()
         context = request.context
-        tokens: list[Emitted] = []
         text = ""
         finish_reason = "length"
-        top_k = 1 if sampling.greedy else self.target.endpoint.max_logprobs
-        speculate = self.verifier is not None and self.drafter is not None and unverifiable_reason is None
-
         produced = 0
-        while produced < request.max_tokens:
-            remaining = request.max_tokens - produced
-            k = min(self.policy.choose(PolicyState(remaining, len(books.rounds))), remaining - 1) if speculate else 0
-            new: list[Emitted] = []
-            if k > 0:
-                draft = await self._draft(context, k, draft_meter, _seed(rng, seeded), books)
-                if draft is None:
-                    speculate = False
-                    continue
-                if draft.tokens:
-                    outcome = await self._round(context, draft, target_meter, rng, seeded, top_k, books)
-                    if outcome is None:
+        prefetch: _Prefetch | None = None
+        try:
+            while produced < request.max_tokens:
+                remaining = request.max_tokens - produced
+                k = 0
+                if speculate:
+                    chosen = self.policy.choose(PolicyState(remaining, len(run.books.rounds)))
+                    if chosen <= 0:
+                        speculate = False  # the policy predicts the target alone is faster from here
+                        run.books.fallback_reason = run.books.fallback_reason or (
+                            "the draft-length policy turned speculation off (predicted slower than the target alone)"
+                        )
+                    k = min(chosen, remaining - 1)
+                new: list[Emitted] = []
+                if k > 0:
+                    draft = prefetch.take(context, k, self.clock) if prefetch is not None else None
+                    if draft is not None:
+                        draft = await draft
+                    prefetch = None
+                    if draft is None:
+                        draft = await self._draft(context, k, run)
+                    if draft is None:
                         speculate = False
                         continue
-                    new = outcome
-            if not new:
-                # Nothing drafted, nothing decided, or no speculation: the target takes a plain step,
-                # of one token while speculating, of everything that remains otherwise.
-                step_tokens = 1 if speculate else remaining
-                step = await plain_step(self.target, context, step_tokens, target_meter, _seed(rng, seeded), list(request.stop) or None)
-                if books.prompt_tokens is None and not context.accepted and step.prompt_tokens is not None:
-                    books.prompt_tokens = step.prompt_tokens
-                self.policy.observe_plain(step.completion_tokens, step.latency_s)
-                if step.text:
-                    count = step.completion_tokens or 1
-                    if step.finish_reason == "length":
-                        count = step_tokens  # the server stopped at exactly the tokens it was allowed
-                    new = [Emitted(token=step.text, data=step.text.encode("utf-8"), count=min(count, remaining))]
-                if step.finish_reason != "length" or not step.text:
-                    new.append(Emitted(token="", data=b"", eos=True))
+                    if draft.tokens:
+                        if self.pipeline and isinstance(self.drafter, ModelDrafter) and run.draft_meter is not None:
+                            # Guess that every draft token is kept, and draft the next round meanwhile.
+                            prefetch = _Prefetch.start(self.drafter, context.advanced(draft.text), k + 1, run, self.clock)
+                        outcome = await self._round(context, draft, run)
+                        if outcome is None:
+                            speculate = False
+                            continue
+                        new = outcome
+                if not new:
+                    new = await self._plain(context, 1 if speculate else remaining, remaining, run)
 
-            # Apply the new tokens: end of text, max_tokens, stop strings.
-            before = len(text)
-            ended = False
-            for token in new:
-                if token.eos:
+                # Apply the new tokens: end of text, max_tokens, stop strings.
+                before = len(text)
+                ended = False
+                for token in new:
+                    if token.eos:
+                        finish_reason, ended = "stop", True
+                        break
+                    produced += token.count
+                    text += token.data.decode("utf-8")
+                    if produced >= request.max_tokens:
+                        break
+                cut = _find_stop(text, request.stop, before)
+                if cut is not None:
+                    text = text[:cut]
                     finish_reason, ended = "stop", True
+                piece = text[before:]
+                if piece:
+                    if run.books.ttft_s is None:
+                        run.books.ttft_s = self.clock() - started
+                    yield Piece(text=piece)
+                context = context.advanced(piece)
+                if ended:
                     break
-                tokens.append(token)
-                produced += token.count
-                text += token.data.decode("utf-8")
-                if produced >= request.max_tokens:
-                    break
-            cut = _find_stop(text, request.stop, before)
-            if cut is not None:
-                text = text[:cut]
-                finish_reason, ended = "stop", True
-            piece = text[before:]
-            if piece:
-                if books.ttft_s is None:
-                    books.ttft_s = self.clock() - started
-                yield Piece(text=piece, tokens=tuple(new))
-            context = context.advanced(piece)
-            if ended:
-                break
+        finally:
+            if prefetch is not None:
+                await prefetch.cancel()
 
+        books = run.books
         stats = SpeculativeStats(
             rounds=tuple(books.rounds),
-            draft=draft_meter.snapshot() if draft_meter else RoleUsage(),
-            target=target_meter.snapshot(),
+            draft=run.draft_meter.snapshot() if run.draft_meter else RoleUsage(),
+            target=run.target_meter.snapshot(),
             exact=books.inexact_reason is None,
             exact_reason=books.inexact_reason,
             speculated=bool(books.rounds),
@@ -173,20 +244,36 @@ class Engine:
         )
         yield Finished(finish_reason=finish_reason, stats=stats, prompt_tokens=books.prompt_tokens, completion_tokens=produced)
 
-    async def _draft(self, context: Context, k: int, meter: Meter | None, seed: int | None, books: _Books) -> Draft | None:
-        assert self.drafter is not None and meter is not None
+    async def _plain(self, context: Context, step_tokens: int, remaining: int, run: _Run) -> list[Emitted]:
+        """The target alone generates: one token while speculating, everything that remains otherwise."""
+        step = await plain_step(self.target, context, step_tokens, run.target_meter, run.seed(), list(run.request.stop) or None)
+        if run.books.prompt_tokens is None and not context.accepted and step.prompt_tokens is not None:
+            run.books.prompt_tokens = step.prompt_tokens
+        self.policy.observe_plain(step.completion_tokens, step.latency_s)
+        new: list[Emitted] = []
+        if step.text:
+            count = step.completion_tokens or 1
+            if step.finish_reason == "length":
+                count = step_tokens  # the server stopped at exactly the tokens it was allowed
+            new.append(Emitted(token=step.text, data=step.text.encode("utf-8"), count=min(count, remaining)))
+        if step.finish_reason != "length" or not step.text:
+            new.append(Emitted(token="", data=b"", eos=True))
+        return new
+
+    async def _draft(self, context: Context, k: int, run: _Run) -> Draft | None:
+        assert self.drafter is not None
+        meter = run.draft_meter if run.draft_meter is not None else Meter(self.target.endpoint)
         try:
-            return await self.drafter.draft(context, k, meter, seed)
+            return await self.drafter.draft(context, k, meter, run.seed())
         except (DraftError, MalformedResponseError) as exc:
-            books.fallback_reason = f"draft failed, continued with the target alone: {exc}"
+            run.books.fallback_reason = f"draft failed, continued with the target alone: {exc}"
             return None
 
-    async def _round(
-        self, context: Context, draft: Draft, meter: Meter, rng: random.Random, seeded: bool, top_k: int, books: _Books
-    ) -> list[Emitted] | None:
+    async def _round(self, context: Context, draft: Draft, run: _Run) -> list[Emitted] | None:
         assert self.verifier is not None
+        books, top_k = run.books, run.top_k
         try:
-            verification = await self.verifier.verify(context, draft.text, meter, _seed(rng, seeded), top_k)
+            verification = await self.verifier.verify(context, draft.text, run.target_meter, run.seed(), top_k)
         except MalformedResponseError as exc:
             books.fallback_reason = f"target response could not be verified against, continued with the target alone: {exc}"
             return None
@@ -199,7 +286,7 @@ class Engine:
             return None
         if books.prompt_tokens is None and not context.accepted and verification.prompt_tokens is not None:
             books.prompt_tokens = verification.prompt_tokens
-        decision = decide_round(verification.positions, verification.straddle, draft.tokens, context.sampling, rng)
+        decision = decide_round(verification.positions, verification.straddle, draft.tokens, context.sampling, run.rng)
         new = list(decision.emitted)
         if decision.all_accepted and not decision.stalled:
             if verification.bonus is not None:
@@ -225,6 +312,9 @@ class Engine:
         )
         books.rounds.append(record)
         self.policy.observe(record)
+        observe = getattr(self.drafter, "record", None)
+        if observe is not None:
+            observe(draft.drafter, record.drafted, record.accepted)
         return new
 
 

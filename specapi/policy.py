@@ -13,7 +13,7 @@ from typing import Protocol
 from ._exceptions import ConfigurationError
 from .stats import RoundRecord
 
-__all__ = ["PolicyState", "DraftLengthPolicy", "FixedDraftLength"]
+__all__ = ["PolicyState", "DraftLengthPolicy", "FixedDraftLength", "AdaptiveDraftLength", "expected_tokens"]
 
 
 @dataclass(frozen=True)
@@ -24,6 +24,8 @@ class PolicyState:
 
 class DraftLengthPolicy(Protocol):
     name: str
+
+    def start_request(self) -> None: ...
 
     def choose(self, state: PolicyState) -> int: ...
 
@@ -42,6 +44,9 @@ class FixedDraftLength:
             raise ConfigurationError(f"num_speculative_tokens must be an integer >= 1, got {k!r}")
         self.k = k
 
+    def start_request(self) -> None:
+        pass
+
     def choose(self, state: PolicyState) -> int:
         return self.k
 
@@ -50,3 +55,150 @@ class FixedDraftLength:
 
     def observe_plain(self, tokens: int, latency_s: float) -> None:
         pass
+
+
+def expected_tokens(acceptance: list[float], k: int) -> float:
+    """Expected tokens from a round drafting k: 1 + a1 + a1*a2 + ... (a_i = P(accept i | accepted < i))."""
+    total, survive = 1.0, 1.0
+    for i in range(k):
+        survive *= acceptance[i] if i < len(acceptance) else (acceptance[-1] if acceptance else 0.0)
+        total += survive
+    return total
+
+
+class _Linear:
+    """Running least squares of latency = fixed + per_token * tokens, with a forgetting factor."""
+
+    def __init__(self, decay: float = 0.9) -> None:
+        self.decay = decay
+        self.n = self.sx = self.sy = self.sxx = self.sxy = 0.0
+
+    def add(self, tokens: float, latency: float) -> None:
+        d = self.decay
+        self.n = self.n * d + 1
+        self.sx = self.sx * d + tokens
+        self.sy = self.sy * d + latency
+        self.sxx = self.sxx * d + tokens * tokens
+        self.sxy = self.sxy * d + tokens * latency
+
+    @property
+    def known(self) -> bool:
+        return self.n > 0
+
+    @property
+    def has_slope(self) -> bool:
+        """Seen at least two different token counts, so the per-token cost is measured."""
+        return self.n > 0 and self.sxx / self.n - (self.sx / self.n) ** 2 > 1e-9
+
+    def predict(self, tokens: float) -> float:
+        if self.n == 0:
+            return 0.0
+        mean_x, mean_y = self.sx / self.n, self.sy / self.n
+        var = self.sxx / self.n - mean_x * mean_x
+        if var <= 1e-9:
+            return mean_y  # a single token count seen so far: no slope yet
+        slope = max(0.0, (self.sxy / self.n - mean_x * mean_y) / var)
+        fixed = max(0.0, mean_y - slope * mean_x)
+        return fixed + slope * tokens
+
+
+class AdaptiveDraftLength:
+    """Choose the draft length that maximises expected tokens per second, or 0 when speculation loses.
+
+    It learns, across all the requests of a client: acceptance by draft position (a Beta(1,1) prior per
+    position, exponentially forgetting), draft-call latency as fixed + per-token cost, verify-call
+    latency, and the target's own speed from plain calls. Each round it picks
+    K = argmax E(K) / (draft(K) + verify) (speculation.md's arithmetic) and compares that rate with the
+    target generating alone. When speculation loses it returns 0, so the target generates the rest in
+    one call; every `recheck_every` requests it speculates again, in case things changed.
+
+    Args:
+        max_length: the longest draft considered.
+        start_length: the length used before anything is measured.
+        margin: speculate only if it is predicted faster than the target alone by this factor.
+        recheck_every: while off, speculate on one request out of this many to re-measure.
+    """
+
+    name = "adaptive"
+
+    def __init__(self, *, max_length: int = 10, start_length: int = 4, margin: float = 1.05, recheck_every: int = 20) -> None:
+        if max_length < 1 or start_length < 1 or start_length > max_length:
+            raise ConfigurationError("need 1 <= start_length <= max_length")
+        if margin <= 0 or recheck_every < 1:
+            raise ConfigurationError("margin must be > 0 and recheck_every >= 1")
+        self.max_length = max_length
+        self.start_length = start_length
+        self.margin = margin
+        self.recheck_every = recheck_every
+        self._accepted = [1.0] * max_length
+        self._seen = [2.0] * max_length
+        self._draft = _Linear()
+        self._verify = _Linear()
+        self._target = _Linear()
+        self._requests = 0
+        self._off = False
+        self._current_request_speculates = True
+        self._rounds_this_request = 0
+
+    # -- what it has learnt -------------------------------------------------------------------
+    def acceptance(self) -> list[float]:
+        """P(accept position i | positions before it accepted)."""
+        return [a / s for a, s in zip(self._accepted, self._seen)]
+
+    def predicted_speculative_rate(self, k: int) -> float:
+        round_s = self._draft.predict(k) + self._verify.predict(k)
+        return expected_tokens(self.acceptance(), k) / round_s if round_s > 0 else float("inf")
+
+    def predicted_target_rate(self, remaining: int) -> float | None:
+        if not self._target.has_slope:
+            return None
+        seconds = self._target.predict(remaining)
+        return remaining / seconds if seconds > 0 else None
+
+    def best_length(self, remaining: int) -> tuple[int, float]:
+        best_k, best_rate = 1, 0.0
+        for k in range(1, min(self.max_length, max(1, remaining - 1)) + 1):
+            rate = self.predicted_speculative_rate(k)
+            if rate > best_rate:
+                best_k, best_rate = k, rate
+        return best_k, best_rate
+
+    # -- the strategy interface ---------------------------------------------------------------
+    def start_request(self) -> None:
+        self._requests += 1
+        self._rounds_this_request = 0
+        if self._requests > 1 and not self._target.has_slope:
+            # The target's own speed is still unknown: let it generate one request alone to measure it.
+            self._current_request_speculates = False
+        else:
+            self._current_request_speculates = not self._off or self._requests % self.recheck_every == 0
+
+    def choose(self, state: PolicyState) -> int:
+        if not self._current_request_speculates:
+            return 0
+        if not self._draft.known or not self._verify.known:
+            return self.start_length
+        k, rate = self.best_length(state.remaining_tokens)
+        baseline = self.predicted_target_rate(state.remaining_tokens)
+        if baseline is not None:
+            self._off = rate < baseline * self.margin
+            if self._off:
+                return 0
+        return k
+
+    def observe(self, record: RoundRecord) -> None:
+        self._rounds_this_request += 1
+        decay = 0.98
+        for i, ok in enumerate(record.accepted_by_position[: self.max_length]):
+            self._accepted[i] = self._accepted[i] * decay + ok
+            self._seen[i] = self._seen[i] * decay + 1
+            if not ok:
+                break  # later positions were not reached: they say nothing about acceptance
+        if record.drafted:
+            self._draft.add(record.drafted, record.draft_latency_s)
+        self._verify.add(record.drafted, record.verify_latency_s)
+        self._target.add(1, record.verify_latency_s)  # a verify call is also a one-token target call
+
+    def observe_plain(self, tokens: int, latency_s: float) -> None:
+        if tokens > 0:
+            self._target.add(tokens, latency_s)

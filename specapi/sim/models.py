@@ -92,6 +92,9 @@ class ModelSpec:
             raise ValueError("copy_max must be in [0, 1)")
 
 
+_TARGET_DOCUMENTS = (("code", 1, 0), ("prose", 2, 0))
+_DRAFT_DOCUMENTS = (("code", 1, 0), ("prose", 2, 1))
+
 MODEL_SPECS: Mapping[str, ModelSpec] = {
     spec.name: spec
     for spec in (
@@ -99,39 +102,40 @@ MODEL_SPECS: Mapping[str, ModelSpec] = {
             name="sim-target",
             order=4,
             tier="target",
-            documents=(("code", 1, 0), ("prose", 2, 0)),
+            documents=_TARGET_DOCUMENTS,
             noise=0.5,
             description="large: 4-gram on all the code and half of the prose",
         ),
         ModelSpec(
             name="sim-draft",
+            order=3,
+            tier="draft",
+            documents=_DRAFT_DOCUMENTS,
+            beta=1.5,
+            copy_max=0.8,
+            noise=0.7,
+            seed=1,
+            description="small: 3-gram on all the code and the other half of the prose",
+        ),
+        ModelSpec(
+            name="sim-draft-small",
             order=2,
             tier="draft",
-            documents=(("code", 1, 0), ("prose", 2, 1)),
+            documents=_DRAFT_DOCUMENTS,
             beta=2.0,
             unigram_alpha=1.0,
             copy_max=0.8,
             noise=1.0,
-            seed=1,
-            description="small: 2-gram on all the code and the other half of the prose, smoother",
-        ),
-        ModelSpec(
-            name="sim-draft-3gram",
-            order=3,
-            tier="draft",
-            documents=(("code", 1, 0), ("prose", 1, 0)),
-            beta=1.5,
-            noise=0.5,
             seed=2,
-            description="a stronger draft: 3-gram on the whole corpus",
+            description="smaller: 2-gram on the same documents as sim-draft, noisier",
         ),
         ModelSpec(
             name="sim-target-clone",
             order=4,
             tier="draft",
-            documents=(("code", 1, 0), ("prose", 2, 0)),
+            documents=_TARGET_DOCUMENTS,
             noise=0.5,
-            description="a draft identical to sim-target (greedy drafts are always accepted)",
+            description="a draft identical to sim-target: greedy drafts are always accepted",
         ),
     )
 }

@@ -1,0 +1,99 @@
+"""What a simulated server accepts and how it shapes its answers, as plain flags.
+
+The built-in profiles (``CAPABILITY_PROFILES``) follow the real servers described in
+``/work/shared/reference/providers.md``:
+
+* ``"vllm"``: completions with ``echo`` + ``logprobs`` (prompt logprobs, position 0 null, up to 20, ``-1`` =
+  all), offsets from 0 at the start of the returned text, the ``prompt_logprobs`` extra (not with
+  streaming), chat ``continue_final_message``; requests with prompt logprobs skip the prefix cache.
+* ``"openai"``: completions refuse ``echo`` together with ``logprobs`` (``invalid_parameter_combination``),
+  logprobs up to 5, offsets counted from the prompt's start; chat logprobs up to 20; Predicted Outputs.
+* ``"llamacpp"``: completions refuse ``echo`` and answer logprobs in the chat shape; chat logprobs with
+  ``top_logprobs`` 20 by default; a trailing assistant message is continued and returned with its prefix.
+
+Build a custom one with ``dataclasses.replace(CAPABILITY_PROFILES["vllm"], name=..., ...)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+__all__ = ["CAPABILITY_PROFILES", "Capabilities", "get_capabilities"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Capabilities:
+    """Flags of one server flavour.
+
+    Completions: ``completions_echo`` (echo accepted at all), ``echo_error`` (message of the 400 when it is
+    not), ``echo_with_logprobs`` (echo and logprobs together; else 400 ``invalid_parameter_combination``),
+    ``completions_max_logprobs`` (largest integer ``logprobs``), ``logprobs_all`` (``-1`` = every token),
+    ``offsets_from_prompt_start`` (``text_offset`` counts the prompt even without echo, as OpenAI does; else
+    0 is the start of the returned text, as vLLM does), ``completions_logprobs_chat_shape`` (logprobs come as
+    ``{content: [...]}``, as llama.cpp does), ``prompt_logprobs_param`` (vLLM's ``prompt_logprobs``, also on
+    chat), ``prompt_logprobs_skip_cache`` (requests with prompt logprobs re-prefill the whole prompt).
+
+    Chat: ``chat_logprobs``, ``chat_max_top_logprobs``, ``chat_default_top_logprobs`` (when ``logprobs`` is
+    on and ``top_logprobs`` absent), ``continue_final_message`` (vLLM's flag), ``assistant_prefill`` (a
+    trailing assistant message is continued and the reply includes it, as llama-server does),
+    ``predicted_outputs`` (OpenAI's ``prediction``).
+    """
+
+    name: str
+    completions_echo: bool = True
+    echo_error: str = "Only no echo is supported"
+    echo_with_logprobs: bool = True
+    completions_max_logprobs: int = 20
+    logprobs_all: bool = False
+    offsets_from_prompt_start: bool = False
+    completions_logprobs_chat_shape: bool = False
+    prompt_logprobs_param: bool = False
+    prompt_logprobs_skip_cache: bool = False
+    chat_logprobs: bool = True
+    chat_max_top_logprobs: int = 20
+    chat_default_top_logprobs: int = 0
+    continue_final_message: bool = False
+    assistant_prefill: bool = False
+    predicted_outputs: bool = False
+
+
+CAPABILITY_PROFILES: Mapping[str, Capabilities] = {
+    caps.name: caps
+    for caps in (
+        Capabilities(
+            name="vllm",
+            completions_max_logprobs=20,
+            logprobs_all=True,
+            prompt_logprobs_param=True,
+            prompt_logprobs_skip_cache=True,
+            continue_final_message=True,
+        ),
+        Capabilities(
+            name="openai",
+            echo_with_logprobs=False,
+            completions_max_logprobs=5,
+            offsets_from_prompt_start=True,
+            predicted_outputs=True,
+        ),
+        Capabilities(
+            name="llamacpp",
+            completions_echo=False,
+            completions_logprobs_chat_shape=True,
+            chat_default_top_logprobs=20,
+            assistant_prefill=True,
+        ),
+    )
+}
+
+
+def get_capabilities(profile: str | Capabilities) -> Capabilities:
+    """A profile by name (or the profile itself)."""
+    if isinstance(profile, Capabilities):
+        return profile
+    try:
+        return CAPABILITY_PROFILES[profile]
+    except KeyError:
+        raise KeyError(
+            f"unknown capability profile {profile!r}; known: {', '.join(CAPABILITY_PROFILES)}"
+        ) from None
