@@ -23,14 +23,14 @@ from ._calls import Clock, Meter, RoleClient, Sleep
 from ._exceptions import ConfigurationError
 from .acceptance import SamplingParams
 from .context import Context
-from .drafters import Drafter, ModelDrafter
+from .drafters import CombinedDrafter, Drafter, LookupDrafter, ModelDrafter, PredictionDrafter
 from .endpoint import Endpoint
 from .engine import Engine, Finished, GenerationRequest, Piece
-from .policy import DraftLengthPolicy, FixedDraftLength
+from .policy import AdaptiveDraftLength, DraftLengthPolicy, FixedDraftLength
 from .stats import RoleUsage, SpeculativeStats
 from .streaming import SpeculativeStream, chat_chunks, completion_chunks, parse_chat_chunk, parse_completion
 from .types import SpeculativeChatCompletion, SpeculativeCompletion
-from .verifiers import ChatPromptLogprobsVerifier, EchoVerifier, Verifier
+from .paths import PathResolver
 
 __all__ = ["AsyncSpeculativeOpenAI", "AsyncCompletions", "AsyncChatCompletions"]
 
@@ -38,8 +38,8 @@ __all__ = ["AsyncSpeculativeOpenAI", "AsyncCompletions", "AsyncChatCompletions"]
 DEFAULT_CHAT_MAX_TOKENS = 4096
 
 #: Arguments the engine reproduces exactly.
-_COMPLETION_ARGS = {"prompt", "model", "max_tokens", "temperature", "top_p", "seed", "stop", "n", "stream", "user", "extra_body", "stream_options"}
-_CHAT_ARGS = {"messages", "model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop", "n", "stream", "user", "extra_body", "stream_options", "metadata", "store"}
+_COMPLETION_ARGS = {"prompt", "model", "max_tokens", "temperature", "top_p", "seed", "stop", "n", "stream", "user", "extra_body", "stream_options", "prediction"}
+_CHAT_ARGS = {"messages", "model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop", "n", "stream", "user", "extra_body", "stream_options", "metadata", "store", "prediction"}
 #: Sampling extras whose value changes nothing (forwarded, speculation still exact).
 _NEUTRAL_EXTRAS = {"repeat_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "min_p": 0.0, "top_k": -1, "repetition_penalty": 1.0}
 _HARMLESS_EXTRAS = {"user", "metadata", "store", "service_tier", "request_id"}
@@ -94,37 +94,61 @@ class _Runtime:
         *,
         target: Endpoint,
         draft: Endpoint | None,
-        drafter: Drafter | None,
+        drafter: str | Drafter,
         policy: DraftLengthPolicy,
         verification: str,
+        pipeline: bool,
         sleep: Sleep,
         clock: Clock,
     ) -> None:
         self.target = RoleClient("target", target, sleep=sleep, clock=clock)
         self.draft = RoleClient("draft", draft, sleep=sleep, clock=clock) if draft is not None else None
-        self.drafter = drafter if drafter is not None else (ModelDrafter(self.draft) if self.draft else None)
+        self.drafter = _build_drafter(drafter, self.draft)
         self.policy = policy
+        self.pipeline = pipeline
         self.verification = verification
         self.clock = clock
-        # Verification paths a target refused: later requests go straight to the target.
-        self.refused: dict[str, str] = {}
+        self.paths = PathResolver(self.target, verification)
 
-    def verifier(self, chat: bool) -> Verifier | None:
-        if self.verification == "none":
-            return None
-        if chat:
-            return None if "chat" in self.refused else ChatPromptLogprobsVerifier(self.target)
-        return None if "completions" in self.refused else EchoVerifier(self.target)
-
-    def engine(self, chat: bool) -> Engine:
+    def engine(self, chat: bool, prediction: str | None = None) -> Engine:
+        drafter = self.drafter
+        if prediction:
+            drafter = CombinedDrafter([PredictionDrafter(prediction=prediction), *([drafter] if drafter else [])])
         return Engine(
             target=self.target,
-            verifier=self.verifier(chat),
-            drafter=self.drafter,
+            paths=self.paths,
+            chat=chat,
+            drafter=drafter,
             draft_meter_endpoint=self.draft,
             policy=self.policy,
             clock=self.clock,
+            pipeline=self.pipeline,
         )
+
+
+def _build_drafter(choice: str | Drafter, draft: RoleClient | None) -> Drafter | None:
+    if not isinstance(choice, str):
+        return choice
+    if choice == "model":
+        if draft is None:
+            raise ConfigurationError("drafter='model' needs a draft Endpoint")
+        return ModelDrafter(draft)
+    if choice == "lookup":
+        return LookupDrafter()
+    if choice == "auto":
+        return CombinedDrafter([LookupDrafter(), ModelDrafter(draft)]) if draft is not None else LookupDrafter()
+    raise ConfigurationError(f"drafter must be 'auto', 'model', 'lookup' or a drafter object, got {choice!r}")
+
+
+def _build_policy(choice: str | DraftLengthPolicy, k: int) -> DraftLengthPolicy:
+    fixed = FixedDraftLength(k)  # validates k either way
+    if not isinstance(choice, str):
+        return choice
+    if choice == "fixed":
+        return fixed
+    if choice == "adaptive":
+        return AdaptiveDraftLength(start_length=k, max_length=max(10, k))
+    raise ConfigurationError(f"policy must be 'adaptive', 'fixed' or a policy object, got {choice!r}")
 
 
 class AsyncSpeculativeOpenAI:
@@ -132,12 +156,18 @@ class AsyncSpeculativeOpenAI:
 
     Args:
         target: the expensive model whose output you want.
-        draft: the cheap model that proposes tokens (optional when `drafter` is given).
-        num_speculative_tokens: draft tokens per round (default 4).
-        drafter: a custom drafter object instead of the draft model.
-        policy: a draft-length policy object (default: `FixedDraftLength(num_speculative_tokens)`).
-        verification: "auto" (default: completions echo, vLLM chat prompt_logprobs) or "none"
-            (never speculate; useful as a baseline that goes through the same code).
+        draft: the cheap model that proposes tokens. Optional: without it, only free drafters
+            (prompt lookup, per-call predictions) propose.
+        num_speculative_tokens: draft tokens per round: the fixed length with policy="fixed", the
+            starting length with policy="adaptive" (default 4).
+        policy: "adaptive" (default: chooses the length each round from measured acceptance and
+            latencies, and stops speculating when the target alone is faster), "fixed", or an object
+            with the `DraftLengthPolicy` interface.
+        drafter: "auto" (default: prompt lookup when the text repeats the prompt, the draft model
+            otherwise), "model", "lookup", or an object with the `Drafter` interface.
+        verification: "auto" (default: completions echo; vLLM chat prompt_logprobs for chat) or "none"
+            (never speculate: a baseline that goes through the same code).
+        pipeline: draft the next round while the current one is verified (default True).
         sleep, clock: injectable for tests and the simulator.
     """
 
@@ -147,9 +177,10 @@ class AsyncSpeculativeOpenAI:
         target: Endpoint,
         draft: Endpoint | None = None,
         num_speculative_tokens: int = 4,
-        drafter: Drafter | None = None,
-        policy: DraftLengthPolicy | None = None,
+        policy: str | DraftLengthPolicy = "adaptive",
+        drafter: str | Drafter = "auto",
         verification: str = "auto",
+        pipeline: bool = True,
         sleep: Sleep = asyncio.sleep,
         clock: Clock = time.perf_counter,
     ) -> None:
@@ -157,14 +188,15 @@ class AsyncSpeculativeOpenAI:
             raise ConfigurationError("target must be an Endpoint")
         if draft is not None and not isinstance(draft, Endpoint):
             raise ConfigurationError("draft must be an Endpoint or None")
-        if verification not in ("auto", "none", "echo", "prompt-logprobs"):
-            raise ConfigurationError(f"verification must be 'auto', 'echo', 'prompt-logprobs' or 'none', got {verification!r}")
-        fixed = FixedDraftLength(num_speculative_tokens)  # validates num_speculative_tokens
-        policy = policy if policy is not None else fixed
-        if draft is None and drafter is None and verification != "none":
-            raise ConfigurationError("give a draft Endpoint or a drafter (or verification='none' for the target alone)")
         self._runtime = _Runtime(
-            target=target, draft=draft, drafter=drafter, policy=policy, verification=verification, sleep=sleep, clock=clock
+            target=target,
+            draft=draft,
+            drafter=drafter,
+            policy=_build_policy(policy, num_speculative_tokens),
+            verification=verification,
+            pipeline=pipeline,
+            sleep=sleep,
+            clock=clock,
         )
         self.target = target
         self.draft = draft
@@ -251,8 +283,6 @@ class _Resource:
         events = engine.generate(request)
         try:
             async for event in events:
-                if isinstance(event, Finished):
-                    self._note_refusal(event)
                 yield event
         finally:
             await events.aclose()
@@ -270,10 +300,21 @@ class _Resource:
         prompt = finished.prompt_tokens or 0
         return {"prompt_tokens": prompt, "completion_tokens": finished.completion_tokens, "total_tokens": prompt + finished.completion_tokens}
 
-    def _note_refusal(self, finished: Finished) -> None:
-        reason = finished.stats.fallback_reason or ""
-        if "could not be verified" in reason or "refused" in reason:
-            self._runtime.refused["chat" if self.chat else "completions"] = reason
+
+
+def _prediction_text(prediction: Any) -> str | None:
+    """OpenAI's `prediction={"type": "content", "content": "..."}`, or a plain string."""
+    if prediction is None:
+        return None
+    if isinstance(prediction, str):
+        return prediction
+    if isinstance(prediction, Mapping) and prediction.get("type") == "content":
+        content = prediction.get("content")
+        if isinstance(content, str):
+            return content
+        if isinstance(content, list):
+            return "".join(part.get("text", "") for part in content if isinstance(part, Mapping))
+    raise ConfigurationError(f"prediction must be {{'type': 'content', 'content': str}} or a string, got {prediction!r}")
 
 
 def _stream_options(kwargs: Mapping[str, Any]) -> tuple[bool, bool]:
@@ -333,7 +374,7 @@ class AsyncCompletions(_Resource):
                 "/completions", {"prompt": prompt, "model": model, "max_tokens": limit, **kwargs}, reason or f"model {model!r} differs from the target endpoint's"
             )
         context = Context(prompt=prompt, sampling=sampling, seed=seed)
-        engine = runtime.engine(chat=False)
+        engine = runtime.engine(chat=False, prediction=_prediction_text(kwargs.get("prediction")))
         request = GenerationRequest(context=context, max_tokens=limit, stop=stop)
         if stream:
             events = self._events(engine, request)
@@ -388,7 +429,7 @@ class AsyncChatCompletions(_Resource):
                 body["max_tokens"] = max_tokens
             return await self._passthrough("/chat/completions", body, reason)
         context = Context(messages=tuple(dict(m) for m in messages), sampling=sampling, seed=seed)
-        engine = runtime.engine(chat=True)
+        engine = runtime.engine(chat=True, prediction=_prediction_text(kwargs.get("prediction")))
         request = GenerationRequest(context=context, max_tokens=limit, stop=stop)
         if stream:
             events = self._events(engine, request)

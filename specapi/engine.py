@@ -11,7 +11,7 @@ import asyncio
 import random
 import time
 from collections.abc import AsyncIterator, Awaitable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ._calls import Clock, Meter, RoleClient
 from ._exceptions import DraftError, EndpointError, MalformedResponseError
@@ -22,6 +22,7 @@ from .drafters import Draft, Drafter, ModelDrafter
 from .policy import DraftLengthPolicy, PolicyState
 from .sampling import COVERAGE_TOLERANCE
 from .stats import RoleUsage, RoundRecord, SpeculativeStats
+from .paths import Path, PathResolver
 from .verifiers import Verifier, plain_step
 
 __all__ = ["GenerationRequest", "Piece", "Finished", "Engine"]
@@ -60,6 +61,7 @@ class _Books:
     max_gap: float = 0.0
     prompt_tokens: int | None = None
     ttft_s: float | None = None
+    path_note: str | None = None
 
 
 @dataclass
@@ -132,16 +134,19 @@ class Engine:
         self,
         *,
         target: RoleClient,
-        verifier: Verifier | None,
+        paths: PathResolver,
         drafter: Drafter | None,
         draft_meter_endpoint: RoleClient | None,
         policy: DraftLengthPolicy,
         clock: Clock = time.perf_counter,
         pipeline: bool = True,
+        chat: bool = False,
     ) -> None:
         self.pipeline = pipeline
         self.target = target
-        self.verifier = verifier
+        self.paths = paths
+        self.chat = chat
+        self.verifier: Verifier | None = None
         self.drafter = drafter
         self.draft_client = draft_meter_endpoint
         self.policy = policy
@@ -158,6 +163,17 @@ class Engine:
             books=_Books(fallback_reason=unverifiable_reason),
             top_k=1 if request.context.sampling.greedy else self.target.endpoint.max_logprobs,
         )
+        path = await self.paths.resolve(self.chat, run.target_meter) if unverifiable_reason is None and self.drafter else Path("none")
+        run.books.path_note = path.note
+        if path.whole is not None:
+            async for event in self._whole(path, request, run, started):
+                yield event
+            return
+        self.verifier = path.verifier
+        if path.raw_logprobs is not None and not request.context.sampling.greedy:
+            sampling = replace(request.context.sampling, raw_logprobs=path.raw_logprobs)
+            request = replace(request, context=replace(request.context, sampling=sampling))
+            run.request = request
         speculate = self.verifier is not None and self.drafter is not None and unverifiable_reason is None
         self.policy.start_request()
         context = request.context
@@ -174,7 +190,7 @@ class Engine:
                     if chosen <= 0:
                         speculate = False  # the policy predicts the target alone is faster from here
                         run.books.fallback_reason = run.books.fallback_reason or (
-                            "the draft-length policy turned speculation off (predicted slower than the target alone)"
+                            getattr(self.policy, "reason", "") or "the draft-length policy turned speculation off"
                         )
                     k = min(chosen, remaining - 1)
                 new: list[Emitted] = []
@@ -227,7 +243,12 @@ class Engine:
             if prefetch is not None:
                 await prefetch.cancel()
 
+        yield self._finished(run, started, finish_reason, produced)
+
+    def _finished(self, run: _Run, started: float, finish_reason: str, produced: int) -> Finished:
         books = run.books
+        if not books.rounds and books.fallback_reason is None and books.path_note:
+            books.fallback_reason = books.path_note
         stats = SpeculativeStats(
             rounds=tuple(books.rounds),
             draft=run.draft_meter.snapshot() if run.draft_meter else RoleUsage(),
@@ -242,7 +263,27 @@ class Engine:
             ttft_s=books.ttft_s,
             max_coverage_gap=books.max_gap,
         )
-        yield Finished(finish_reason=finish_reason, stats=stats, prompt_tokens=books.prompt_tokens, completion_tokens=produced)
+        return Finished(finish_reason=finish_reason, stats=stats, prompt_tokens=books.prompt_tokens, completion_tokens=produced)
+
+    async def _whole(self, path: Path, request: GenerationRequest, run: _Run, started: float) -> AsyncIterator[Piece | Finished]:
+        """Whole-answer paths: one draft and one target call; the target's text is the answer."""
+        assert self.drafter is not None
+        self.verifier = path.whole
+        draft_meter = run.draft_meter if run.draft_meter is not None else Meter(self.target.endpoint)
+        result = await path.whole.run(
+            request.context, self.drafter, draft_meter, run.target_meter, request.max_tokens, (run.seed(), run.seed()), list(request.stop) or None
+        )
+        text, finish = result.text, result.finish_reason
+        cut = _find_stop(text, request.stop, 0)
+        if cut is not None:
+            text, finish = text[:cut], "stop"
+        if result.record is not None:
+            run.books.rounds.append(result.record)
+        run.books.prompt_tokens = result.prompt_tokens
+        if text:
+            run.books.ttft_s = self.clock() - started
+            yield Piece(text=text)
+        yield self._finished(run, started, finish, result.completion_tokens)
 
     async def _plain(self, context: Context, step_tokens: int, remaining: int, run: _Run) -> list[Emitted]:
         """The target alone generates: one token while speculating, everything that remains otherwise."""
@@ -273,9 +314,10 @@ class Engine:
         assert self.verifier is not None
         books, top_k = run.books, run.top_k
         try:
-            verification = await self.verifier.verify(context, draft.text, run.target_meter, run.seed(), top_k)
+            verification = await self.verifier.verify(context, draft.tokens, run.target_meter, run.seed, top_k)
         except MalformedResponseError as exc:
             books.fallback_reason = f"target response could not be verified against, continued with the target alone: {exc}"
+            self.paths.refuse(self.chat, books.fallback_reason)
             return None
         except EndpointError as exc:
             if exc.status_code not in (400, 422):
@@ -283,6 +325,7 @@ class Engine:
             # The target refuses the verification request's shape (e.g. echo with logprobs): a plain
             # request may still be fine, and if it is not, the plain step raises the real error.
             books.fallback_reason = f"target refused the verification request, continued with the target alone: {exc}"
+            self.paths.refuse(self.chat, books.fallback_reason)
             return None
         if books.prompt_tokens is None and not context.accepted and verification.prompt_tokens is not None:
             books.prompt_tokens = verification.prompt_tokens

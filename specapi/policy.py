@@ -139,6 +139,7 @@ class AdaptiveDraftLength:
         self._off = False
         self._current_request_speculates = True
         self._rounds_this_request = 0
+        self.reason = ""
 
     # -- what it has learnt -------------------------------------------------------------------
     def acceptance(self) -> list[float]:
@@ -170,8 +171,10 @@ class AdaptiveDraftLength:
         if self._requests > 1 and not self._target.has_slope:
             # The target's own speed is still unknown: let it generate one request alone to measure it.
             self._current_request_speculates = False
+            self.reason = "adaptive policy: measuring the target alone once, to compare speeds"
         else:
             self._current_request_speculates = not self._off or self._requests % self.recheck_every == 0
+            self.reason = "adaptive policy: speculation predicted slower than the target alone"
 
     def choose(self, state: PolicyState) -> int:
         if not self._current_request_speculates:

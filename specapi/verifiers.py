@@ -8,6 +8,7 @@ OpenAI base models). `ChatPromptLogprobsVerifier` uses vLLM's chat `prompt_logpr
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -33,10 +34,17 @@ class Verification:
     prompt_tokens: int | None = None
 
 
+SeedSource = Callable[[], "int | None"]
+
+
 class Verifier(Protocol):
     name: str
 
-    async def verify(self, context: Context, draft_text: str, meter: Meter, seed: int | None, top_k: int) -> Verification: ...
+    async def verify(self, context: Context, draft: Sequence[ScoredToken], meter: Meter, next_seed: SeedSource, top_k: int) -> Verification: ...
+
+
+def _text(draft: Sequence[ScoredToken]) -> str:
+    return b"".join(t.data for t in draft).decode("utf-8")
 
 
 def _bonus(tokens: list[ScoredToken], generated_text: str, finish_reason: str | None) -> ScoredToken | None:
@@ -54,9 +62,10 @@ class EchoVerifier:
     client: RoleClient
     name: str = "echo"
 
-    async def verify(self, context: Context, draft_text: str, meter: Meter, seed: int | None, top_k: int) -> Verification:
+    async def verify(self, context: Context, draft: Sequence[ScoredToken], meter: Meter, next_seed: SeedSource, top_k: int) -> Verification:
+        draft_text = _text(draft)
         prompt = context.completion_prompt(draft_text)
-        body = {"prompt": prompt, "echo": True, "logprobs": top_k, "max_tokens": 1, **context.sampling_body(seed)}
+        body = {"prompt": prompt, "echo": True, "logprobs": top_k, "max_tokens": 1, **context.sampling_body(next_seed())}
         started = time.perf_counter()
         response = await self.client.post("/completions", body, meter)
         latency = time.perf_counter() - started
@@ -104,7 +113,9 @@ class ChatPromptLogprobsVerifier:
     client: RoleClient
     name: str = "prompt-logprobs"
 
-    async def verify(self, context: Context, draft_text: str, meter: Meter, seed: int | None, top_k: int) -> Verification:
+    async def verify(self, context: Context, draft: Sequence[ScoredToken], meter: Meter, next_seed: SeedSource, top_k: int) -> Verification:
+        draft_text = _text(draft)
+        seed = next_seed()
         body = {
             "messages": context.chat_messages(draft_text),
             "max_tokens": 1,

@@ -36,6 +36,7 @@ __all__ = [
     "decode_text",
     "encode_text",
     "encoding",
+    "incremental_decoder",
     "is_known_token",
     "load_corpus",
     "token_bytes",

@@ -368,12 +368,27 @@ class NGramModel:
 
     def logprob(self, context_ids: Sequence[int], token_id: int) -> float:
         """Natural-log probability of ``token_id`` after ``context_ids``."""
-        mix = self.mixture(self._as_ids(context_ids))
-        return math.log(float(self._probs(mix, self._as_ids([token_id]))[0]))
+        self._as_ids([token_id])
+        return self.logprob_from(self.mixture(self._as_ids(context_ids)), token_id)
 
     def top_logprobs(self, context_ids: Sequence[int], k: int) -> list[tuple[int, float]]:
         """The ``k`` most likely next tokens as ``(token id, logprob)``, most likely first."""
-        ids, probs = self._top(self.mixture(self._as_ids(context_ids)), k)
+        return self.top_from(self.mixture(self._as_ids(context_ids)), k)
+
+    def logprob_from(self, mix: Mixture, token_id: int) -> float:
+        """``logprob`` for an already computed mixture."""
+        return math.log(float(self._probs(mix, np.array([token_id], dtype=np.int64))[0]))
+
+    def top_from(self, mix: Mixture, k: int) -> list[tuple[int, float]]:
+        """``top_logprobs`` for an already computed mixture; ``k = -1`` lists every token held."""
+        if k < 0:
+            dense, extra_ids, extra_p = self._dense(mix)
+            ids = np.concatenate([self.vocab_ids, extra_ids])
+            probs = np.concatenate([dense, extra_p])
+            order = np.lexsort((ids, -probs))
+            ids, probs = ids[order], probs[order]
+        else:
+            ids, probs = self._top(mix, k)
         return [(i, math.log(p)) for i, p in zip(ids.tolist(), probs.tolist())]
 
     def greedy(self, context_ids: Sequence[int]) -> int:
@@ -391,8 +406,8 @@ class NGramModel:
     ) -> list[ScoredPosition]:
         """Score ``token_ids[start:]``, each after the tokens before it: logprob, top ``k``, optionally rank.
 
-        ``k = -1`` lists every token of the active vocabulary (and copied ones) at each position. Rank is
-        1 + the number of tokens strictly more likely.
+        ``k = -1`` lists every token held at each position. Rank is 1 + the number of tokens strictly
+        more likely.
         """
         ids = self._as_ids(token_ids)
         out: list[ScoredPosition] = []
@@ -401,22 +416,15 @@ class NGramModel:
             actual = ids[pos : pos + 1]
             p_actual = float(self._probs(mix, actual)[0])
             rank = None
-            if with_rank or k < 0:
-                dense, extra_ids, extra_p = self._dense(mix)
+            if with_rank:
+                dense, _, extra_p = self._dense(mix)
                 rank = int(np.count_nonzero(dense > p_actual) + np.count_nonzero(extra_p > p_actual)) + 1
-            if k < 0:
-                all_ids = np.concatenate([self.vocab_ids, extra_ids])
-                all_p = np.concatenate([dense, extra_p])
-                order = np.lexsort((all_ids, -all_p))
-                top_ids, top_p = all_ids[order], all_p[order]
-            else:
-                top_ids, top_p = self._top(mix, k)
             out.append(
                 ScoredPosition(
                     token_id=int(actual[0]),
                     logprob=math.log(p_actual),
                     rank=rank,
-                    top=tuple((i, math.log(p)) for i, p in zip(top_ids.tolist(), top_p.tolist())),
+                    top=tuple(self.top_from(mix, k)),
                 )
             )
         return out

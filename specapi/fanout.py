@@ -1,0 +1,89 @@
+"""Prefill fan-out: verification for servers that only report logprobs of tokens they generate
+(llama.cpp, Ollama, OpenAI completions without echo).
+
+For a draft d1..dK, K+1 requests go out at once; request i continues the text `accepted + d1..di` and
+asks for one token. The target's own pick s(i+1) at each position then decides: d(i+1) is kept while
+it equals s(i+1), and the first differing s is emitted. Each emitted token is a genuine target sample
+given its prefix, so this is exact at every temperature, without needing top-k coverage. The price is
+K+1 target requests per round, each billing the whole context.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ._calls import Meter, RoleClient
+from ._wire import WireError, chat_tokens, completion_tokens
+from .acceptance import DEFAULT_EOS_TOKENS
+from .alignment import ScoredToken
+from .context import Context
+from .verifiers import SeedSource, Verification
+
+__all__ = ["PrefillFanoutVerifier", "END_OF_TEXT"]
+
+END_OF_TEXT = "<|endoftext|>"
+
+
+@dataclass
+class PrefillFanoutVerifier:
+    """Verifies through one `max_tokens: 1` request per draft position, sent concurrently."""
+
+    client: RoleClient
+    name: str = "prefill-fanout"
+    #: llama.cpp's chat returns the continued prefix inside `content`; strip it when present.
+    strip_prefix: bool = True
+
+    async def verify(self, context: Context, draft: Sequence[ScoredToken], meter: Meter, next_seed: SeedSource, top_k: int) -> Verification:
+        seeds = [next_seed() for _ in range(len(draft) + 1)]
+        prefixes = [""]
+        for token in draft:
+            prefixes.append(prefixes[-1] + token.data.decode("utf-8", errors="strict"))
+        started = time.perf_counter()
+        picks = await asyncio.gather(*(self._pick(context, prefix, meter, seed, top_k) for prefix, seed in zip(prefixes, seeds)))
+        latency = time.perf_counter() - started
+        positions = []
+        for token, pick in zip(draft, picks):
+            positions.append(ScoredToken(text=token.text, logprob=0.0 if pick == token.text else None, top={pick: 0.0}))
+        bonus_pick = picks[len(draft)]
+        bonus = None if bonus_pick == END_OF_TEXT else ScoredToken(text=bonus_pick, logprob=0.0, top={bonus_pick: 0.0})
+        return Verification(
+            positions=tuple(positions),
+            straddle=0,
+            bonus=bonus,
+            finish_reason="stop" if bonus is None else "length",
+            latency_s=latency,
+        )
+
+    async def _pick(self, context: Context, prefix: str, meter: Meter, seed: int | None, top_k: int) -> str:
+        """The target's next token after `accepted + prefix` (END_OF_TEXT when it ends the text)."""
+        body = {"max_tokens": 1, **context.sampling_body(seed)}
+        if context.is_chat:
+            body.update({"messages": context.chat_messages(prefix), "logprobs": True, "top_logprobs": min(top_k, 20)})
+            response = await self.client.post("/chat/completions", body, meter)
+        else:
+            body.update({"prompt": context.completion_prompt(prefix), "logprobs": min(top_k, 5)})
+            response = await self.client.post("/completions", body, meter)
+        try:
+            choice = response["choices"][0]
+            if context.is_chat:
+                text = (choice.get("message") or {}).get("content") or ""
+                continued = context.accepted + prefix
+                if self.strip_prefix and continued and text.startswith(continued):
+                    text = text[len(continued) :]
+                tokens = chat_tokens((choice.get("logprobs") or {}).get("content") or [])
+            else:
+                text = choice.get("text") or ""
+                tokens = completion_tokens(choice.get("logprobs")) if choice.get("logprobs") else []
+        except (KeyError, IndexError, TypeError, WireError) as exc:
+            raise self.client.error(f"fan-out response is unreadable ({exc})", malformed=True) from exc
+        real = [t for t in tokens if t.text not in DEFAULT_EOS_TOKENS]
+        if not text:
+            if choice.get("finish_reason") == "stop":
+                return END_OF_TEXT
+            raise self.client.error("fan-out response generated nothing and did not stop", malformed=True)
+        if real and real[-1].text and text.endswith(real[-1].text):
+            return real[-1].text  # the token as the server spelled it
+        return text

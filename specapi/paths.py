@@ -1,0 +1,80 @@
+"""Choosing the verification path for a request: fixed by the user, or `auto` from a probe.
+
+A path is either round-based (a `Verifier`: echo, prompt-logprobs, prefill-fanout) or whole-answer
+(Predicted Outputs, prefix match: the target generates everything itself). Paths a target refused at
+run time are remembered, so later requests of the client go straight to something that works.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+from ._calls import Meter, RoleClient
+from ._exceptions import ConfigurationError
+from .fanout import PrefillFanoutVerifier
+from .probe import Capabilities, cached_probe, choose_verification
+from .verifiers import ChatPromptLogprobsVerifier, EchoVerifier
+from .whole import PredictedOutputsPath, PrefixMatchPath
+
+__all__ = ["VERIFICATIONS", "Path", "PathResolver"]
+
+VERIFICATIONS = ("auto", "echo", "prompt-logprobs", "prefill-fanout", "predicted-outputs", "prefix-match", "none")
+
+
+@dataclass(frozen=True)
+class Path:
+    name: str
+    verifier: Any = None  # round-based
+    whole: Any = None  # whole-answer
+    raw_logprobs: bool | None = None
+    note: str | None = None  # why this path (e.g. what auto found, or what was refused)
+
+
+class PathResolver:
+    def __init__(self, target: RoleClient, verification: str) -> None:
+        if verification not in VERIFICATIONS:
+            raise ConfigurationError(f"verification must be one of {', '.join(VERIFICATIONS)}; got {verification!r}")
+        self.target = target
+        self.verification = verification
+        self.capabilities: Capabilities | None = None
+        self.refused: dict[bool, str] = {}  # chat? -> reason
+        self._lock = asyncio.Lock()
+
+    def _build(self, name: str, chat: bool) -> Path:
+        raw = self.capabilities.logprobs_raw if self.capabilities else None
+        if name == "echo":
+            if chat:
+                return Path("none", note="echo verification scores completions only; chat went to the target alone")
+            return Path(name, verifier=EchoVerifier(self.target), raw_logprobs=raw)
+        if name == "prompt-logprobs":
+            if not chat:
+                return Path("echo", verifier=EchoVerifier(self.target), raw_logprobs=raw)
+            return Path(name, verifier=ChatPromptLogprobsVerifier(self.target), raw_logprobs=raw)
+        if name == "prefill-fanout":
+            strip = self.capabilities.prefill_echoes_prefix if self.capabilities else True
+            return Path(name, verifier=PrefillFanoutVerifier(self.target, strip_prefix=strip))
+        if name == "predicted-outputs":
+            return Path(name, whole=PredictedOutputsPath(self.target))
+        if name == "prefix-match":
+            return Path(name, whole=PrefixMatchPath(self.target))
+        return Path("none")
+
+    async def resolve(self, chat: bool, meter: Meter) -> Path:
+        if chat in self.refused:
+            return Path("none", note=self.refused[chat])
+        if self.verification == "none":
+            return Path("none")
+        if self.verification != "auto":
+            return self._build(self.verification, chat)
+        async with self._lock:
+            if self.capabilities is None:
+                self.capabilities = await cached_probe(self.target, meter)
+        name = choose_verification(self.capabilities, chat=chat)
+        path = self._build(name, chat)
+        note = f"auto chose {path.name} from the target's capabilities"
+        return Path(path.name, path.verifier, path.whole, path.raw_logprobs, note)
+
+    def refuse(self, chat: bool, reason: str) -> None:
+        self.refused[chat] = reason

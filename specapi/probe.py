@@ -1,0 +1,218 @@
+"""Capability probing: what an endpoint offers for verification, found with a few tiny requests.
+
+`await probe_endpoint(role_client, meter)` returns `Capabilities`. Every probe request is metered like
+any other call, so the request that triggered probing reports (and pays for) it. Results are cached per
+(base_url, model) for the process. `specapi probe --base-url URL --model NAME` prints a report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ._calls import Meter, RoleClient
+from ._exceptions import EndpointError
+from ._wire import WireError, chat_tokens, completion_tokens, prompt_logprob_tokens
+from .endpoint import Endpoint
+
+__all__ = ["Capabilities", "probe_endpoint", "choose_verification", "add_arguments", "run"]
+
+# Plain lowercase letters and spaces: every tokenizer (and the tests' toy servers) accepts them.
+_PROBE_PROMPT = "a b c d e f a b c d e f a b c"
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What one endpoint supports. `notes` explains each finding in words."""
+
+    completions: bool = False
+    completions_logprobs: int = 0  # largest top-k the completions endpoint returned (0 = none)
+    echo_logprobs: bool = False
+    prompt_logprobs: bool = False  # vLLM's prompt_logprobs on chat (with prompt_token_ids)
+    chat: bool = False
+    chat_logprobs: int = 0
+    chat_prefill: bool = False  # continues a final assistant message
+    prefill_echoes_prefix: bool = False  # llama-server returns the prefix inside content
+    predicted_outputs: bool = False
+    logprobs_raw: bool | None = None  # True: logprobs ignore temperature; None: unknown
+    offsets_from_prompt_start: bool | None = None
+    notes: tuple[str, ...] = field(default=())
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def choose_verification(caps: Capabilities, *, chat: bool) -> str:
+    """The fastest exact path an endpoint allows, for completions or chat requests."""
+    if chat:
+        if caps.prompt_logprobs:
+            return "prompt-logprobs"
+        if caps.chat_prefill and caps.chat:
+            return "prefill-fanout"
+        if caps.predicted_outputs:
+            return "predicted-outputs"
+        return "prefix-match"
+    if caps.echo_logprobs:
+        return "echo"
+    if caps.completions:
+        return "prefill-fanout"
+    return "none"
+
+
+async def _try(client: RoleClient, path: str, body: dict[str, Any], meter: Meter) -> dict[str, Any] | None:
+    try:
+        return await client.post(path, body, meter, retries=1)
+    except EndpointError as exc:
+        if exc.status_code is None or exc.status_code >= 500 and exc.status_code != 501:
+            raise
+        return None
+
+
+async def probe_endpoint(client: RoleClient, meter: Meter) -> Capabilities:
+    found: dict[str, Any] = {}
+    notes: list[str] = []
+    prompt = _PROBE_PROMPT
+
+    # Completions with echo + logprobs: scores supplied tokens in one call.
+    response = await _try(client, "/completions", {"prompt": prompt, "echo": True, "logprobs": 5, "max_tokens": 1, "temperature": 0}, meter)
+    if response is not None:
+        try:
+            tokens = completion_tokens(response["choices"][0].get("logprobs"))
+            scored = [t for t in tokens if t.top]
+            found["echo_logprobs"] = len(tokens) >= 3 and len(scored) >= len(tokens) - 2
+            found["completions"] = True
+            found["completions_logprobs"] = max((len(t.top or {}) for t in tokens), default=0)
+        except (KeyError, IndexError, TypeError, WireError):
+            found["echo_logprobs"] = False
+    notes.append("completions echo+logprobs: " + ("scores prompt tokens" if found.get("echo_logprobs") else "refused or no prompt logprobs"))
+
+    if not found.get("completions"):
+        response = await _try(client, "/completions", {"prompt": prompt, "logprobs": 5, "max_tokens": 1, "temperature": 0}, meter)
+        if response is not None:
+            found["completions"] = True
+            try:
+                tokens = completion_tokens(response["choices"][0].get("logprobs"))
+                found["completions_logprobs"] = max((len(t.top or {}) for t in tokens), default=0)
+            except (KeyError, IndexError, TypeError, WireError):
+                found["completions_logprobs"] = 0
+    if found.get("completions") and not found.get("echo_logprobs"):
+        notes.append(f"completions logprobs on generated tokens: top {found.get('completions_logprobs', 0)}")
+
+    if found.get("echo_logprobs"):
+        # Raw or temperature-scaled logprobs: score the same prompt at two temperatures.
+        hot = await _try(client, "/completions", {"prompt": prompt, "echo": True, "logprobs": 1, "max_tokens": 1, "temperature": 0.5, "seed": 0}, meter)
+        cold = await _try(client, "/completions", {"prompt": prompt, "echo": True, "logprobs": 1, "max_tokens": 1, "temperature": 1.0, "seed": 0}, meter)
+        try:
+            a = completion_tokens(hot["choices"][0]["logprobs"]) if hot else []
+            b = completion_tokens(cold["choices"][0]["logprobs"]) if cold else []
+            pairs = [(x.logprob, y.logprob) for x, y in zip(a[1:-1], b[1:-1]) if x.logprob is not None and y.logprob is not None]
+            if pairs:
+                found["logprobs_raw"] = all(math.isclose(x, y, abs_tol=1e-4) for x, y in pairs)
+                notes.append("prompt logprobs are " + ("raw (temperature 1)" if found["logprobs_raw"] else "temperature-scaled"))
+        except (KeyError, IndexError, TypeError, WireError):
+            pass
+
+    # Chat: logprobs, prefill, vLLM prompt_logprobs, Predicted Outputs.
+    messages = [{"role": "user", "content": "a b c d e"}]
+    response = await _try(client, "/chat/completions", {"messages": messages, "max_tokens": 1, "logprobs": True, "top_logprobs": 20, "temperature": 0}, meter)
+    if response is not None:
+        found["chat"] = True
+        try:
+            tokens = chat_tokens(response["choices"][0]["logprobs"]["content"])
+            found["chat_logprobs"] = max((len(t.top or {}) for t in tokens), default=0)
+        except (KeyError, IndexError, TypeError, WireError):
+            found["chat_logprobs"] = 0
+        notes.append(f"chat logprobs: top {found.get('chat_logprobs', 0)}")
+
+        prefix = "a b c"
+        body = {
+            "messages": messages + [{"role": "assistant", "content": prefix}],
+            "max_tokens": 1,
+            "temperature": 0,
+            "continue_final_message": True,
+            "add_generation_prompt": False,
+            "prompt_logprobs": 1,
+            "return_token_ids": True,
+        }
+        response = await _try(client, "/chat/completions", body, meter)
+        if response is None:
+            # Servers that refuse unknown fields: try a bare trailing assistant message (llama.cpp style).
+            body = {"messages": messages + [{"role": "assistant", "content": prefix}], "max_tokens": 1, "temperature": 0}
+            response = await _try(client, "/chat/completions", body, meter)
+        if response is not None:
+            try:
+                content = response["choices"][0]["message"]["content"] or ""
+                found["chat_prefill"] = True
+                found["prefill_echoes_prefix"] = content.startswith(prefix)
+                if response.get("prompt_logprobs") is not None:
+                    prompt_logprob_tokens(response["prompt_logprobs"], response.get("prompt_token_ids"))
+                    found["prompt_logprobs"] = True
+            except (KeyError, IndexError, TypeError, WireError):
+                pass
+        notes.append("chat prefill: " + ("continues a final assistant message" if found.get("chat_prefill") else "not supported"))
+        notes.append("chat prompt_logprobs: " + ("yes" if found.get("prompt_logprobs") else "no"))
+
+        body = {"messages": messages, "max_tokens": 2, "temperature": 0, "prediction": {"type": "content", "content": "a b"}}
+        response = await _try(client, "/chat/completions", body, meter)
+        if response is not None:
+            details = (response.get("usage") or {}).get("completion_tokens_details") or {}
+            found["predicted_outputs"] = "accepted_prediction_tokens" in details
+        notes.append("Predicted Outputs: " + ("yes" if found.get("predicted_outputs") else "no"))
+
+    return Capabilities(notes=tuple(notes), **found)
+
+
+_CACHE: dict[tuple[str, str], Capabilities] = {}
+
+
+async def cached_probe(client: RoleClient, meter: Meter) -> Capabilities:
+    key = (client.endpoint.label, client.endpoint.model)
+    if key not in _CACHE:
+        _CACHE[key] = await probe_endpoint(client, meter)
+    return _CACHE[key]
+
+
+# -- CLI: specapi probe -------------------------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--base-url", required=True, help="the endpoint's base URL, e.g. http://localhost:8000/v1")
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--api-key", default=None, help="defaults to OPENAI_API_KEY")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def run(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    endpoint = Endpoint(base_url=args.base_url, model=args.model, api_key=args.api_key)
+    client = RoleClient("target", endpoint)
+    meter = Meter(endpoint)
+    try:
+        caps = asyncio.run(probe_endpoint(client, meter))
+    except EndpointError as exc:
+        print(f"probe failed: {exc}")
+        return 1
+    usage = meter.snapshot()
+    if args.json:
+        print(json.dumps({"capabilities": caps.to_dict(), "requests": usage.requests, "prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens}, indent=2))
+        return 0
+    table = Table(title=f"{endpoint.label}")
+    table.add_column("capability")
+    table.add_column("value")
+    for key, value in caps.to_dict().items():
+        if key != "notes":
+            table.add_row(key, str(value))
+    table.add_row("verification for completions", choose_verification(caps, chat=False))
+    table.add_row("verification for chat", choose_verification(caps, chat=True))
+    console = Console()
+    console.print(table)
+    for note in caps.notes:
+        console.print(f"- {note}")
+    console.print(f"probing cost {usage.requests} requests, {usage.prompt_tokens} prompt + {usage.completion_tokens} completion tokens")
+    return 0

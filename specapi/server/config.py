@@ -1,0 +1,71 @@
+"""`ServerConfig`: what one proxy serves and the limits it enforces. Immutable configuration."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+from .._exceptions import ConfigurationError
+from ..endpoint import Endpoint
+
+__all__ = ["ServerConfig", "DEFAULT_MAX_REQUEST_BYTES", "DEFAULT_MAX_TOKENS_LIMIT"]
+
+#: Largest request body accepted (bytes); larger ones get HTTP 413.
+DEFAULT_MAX_REQUEST_BYTES = 1 << 20
+#: Largest `max_tokens` / `max_completion_tokens` accepted; chat requests without one get this bound.
+DEFAULT_MAX_TOKENS_LIMIT = 4096
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServerConfig:
+    """Configuration of one proxy app (`create_app(config)`).
+
+    Args:
+        target: the endpoint whose output clients get (its model is the one the proxy serves).
+        draft: the endpoint that proposes tokens (may be None when `client_options` gives a `drafter`
+            or `verification="none"`).
+        num_speculative_tokens: draft tokens per round.
+        api_key: the key clients must send as `Authorization: Bearer KEY`; None = no authentication.
+            Upstream keys (on the endpoints) are never sent to clients.
+        max_request_bytes: request bodies larger than this get HTTP 413.
+        max_tokens_limit: larger `max_tokens` get HTTP 400; chat requests without one are bounded by it.
+        client_options: extra keyword arguments for `AsyncSpeculativeOpenAI` (`verification`, `policy`,
+            `drafter`, `sleep`, `clock`, ...).
+        clock: seconds, for the proxy's own latency metrics (injectable for tests).
+    """
+
+    target: Endpoint
+    draft: Endpoint | None = None
+    num_speculative_tokens: int = 4
+    api_key: str | None = field(default=None, repr=False)
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    max_tokens_limit: int = DEFAULT_MAX_TOKENS_LIMIT
+    client_options: Mapping[str, Any] = field(default_factory=dict)
+    clock: Callable[[], float] = field(default=time.perf_counter, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.target, Endpoint):
+            raise ConfigurationError("target must be an Endpoint")
+        if self.draft is not None and not isinstance(self.draft, Endpoint):
+            raise ConfigurationError("draft must be an Endpoint or None")
+        for name in ("num_speculative_tokens", "max_request_bytes", "max_tokens_limit"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigurationError(f"{name} must be an integer >= 1, got {value!r}")
+        if self.api_key is not None and (not isinstance(self.api_key, str) or not self.api_key.strip()):
+            raise ConfigurationError("api_key must be a non-empty string or None")
+        object.__setattr__(self, "client_options", MappingProxyType(dict(self.client_options)))
+
+    @property
+    def secrets(self) -> tuple[str, ...]:
+        """Every key this proxy knows; error messages are scrubbed of them before they leave."""
+        keys = [self.api_key]
+        for endpoint in (self.target, self.draft):
+            if endpoint is not None:
+                # An endpoint without a key uses OPENAI_API_KEY (see `Endpoint.build_client`).
+                keys.append(endpoint.api_key or os.environ.get("OPENAI_API_KEY"))
+        return tuple(k for k in keys if k)

@@ -1,0 +1,115 @@
+"""OpenAI-shaped errors: every failure the proxy reports is `{"error": {message, type, param, code}}`.
+
+`ProxyError` is what the handlers raise and render; `error_from_exception` maps specapi's exception tree
+onto HTTP statuses:
+
+    ConfigurationError, UnsupportedRequestError   400 invalid_request_error (param guessed from the message)
+    EndpointError with upstream 400/413/422/429   the same status (the request itself was refused upstream)
+    EndpointError timing out                      504 upstream_error
+    any other EndpointError (5xx, 401, dropped)   502 upstream_error
+    anything else                                 500 server_error (details only in the proxy's log)
+
+Endpoint errors name the role ("draft"/"target") and the endpoint, in the message and as extra fields
+`role` and `endpoint`. Every message passes through `redact`, so keys and URL credentials never leave.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import openai
+
+from .._exceptions import ConfigurationError, EndpointError, UnsupportedRequestError
+
+__all__ = ["ProxyError", "error_from_exception", "redact", "guess_param", "PASSED_THROUGH_STATUSES"]
+
+#: Upstream statuses that describe the client's request (not the proxy's setup): passed through as they are.
+PASSED_THROUGH_STATUSES = frozenset({400, 413, 422, 429})
+
+_URL_CREDENTIALS = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)[^/\s@]+@")
+_URL_QUERY = re.compile(r"(?P<url>[a-zA-Z][a-zA-Z0-9+.-]*://[^\s?#'\"]*)\?[^\s'\"]*")
+_LEADING_NAME = re.compile(r"^\s*'?([a-z_][a-z0-9_]*)'?\b")
+_QUOTED_NAME = re.compile(r"'([a-z_][a-z0-9_]*)'")
+
+
+def redact(text: str, secrets: Iterable[str] = ()) -> str:
+    """`text` without the given secrets, URL user-info (`user:pass@`) or URL query strings."""
+    for secret in sorted({s for s in secrets if s}, key=len, reverse=True):
+        text = text.replace(secret, "***")
+    text = _URL_CREDENTIALS.sub(r"\g<scheme>***@", text)
+    return _URL_QUERY.sub(r"\g<url>?***", text)
+
+
+def guess_param(message: str, names: Iterable[str]) -> str | None:
+    """The request parameter a validation message is about (its first word, or a quoted name), if known."""
+    known = set(names)
+    for pattern in (_LEADING_NAME, _QUOTED_NAME):
+        for match in pattern.finditer(message):
+            if match.group(1) in known:
+                return match.group(1)
+    if message.startswith("each message"):
+        return "messages" if "messages" in known else None
+    return None
+
+
+class ProxyError(Exception):
+    """A failure to report to the client as an OpenAI-shaped error response."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+        self.headers = dict(headers or {})
+        self.extra = dict(extra or {})
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code, **self.extra}}
+
+
+def _retry_headers(exc: EndpointError) -> dict[str, str]:
+    cause = exc.__cause__
+    if not isinstance(cause, openai.APIStatusError):
+        return {}
+    return {name: cause.response.headers[name] for name in ("retry-after", "retry-after-ms") if name in cause.response.headers}
+
+
+def _endpoint_error(exc: EndpointError, secrets: Iterable[str]) -> ProxyError:
+    message = redact(str(exc), secrets)
+    extra = {"role": exc.role, "endpoint": redact(exc.endpoint, secrets)}
+    status = exc.status_code
+    if status in PASSED_THROUGH_STATUSES:
+        kind = "rate_limit_error" if status == 429 else "invalid_request_error"
+        code = "rate_limit_exceeded" if status == 429 else f"{exc.role}_rejected_request"
+        return ProxyError(status, message, type=kind, code=code, headers=_retry_headers(exc), extra=extra)
+    if isinstance(exc.__cause__, openai.APITimeoutError):
+        return ProxyError(504, message, type="upstream_error", code=f"{exc.role}_timeout", extra=extra)
+    if status in (401, 403):
+        message = f"{message} (the proxy's credentials for the {exc.role} endpoint were refused)"
+    return ProxyError(502, message, type="upstream_error", code=f"{exc.role}_endpoint_error", extra=extra)
+
+
+def error_from_exception(exc: BaseException, *, secrets: Iterable[str] = (), params: Iterable[str] = ()) -> ProxyError:
+    """The error response for `exc`; `params` are the request's parameter names (to fill in `param`)."""
+    if isinstance(exc, ProxyError):
+        return exc
+    if isinstance(exc, EndpointError):
+        return _endpoint_error(exc, secrets)
+    if isinstance(exc, (ConfigurationError, UnsupportedRequestError)):
+        message = redact(str(exc), secrets)
+        return ProxyError(400, message, param=guess_param(message, params), code="invalid_request")
+    return ProxyError(500, "The proxy failed to handle the request; see its log.", type="server_error", code="internal_error")

@@ -1,0 +1,116 @@
+"""Generating and scoring tokens with a simulated model, as a server does for one request.
+
+``generate`` samples up to ``max_tokens`` tokens (greedy at temperature 0), stopping at end-of-text or at a
+stop string, and keeps what the response needs: each token's logprob and top alternatives (temperature 1,
+as vLLM reports them), the text, the finish reason. ``score_prompt`` gives the same records for prompt
+tokens (echo, prompt logprobs). ``text_offsets`` gives each token's offset in code points.
+
+The end-of-text token is kept among the tokens (it is generated and billed) but adds no text. A stop
+string ends generation: the text is cut where it starts; the tokens generated up to it stay listed.
+Generation is deterministic for a given random generator, and the same whether it runs in one call or
+token by token (the model is a pure function of the context).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .corpus import EOS_TOKEN_ID, incremental_decoder, token_bytes
+from .models import NGramModel
+
+__all__ = ["Generation", "TokenRecord", "generate", "score_prompt", "text_offsets"]
+
+
+@dataclass(frozen=True)
+class TokenRecord:
+    """One token and what the model said about it (``logprob``/``top``/``rank`` when asked for)."""
+
+    token_id: int
+    logprob: float | None = None
+    top: tuple[tuple[int, float], ...] | None = None
+    rank: int | None = None
+
+
+@dataclass(frozen=True)
+class Generation:
+    """The outcome of one ``generate`` call."""
+
+    tokens: tuple[TokenRecord, ...]
+    text: str
+    finish_reason: str  # "stop" or "length"
+
+    @property
+    def token_ids(self) -> list[int]:
+        return [t.token_id for t in self.tokens]
+
+
+def generate(
+    model: NGramModel,
+    prompt_ids: Sequence[int],
+    *,
+    max_tokens: int,
+    temperature: float,
+    top_p: float,
+    rng: np.random.Generator,
+    stop: Sequence[str] = (),
+    top_k: int | None = None,
+) -> Generation:
+    """Generate after ``prompt_ids``. ``top_k``: record logprobs with that many alternatives
+    (``None`` = no logprobs, ``-1`` = every token)."""
+    n = len(prompt_ids)
+    context = np.empty(n + max_tokens, dtype=np.int64)
+    context[:n] = prompt_ids
+    decoder = incremental_decoder()
+    longest_stop = max((len(s) for s in stop), default=0)
+    records: list[TokenRecord] = []
+    text = ""
+    finish = "length"
+    for step in range(max_tokens):
+        mix = model.mixture(context[: n + step])
+        token = model.sample_from(mix, temperature, top_p, rng)
+        context[n + step] = token
+        if top_k is None:
+            records.append(TokenRecord(token))
+        else:
+            records.append(TokenRecord(token, model.logprob_from(mix, token), tuple(model.top_from(mix, top_k))))
+        if token == EOS_TOKEN_ID:
+            finish = "stop"
+            break
+        before = len(text)
+        text += decoder.decode(token_bytes(token))
+        if stop:
+            cut = _find_stop(text, stop, max(0, before - longest_stop + 1))
+            if cut is not None:
+                return Generation(tuple(records), text[:cut], "stop")
+    text += decoder.decode(b"", final=True)
+    return Generation(tuple(records), text, finish)
+
+
+def _find_stop(text: str, stop: Sequence[str], start: int) -> int | None:
+    hits = [i for i in (text.find(s, start) for s in stop if s) if i >= 0]
+    return min(hits) if hits else None
+
+
+def score_prompt(model: NGramModel, prompt_ids: Sequence[int], *, top_k: int, with_rank: bool) -> list[TokenRecord]:
+    """Records for every prompt token; the first has no logprob (nothing precedes it)."""
+    if not prompt_ids:
+        return []
+    scored = model.score(prompt_ids, k=top_k, start=1, with_rank=with_rank)
+    return [TokenRecord(int(prompt_ids[0]))] + [
+        TokenRecord(s.token_id, s.logprob, s.top, s.rank) for s in scored
+    ]
+
+
+def text_offsets(token_ids: Sequence[int]) -> list[int]:
+    """Code-point offset of each token in the decoded text of ``token_ids`` (tokens holding part of a
+    character sit where that character starts once it is complete)."""
+    decoder = incremental_decoder()
+    offsets = []
+    length = 0
+    for token in token_ids:
+        offsets.append(length)
+        length += len(decoder.decode(token_bytes(token)))
+    return offsets

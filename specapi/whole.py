@@ -1,0 +1,135 @@
+"""Verification paths where the target generates the whole answer itself, so output is exact by
+construction and the draft only helps (Predicted Outputs) or is only measured (prefix match).
+
+- `PredictedOutputsPath`: the draft's continuation goes to the target as OpenAI's `prediction`; the
+  server reports how many predicted tokens it accepted and rejected (rejected ones are billed).
+- `PrefixMatchPath`: the draft and the target generate side by side; the draft is compared with the
+  target's text. Always exact, never faster than the target alone, and reported as such.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+from ._calls import Meter, RoleClient
+from .context import Context
+from .drafters import Draft, Drafter
+from .stats import RoundRecord
+
+__all__ = ["WholeResult", "PredictedOutputsPath", "PrefixMatchPath"]
+
+
+@dataclass(frozen=True)
+class WholeResult:
+    text: str
+    finish_reason: str
+    completion_tokens: int
+    prompt_tokens: int | None
+    record: RoundRecord | None
+
+
+def _target_body(context: Context, max_tokens: int, seed: int | None, stop: list[str] | None) -> tuple[str, dict]:
+    body: dict = {"max_tokens": max_tokens, **context.sampling_body(seed)}
+    if stop:
+        body["stop"] = stop
+    if context.is_chat:
+        body["messages"] = context.chat_messages()
+        return "/chat/completions", body
+    body["prompt"] = context.completion_prompt()
+    return "/completions", body
+
+
+def _read(response: dict, chat: bool) -> tuple[str, str, dict]:
+    choice = response["choices"][0]
+    text = ((choice.get("message") or {}).get("content") if chat else choice.get("text")) or ""
+    return text, choice.get("finish_reason") or "stop", response.get("usage") or {}
+
+
+@dataclass
+class PredictedOutputsPath:
+    target: RoleClient
+    name: str = "predicted-outputs"
+
+    async def run(
+        self, context: Context, drafter: Drafter, draft_meter: Meter, target_meter: Meter, max_tokens: int, seeds: tuple[int | None, int | None], stop: list[str] | None
+    ) -> WholeResult:
+        started = time.perf_counter()
+        draft = await drafter.draft(context, max_tokens, draft_meter, seeds[0])
+        draft_latency = time.perf_counter() - started
+        path, body = _target_body(context, max_tokens, seeds[1], stop)
+        if draft.text:
+            body["prediction"] = {"type": "content", "content": draft.text}
+        started = time.perf_counter()
+        response = await self.target.post(path, body, target_meter)
+        try:
+            text, finish, usage = _read(response, context.is_chat)
+        except (KeyError, IndexError, TypeError) as exc:
+            raise self.target.error(f"response has no choices[0] ({exc})", malformed=True) from exc
+        details = usage.get("completion_tokens_details") or {}
+        accepted = int(details.get("accepted_prediction_tokens") or 0)
+        rejected = int(details.get("rejected_prediction_tokens") or 0)
+        drafted = len(draft.tokens)
+        accepted = min(accepted, drafted)
+        record = RoundRecord(
+            drafted=drafted,
+            accepted=accepted,
+            emitted=int(usage.get("completion_tokens") or 0),
+            draft_latency_s=draft_latency,
+            verify_latency_s=time.perf_counter() - started,
+            drafter=draft.drafter + f" (server rejected {rejected} predicted tokens, billed as output)",
+            accepted_by_position=tuple(i < accepted for i in range(drafted)),
+        )
+        return WholeResult(text, finish, int(usage.get("completion_tokens") or 0), usage.get("prompt_tokens"), record if drafted else None)
+
+
+@dataclass
+class PrefixMatchPath:
+    target: RoleClient
+    name: str = "prefix-match"
+
+    async def run(
+        self, context: Context, drafter: Drafter, draft_meter: Meter, target_meter: Meter, max_tokens: int, seeds: tuple[int | None, int | None], stop: list[str] | None
+    ) -> WholeResult:
+        path, body = _target_body(context, max_tokens, seeds[1], stop)
+        started = time.perf_counter()
+        draft_task = asyncio.ensure_future(self._timed_draft(drafter, context, max_tokens, draft_meter, seeds[0]))
+        try:
+            response = await self.target.post(path, body, target_meter)
+        except BaseException:
+            draft_task.cancel()
+            raise
+        target_latency = time.perf_counter() - started
+        try:
+            draft, draft_latency = await draft_task
+        except Exception:
+            draft, draft_latency = Draft(tokens=()), 0.0
+        try:
+            text, finish, usage = _read(response, context.is_chat)
+        except (KeyError, IndexError, TypeError) as exc:
+            raise self.target.error(f"response has no choices[0] ({exc})", malformed=True) from exc
+        matched, offset = [], 0
+        for token in draft.tokens:
+            piece = token.data.decode("utf-8", errors="replace")
+            matched.append(text.startswith(piece, offset))
+            if not matched[-1]:
+                break
+            offset += len(piece)
+        matched += [False] * (len(draft.tokens) - len(matched))
+        record = RoundRecord(
+            drafted=len(draft.tokens),
+            accepted=sum(matched),
+            emitted=int(usage.get("completion_tokens") or 0),
+            draft_latency_s=draft_latency,
+            verify_latency_s=target_latency,
+            drafter=draft.drafter,
+            accepted_by_position=tuple(matched),
+        )
+        return WholeResult(text, finish, int(usage.get("completion_tokens") or 0), usage.get("prompt_tokens"), record if draft.tokens else None)
+
+    @staticmethod
+    async def _timed_draft(drafter: Drafter, context: Context, k: int, meter: Meter, seed: int | None) -> tuple[Draft, float]:
+        started = time.perf_counter()
+        draft = await drafter.draft(context, k, meter, seed)
+        return draft, time.perf_counter() - started
