@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -15,7 +16,7 @@ from decimal import Decimal
 from typing import Any
 
 import openai
-from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt, wait_exponential_jitter
+from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 
 from ._exceptions import DraftError, EndpointError, MalformedResponseError, TargetError
 from .endpoint import Endpoint
@@ -56,18 +57,20 @@ def _retry_after_seconds(exc: BaseException | None) -> float | None:
 
 
 class wait_retry_after:
-    """Wait what the server asked for (Retry-After), else back off exponentially with jitter."""
+    """Wait what the server asked for (Retry-After), else back off exponentially with full jitter."""
 
-    def __init__(self, *, initial: float = 0.2, maximum: float = 20.0) -> None:
-        self._fallback = wait_exponential_jitter(initial=initial, max=maximum)
+    def __init__(self, *, initial: float = 0.2, maximum: float = 20.0, rng: random.Random | None = None) -> None:
+        self._initial = initial
         self._maximum = maximum
+        self._rng = rng or random.Random()
 
     def __call__(self, retry_state: RetryCallState) -> float:
         exc = retry_state.outcome.exception() if retry_state.outcome else None
         asked = _retry_after_seconds(exc)
         if asked is not None:
             return min(asked, self._maximum)
-        return self._fallback(retry_state)
+        ceiling = min(self._maximum, self._initial * 2 ** (retry_state.attempt_number - 1))
+        return ceiling / 2 + self._rng.uniform(0, ceiling / 2)
 
 
 class Meter:

@@ -178,6 +178,7 @@ class Engine:
         self.policy.start_request()
         context = request.context
         text = ""
+        sent = 0  # how much of `text` has been handed out
         finish_reason = "length"
         produced = 0
         prefetch: _Prefetch | None = None
@@ -219,24 +220,30 @@ class Engine:
                 # Apply the new tokens: end of text, max_tokens, stop strings.
                 before = len(text)
                 ended = False
-                for token in new:
+                for index, token in enumerate(new):
                     if token.eos:
                         finish_reason, ended = "stop", True
                         break
                     produced += token.count
                     text += token.data.decode("utf-8")
                     if produced >= request.max_tokens:
+                        # The end of text right after the last allowed token still counts as a stop.
+                        if any(t.eos for t in new[index + 1 : index + 2]):
+                            finish_reason, ended = "stop", True
                         break
                 cut = _find_stop(text, request.stop, before)
                 if cut is not None:
                     text = text[:cut]
                     finish_reason, ended = "stop", True
-                piece = text[before:]
-                if piece:
+                context = context.advanced(text[before:])
+                done = ended or produced >= request.max_tokens
+                # Hold back a tail that could still grow into a stop string: never send what may be cut.
+                safe = len(text) if done else len(text) - _stop_prefix_len(text, request.stop)
+                if safe > sent:
                     if run.books.ttft_s is None:
                         run.books.ttft_s = self.clock() - started
-                    yield Piece(text=piece)
-                context = context.advanced(piece)
+                    yield Piece(text=text[sent:safe])
+                    sent = safe
                 if ended:
                     break
         finally:
@@ -287,7 +294,10 @@ class Engine:
 
     async def _plain(self, context: Context, step_tokens: int, remaining: int, run: _Run) -> list[Emitted]:
         """The target alone generates: one token while speculating, everything that remains otherwise."""
-        step = await plain_step(self.target, context, step_tokens, run.target_meter, run.seed(), list(run.request.stop) or None)
+        counting = getattr(self.verifier, "name", "") in ("echo", "prompt-logprobs")
+        step = await plain_step(
+            self.target, context, step_tokens, run.target_meter, run.seed(), list(run.request.stop) or None, count_tokens=counting
+        )
         if run.books.prompt_tokens is None and not context.accepted and step.prompt_tokens is not None:
             run.books.prompt_tokens = step.prompt_tokens
         self.policy.observe_plain(step.completion_tokens, step.latency_s)
@@ -376,6 +386,17 @@ def _whole_characters(tokens: list[Emitted], greedy: bool, books: _Books) -> lis
     if not greedy and books.inexact_reason is None:
         books.inexact_reason = "approximate: a token ended inside a UTF-8 character and was drawn again"
     return kept
+
+
+def _stop_prefix_len(text: str, stops: tuple[str, ...]) -> int:
+    """Length of the longest tail of `text` that is a proper prefix of a stop string."""
+    longest = 0
+    for stop in stops:
+        for size in range(min(len(stop) - 1, len(text)), longest, -1):
+            if text.endswith(stop[:size]):
+                longest = size
+                break
+    return longest
 
 
 def _find_stop(text: str, stops: tuple[str, ...], new_from: int) -> int | None:

@@ -164,10 +164,16 @@ class PlainStep:
 
 
 async def plain_step(
-    client: RoleClient, context: Context, max_tokens: int, meter: Meter, seed: int | None, stop: list[str] | None
+    client: RoleClient, context: Context, max_tokens: int, meter: Meter, seed: int | None, stop: list[str] | None, *, count_tokens: bool = False
 ) -> PlainStep:
-    """The target alone generates up to `max_tokens` tokens from the context (exact by construction)."""
+    """The target alone generates up to `max_tokens` tokens from the context (exact by construction).
+
+    With `count_tokens`, logprobs are requested just to count the text's tokens exactly (usage counts
+    an end-of-text token too, on most servers).
+    """
     body: dict = {"max_tokens": max_tokens, **context.sampling_body(seed)}
+    if count_tokens and max_tokens > 1:
+        body.update({"logprobs": True} if context.is_chat else {"logprobs": 1})
     if stop:
         body["stop"] = stop
     if context.is_chat:
@@ -193,6 +199,15 @@ async def plain_step(
         raise client.error(f"response has no choices[0] text ({exc})", malformed=True) from exc
     usage = response.get("usage") or {}
     completion = usage.get("completion_tokens")
+    if max_tokens == 1:
+        completion = 1 if text else 0
+    elif count_tokens:
+        try:
+            logprobs = choice.get("logprobs") or {}
+            tokens = chat_tokens(logprobs.get("content")) if context.is_chat else completion_tokens(logprobs)
+            completion = sum(1 for t in tokens if t.text not in DEFAULT_EOS_TOKENS)
+        except (WireError, TypeError, AttributeError):
+            pass  # keep the billed count
     return PlainStep(
         text=text,
         finish_reason=choice.get("finish_reason"),

@@ -23,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from .params import route_path
+
 __all__ = [
     "FaultInjector",
     "FaultPlan",
@@ -35,7 +37,8 @@ __all__ = [
 
 @dataclass(frozen=True, kw_only=True)
 class Faults:
-    """Fault switches; all off by default. ``model`` / ``path``: only requests for that model or path."""
+    """Fault switches; all off by default. ``model`` / ``path``: only requests for that model or path
+    (``"/completions"``, ``"/chat/completions"``; a ``/v1`` prefix is ignored)."""
 
     fail_first: int = 0
     fail_first_status: int = 503
@@ -56,15 +59,7 @@ class Faults:
         """Whether a request for ``model`` at ``path`` is subject to these faults."""
         if self.model is not None and model != self.model:
             return False
-        return self.path is None or _same_path(path, self.path)
-
-
-def _same_path(a: str, b: str) -> bool:
-    def strip(p: str) -> str:
-        p = "/" + p.strip("/")
-        return p[3:] if p.startswith("/v1/") else p
-
-    return strip(a) == strip(b)
+        return self.path is None or route_path(path) == route_path(self.path)
 
 
 @dataclass(frozen=True)

@@ -1,37 +1,42 @@
 """Interpolated n-gram language models over real ``cl100k_base`` tokens.
 
 A model answers one question: given the token ids so far, how likely is each next token? Everything the
-simulated provider reports (logprobs, top lists, greedy and sampled text) is derived from that answer, so
-generation, echo scoring and top lists always agree with each other.
+simulated provider reports (logprobs, top lists, greedy and sampled text) derives from that answer, so
+generation, echo scoring and top lists always agree.
 
-The estimate has three parts:
+The estimate, built from the offline corpus (``corpus.py``) in a fraction of a second:
 
-* **n-gram** (Witten-Bell interpolation): the counts seen after the last ``order - 1`` tokens, mixed with
-  the estimate for one token less, down to add-alpha unigram counts; each level weighs
-  ``n(h) / (n(h) + beta * distinct(h))``.
-* **copy**: like the induction behaviour of real models, the tokens that followed earlier occurrences of
-  the context's longest repeated suffix (at least ``copy_min_match`` tokens) get weight growing with the
-  match length, up to ``copy_max``. This is what makes boilerplate and edits of the prompt predictable,
-  and what prompt-lookup drafting exploits.
+* **n-gram**, per domain (code, prose): Witten-Bell interpolation of the counts seen after the last
+  ``order - 1`` tokens with the estimate for one token less; level weight ``n(h) / (n(h) + beta * distinct(h))``.
+  The domains are mixed by a naive-Bayes posterior over the last ``domain_window`` tokens, so a model that
+  is writing prose keeps writing prose rather than drifting into code at the first unseen context.
+* **unigram**: add-alpha counts, shared by the domains, for whatever weight the levels leave.
+* **copy**: like the induction behaviour of real models, tokens that followed earlier occurrences of the
+  context's longest repeated suffix (at least ``copy_min_match`` tokens) get a weight growing with the match
+  length, up to ``copy_max``: boilerplate and edits of the prompt become predictable (what prompt-lookup
+  drafting exploits). A token that would start a third consecutive pass over a span is damped
+  (``loop_penalty``): a model seeing only a few tokens back would otherwise soon cycle when greedy.
+* **noise**: the model's idiosyncrasy, a log-normal factor fixed per (seed, position, last three tokens,
+  candidate). It flips choices where the distribution is flat (prose) and rarely where it is sharp (code).
 * **tail**: ``tail_mass`` spread uniformly over the whole tokenizer (``UNIVERSE_SIZE`` tokens), so every
   token has a nonzero probability.
 
-Only the corpus's tokens (the *active vocabulary*, a few thousand) are held as dense arrays; any other token
-has probability ``tail_prob`` unless the copy part names it.
+A distribution is held sparsely (``Mixture``): the tokens the parts above name, with their probabilities,
+and a scale for every other token (``tail_prob + scale * unigram``). Every path (one token, top-k, the whole
+vocabulary, sampling) reads the same numbers, and logs are taken with ``math.log`` on single values, so
+results agree bit for bit. Ties are broken by the lowest token id. Only the corpus's tokens (the *active
+vocabulary*, a few thousand) have dense arrays.
 
-Every probability is computed by one elementwise formula (``m = w * unigram + sum(coef * count)``, levels in
-a fixed order, then ``keep * m + tail_prob``) whether one token, a candidate set or the whole vocabulary is
-asked for, so the numbers are bit-identical across those paths; logs are taken with ``math.log`` on single
-values for the same reason. Ties are broken by the lowest token id.
-
-Target and draft differ in order, smoothing and training documents (they share the code, not the prose):
-they agree on code and boilerplate, and much less on free prose.
+Target and draft differ in order, smoothing, noise and prose documents (they share the code): greedy
+agreement is high on code and boilerplate, low on prose.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -59,12 +64,11 @@ class ModelSpec:
     training documents, as ``(kind, every, offset)`` triples (see ``Corpus.stream``). ``beta``: Witten-Bell weight
     of unseen continuations (higher = smoother). ``unigram_alpha``: add-alpha count of the unigram level.
     ``copy_min_match`` / ``copy_max``: shortest repeated suffix that triggers copying, and the copy weight's
-    ceiling (0 turns copying off). ``noise``: standard deviation of a log-normal factor, fixed per
-    (``seed``, last three tokens, candidate token), on the tokens the n-gram and copy parts name: the model's
-    idiosyncrasy, which flips its choice where the distribution is flat (prose) and rarely where it is
-    sharp (code). ``loop_penalty``: factor on the token that would start a third pass over a span of at
-    least four tokens just written twice in a row (1 = off); without it, greedy paths of a model that sees
-    a few tokens back soon cycle. ``tail_mass``: probability spread uniformly over every token.
+    ceiling (0 turns copying off). ``noise`` / ``seed``: standard deviation of the log-normal idiosyncrasy
+    factor on the tokens the other parts name, and its seed. ``loop_penalty``: factor on a token that would
+    start a third consecutive pass over a span of two or more tokens (1 = off). ``domain_window``: tokens
+    read to weigh the domains (0 = pool all documents in one n-gram). ``tail_mass``: probability spread
+    uniformly over every token.
     """
 
     name: str
@@ -78,6 +82,7 @@ class ModelSpec:
     noise: float = 0.0
     seed: int = 0
     loop_penalty: float = 0.02
+    domain_window: int = 32
     tail_mass: float = 1e-5
     description: str = ""
 
@@ -159,6 +164,7 @@ class Mixture:
     probs: np.ndarray
     scale: float
 
+
 @dataclass(frozen=True)
 class ScoredPosition:
     """One scored position: the actual token's logprob and rank, and the top alternatives."""
@@ -191,10 +197,19 @@ class _Level:
         self.starts: list[int] = np.append(starts, len(pairs)).tolist()
 
 
+@dataclass(frozen=True)
+class _Domain:
+    """The n-gram levels of one kind of training text, and what it takes to recognise that text."""
+
+    levels: list[_Level]
+    log_unigram: np.ndarray  # log(p_domain / p_pooled) per token id
+    log_prior: float
+
+
 class NGramModel:
     """A deterministic next-token model (see the module docstring). Contexts are token-id sequences."""
 
-    def __init__(self, spec: ModelSpec, stream: np.ndarray, vocab_ids: np.ndarray) -> None:
+    def __init__(self, spec: ModelSpec, streams: Mapping[str, np.ndarray], vocab_ids: np.ndarray) -> None:
         self.spec = spec
         self.name = spec.name
         self.vocab_ids = vocab_ids  # sorted ids of the active vocabulary
@@ -203,8 +218,8 @@ class NGramModel:
         self._keep = 1.0 - spec.tail_mass
         self._local = np.full(EOS_TOKEN_ID + 1, -1, dtype=np.int64)
         self._local[vocab_ids] = np.arange(self.vocab_size)
-        local = self._local[stream]
-        counts = np.bincount(local, minlength=self.vocab_size).astype(np.float64)
+        local = {kind: self._local[stream] for kind, stream in streams.items()}
+        counts = sum(np.bincount(ids, minlength=self.vocab_size) for ids in local.values()).astype(np.float64)
         alpha = spec.unigram_alpha
         self._unigram = (counts + alpha) / (counts.sum() + alpha * self.vocab_size)
         self._unigram_by_id = np.zeros(EOS_TOKEN_ID + 1)
@@ -212,8 +227,37 @@ class NGramModel:
         self._unigram_rank = vocab_ids[np.lexsort((vocab_ids, -self._unigram))]
         self._unigram_head = np.sort(self._unigram_rank[:_UNIGRAM_HEAD])
         self._zero_head = np.zeros(len(self._unigram_head))
-        self._levels = [_Level(local, length, vocab_ids) for length in range(1, spec.order)]
+        if spec.domain_window > 0 and len(local) > 1:
+            self._domains = [self._domain(ids, counts.sum()) for ids in local.values()]
+            self._domain_log_unigram = np.stack([d.log_unigram for d in self._domains])
+            self._domain_log_prior = np.array([d.log_prior for d in self._domains])
+        else:
+            pooled = np.concatenate(list(local.values()))
+            self._domains = [_Domain([_Level(pooled, n, vocab_ids) for n in range(1, spec.order)], _NO_PROBS, 0.0)]
         self._complement: np.ndarray | None = None
+        self._score_cache: OrderedDict[tuple[int, int, int, int, bool], ScoredPosition] = OrderedDict()
+        self._score_lock = threading.Lock()
+
+    def _domain(self, local: np.ndarray, total: float) -> _Domain:
+        levels = [_Level(local, length, self.vocab_ids) for length in range(1, self.spec.order)]
+        counts = np.bincount(local, minlength=self.vocab_size) + 1.0
+        log_unigram = np.zeros(EOS_TOKEN_ID + 1)  # tokens outside the vocabulary say nothing about the domain
+        log_unigram[self.vocab_ids] = np.log(counts / counts.sum()) - np.log(self._unigram)
+        return _Domain(levels, log_unigram, math.log(len(local) / total))
+
+    def domain_weights(self, context: np.ndarray) -> list[float]:
+        """How much each training domain (code, prose) speaks after ``context``: a naive-Bayes posterior
+        from the last ``domain_window`` tokens, tempered and kept within [0.05, 0.95]."""
+        if len(self._domains) == 1:
+            return [1.0]
+        window = context[-self.spec.domain_window :]
+        scores = (self._domain_log_prior + self._domain_log_unigram[:, window].sum(axis=1) / _DOMAIN_TEMPERATURE).tolist()
+        top = max(scores)
+        weights = [math.exp(x - top) for x in scores]
+        total = sum(weights)
+        weights = [min(0.95, max(0.05, w / total)) for w in weights]
+        total = sum(weights)
+        return [w / total for w in weights]
 
     def __repr__(self) -> str:
         return f"NGramModel({self.name!r}, order={self.spec.order}, vocab={self.vocab_size})"
@@ -263,11 +307,23 @@ class NGramModel:
         return key
 
     def _ngram_terms(self, context: np.ndarray) -> tuple[float, list[tuple[float, np.ndarray, np.ndarray]]]:
-        """Witten-Bell terms ``(coef, next ids, counts)`` for the seen context lengths, and the unigram weight."""
+        """Witten-Bell terms ``(coef, next ids, counts)`` of every domain, weighted by the domain posterior,
+        and the weight left for the unigram level."""
+        remaining = 0.0
+        terms: list[tuple[float, np.ndarray, np.ndarray]] = []
+        for domain, weight in zip(self._domains, self.domain_weights(context)):
+            left, domain_terms = self._witten_bell(domain.levels, context)
+            remaining += weight * left
+            terms.extend((weight * coef, ids, counts) for coef, ids, counts in domain_terms)
+        return remaining, terms
+
+    def _witten_bell(
+        self, levels: list[_Level], context: np.ndarray
+    ) -> tuple[float, list[tuple[float, np.ndarray, np.ndarray]]]:
         found: list[tuple[_Level, int]] = []  # shortest context first
         key = 0
         vocab = self.vocab_size
-        for length, level in enumerate(self._levels, start=1):
+        for length, level in enumerate(levels, start=1):
             if length > len(context):
                 break
             token = int(self._local[context[-length]])
@@ -295,6 +351,7 @@ class NGramModel:
         if n < 2:
             return 0.0, _NO_IDS, _NO_PROBS, _NO_IDS
         ends = np.flatnonzero(context[:-1] == context[-1])  # earlier occurrences of the last token
+        ends = ends[(ends >= 1) & (context[ends - 1] == context[-2])]  # copies and loops need two tokens
         if not ends.size:
             return 0.0, _NO_IDS, _NO_PROBS, _NO_IDS
         width = min(_MAX_COPY_MATCH, n - 1)
@@ -407,27 +464,39 @@ class NGramModel:
         """Score ``token_ids[start:]``, each after the tokens before it: logprob, top ``k``, optionally rank.
 
         ``k = -1`` lists every token held at each position. Rank is 1 + the number of tokens strictly
-        more likely.
+        more likely. Positions already scored after the same prefix are served from a bounded cache, so
+        re-scoring a growing prompt (echo verification, round after round) costs only its new positions.
         """
         ids = self._as_ids(token_ids)
+        tokens = ids.tolist()
         out: list[ScoredPosition] = []
-        for pos in range(max(start, 0), len(ids)):
-            mix = self.mixture(ids[:pos])
-            actual = ids[pos : pos + 1]
-            p_actual = float(self._probs(mix, actual)[0])
-            rank = None
-            if with_rank:
-                dense, _, extra_p = self._dense(mix)
-                rank = int(np.count_nonzero(dense > p_actual) + np.count_nonzero(extra_p > p_actual)) + 1
-            out.append(
-                ScoredPosition(
-                    token_id=int(actual[0]),
-                    logprob=math.log(p_actual),
-                    rank=rank,
-                    top=tuple(self.top_from(mix, k)),
-                )
-            )
+        prefix_key = 0  # chained hash of tokens[:pos]
+        for pos, token in enumerate(tokens):
+            if pos >= start:
+                cache_key = (prefix_key, pos, token, k, with_rank)
+                with self._score_lock:
+                    cached = self._score_cache.get(cache_key)
+                    if cached is not None:
+                        self._score_cache.move_to_end(cache_key)
+                if cached is None:
+                    cached = self._score_position(ids[:pos], token, k, with_rank)
+                    if k >= 0:
+                        with self._score_lock:
+                            self._score_cache[cache_key] = cached
+                            if len(self._score_cache) > _SCORE_CACHE_SIZE:
+                                self._score_cache.popitem(last=False)
+                out.append(cached)
+            prefix_key = hash((prefix_key, token))
         return out
+
+    def _score_position(self, context: np.ndarray, token: int, k: int, with_rank: bool) -> ScoredPosition:
+        mix = self.mixture(context)
+        p_actual = float(self._probs(mix, np.array([token], dtype=np.int64))[0])
+        rank = None
+        if with_rank:
+            dense, _, extra_p = self._dense(mix)
+            rank = int(np.count_nonzero(dense > p_actual) + np.count_nonzero(extra_p > p_actual)) + 1
+        return ScoredPosition(token_id=token, logprob=math.log(p_actual), rank=rank, top=tuple(self.top_from(mix, k)))
 
     def sample(
         self,
@@ -476,28 +545,33 @@ class NGramModel:
 
 _MASK64 = (1 << 64) - 1
 _MAX_COPY_MATCH = 64
-_MIN_LOOP_PERIOD = 4
+_MIN_LOOP_PERIOD = 2
 _UNIGRAM_HEAD = 64
+_DOMAIN_TEMPERATURE = 4.0
+_SCORE_CACHE_SIZE = 50_000
 _NO_IDS = np.zeros(0, dtype=np.int64)
 _NO_PROBS = np.zeros(0)
 
 
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
+_MIX2 = np.uint64(0x94D049BB133111EB)
+_SHIFTS = (np.uint64(30), np.uint64(27), np.uint64(31))
+_TOP53 = np.uint64(11)
+_LOGISTIC_TO_UNIT = math.sqrt(3.0) / math.pi
 def _mix64(x: np.ndarray) -> np.ndarray:
     """splitmix64's finaliser on uint64 arrays (wrapping arithmetic)."""
-    x = x ^ (x >> np.uint64(30))
-    x = x * np.uint64(0xBF58476D1CE4E5B9)
-    x = x ^ (x >> np.uint64(27))
-    x = x * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
+    x = (x ^ (x >> _SHIFTS[0])) * _MIX1
+    x = (x ^ (x >> _SHIFTS[1])) * _MIX2
+    return x ^ (x >> _SHIFTS[2])
 
 
 def _gaussian_hash(key: int, ids: np.ndarray) -> np.ndarray:
-    """A standard normal number per id, fixed by ``key`` (Box-Muller on two hashed uniforms)."""
-    base = _mix64(ids.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(key))
-    other = _mix64(base + np.uint64(0x632BE59BD9B4E019))
-    u1 = ((base >> np.uint64(11)).astype(np.float64) + 0.5) / 9007199254740992.0
-    u2 = (other >> np.uint64(11)).astype(np.float64) / 9007199254740992.0
-    return np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * np.pi * u2)
+    """A number per id, fixed by ``key``, from a logistic distribution scaled to unit variance (close enough
+    to a standard normal for an idiosyncrasy, and cheap)."""
+    bits = _mix64(ids.astype(np.uint64) * _GOLDEN + np.uint64(key))
+    u = ((bits >> _TOP53).astype(np.float64) + 0.5) * (1.0 / 9007199254740992.0)
+    return _LOGISTIC_TO_UNIT * np.log(u / (1.0 - u))
 
 
 def _tempered(probs: np.ndarray, tail_prob: float, temperature: float) -> tuple[np.ndarray, float]:
@@ -516,7 +590,9 @@ def _shared_vocab() -> np.ndarray:
 
 @functools.lru_cache(maxsize=None)
 def _build(spec: ModelSpec) -> NGramModel:
-    return NGramModel(spec, load_corpus().stream({kind: (every, offset) for kind, every, offset in spec.documents}), _shared_vocab())
+    corpus = load_corpus()
+    streams = {kind: corpus.stream({kind: (every, offset)}) for kind, every, offset in spec.documents}
+    return NGramModel(spec, streams, _shared_vocab())
 
 
 def get_model(model: str | ModelSpec) -> NGramModel:

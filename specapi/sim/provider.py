@@ -25,16 +25,15 @@ import asyncio
 import difflib
 import itertools
 import json
-import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .corpus import EOS_TOKEN_ID, decode_text, encode_text, is_known_token
+from .corpus import encode_text
 from .faults import FaultInjector, FaultPlan, Faults, drop_logprobs, mismatch_logprobs, truncate
 from .generation import Generation, TokenRecord, generate, score_prompt, text_offsets
 from .latency import (
@@ -49,15 +48,32 @@ from .latency import (
     request_timing,
 )
 from .models import MODEL_SPECS, ModelSpec, NGramModel, get_model
+from .params import (
+    ApiError,
+    Sampling,
+    parse_json,
+    read_bool,
+    read_int,
+    read_prompt,
+    read_sampling,
+    retry_after_headers,
+    route_path,
+)
 from .profiles import Capabilities, get_capabilities
-from .responses import chat_logprob_items, completion_logprobs, error_body, raw_prompt_logprobs, usage_body
+from .responses import chat_logprob_items, completion_logprobs, raw_prompt_logprobs, usage_body
+from .streams import SSEStream, chat_chunks, completion_chunks, shown_tokens, timed_events
 from .template import message_text, render_chat
+
+if TYPE_CHECKING:
+    from starlette.applications import Starlette
+
+    from .streams import Chunk
+    from .transport import SimTransport
 
 __all__ = [
     "Call",
     "CallList",
     "ModelUsage",
-    "SSEStream",
     "SimProvider",
     "SimResponse",
 ]
@@ -69,25 +85,6 @@ DEFAULT_CHAT_MAX_TOKENS = 512
 MAX_N = 8
 
 
-class ApiError(Exception):
-    """A request the simulated server refuses; becomes an OpenAI-shaped error response."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        type: str = "invalid_request_error",
-        param: str | None = None,
-        code: str | None = None,
-        headers: Mapping[str, str] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.body = error_body(message, type=type, param=param, code=code)
-        self.headers = dict(headers or {})
-
-
 @dataclass
 class Call:
     """One request as the provider saw it, and what it answered."""
@@ -95,6 +92,7 @@ class Call:
     method: str
     path: str
     body: Any
+    headers: dict[str, str] = field(default_factory=dict)
     status: int = 0
     model: str | None = None
     stream: bool = False
@@ -114,8 +112,8 @@ class CallList(list[Call]):
         return self[-1]
 
     def to(self, path: str) -> list[Call]:
-        """Calls whose path ends with ``path`` (``"/completions"`` matches ``/v1/completions``)."""
-        return [c for c in self if c.path.rstrip("/").endswith(path.rstrip("/"))]
+        """Calls to ``path``, with or without the ``/v1`` prefix (``"/completions"`` = ``/v1/completions``)."""
+        return [c for c in self if route_path(c.path) == route_path(path)]
 
     def for_model(self, model: str) -> list[Call]:
         return [c for c in self if c.model == model]
@@ -148,64 +146,6 @@ class SimResponse:
         if self.content is not None:
             return self.content
         return json.dumps(self.json).encode()
-
-
-@dataclass
-class _Event:
-    delay_s: float
-    data: bytes
-    billed_tokens: int = 0
-
-
-class SSEStream:
-    """Server-sent events, each delivered after its simulated delay. Async-iterate it for bytes;
-    ``aclose()`` ends it early (the provider then releases the request's concurrency slot)."""
-
-    def __init__(self, events: list[_Event], *, sleep: Sleep, on_token: Callable[[int], None],
-                 on_close: Callable[[], None]) -> None:
-        self._events = iter(events)
-        self._sleep = sleep
-        self._on_token = on_token
-        self._on_close = on_close
-        self._closed = False
-
-    def __aiter__(self) -> SSEStream:
-        return self
-
-    async def __anext__(self) -> bytes:
-        event = next(self._events, None) if not self._closed else None
-        if event is None:
-            await self.aclose()
-            raise StopAsyncIteration
-        if event.delay_s > 0:
-            await self._sleep(event.delay_s)
-        if event.billed_tokens:
-            self._on_token(event.billed_tokens)
-        return event.data
-
-    async def aclose(self) -> None:
-        if not self._closed:
-            self._closed = True
-            self._on_close()
-
-
-def _sse(payload: Any) -> bytes:
-    return b"data: " + json.dumps(payload).encode() + b"\n\n"
-
-
-_DONE = b"data: [DONE]\n\n"
-
-
-@dataclass
-class _Sampling:
-    max_tokens: int
-    temperature: float
-    top_p: float
-    seed: int | None
-    stop: list[str]
-    n: int
-    stream: bool
-    include_usage: bool
 
 
 @dataclass
@@ -276,6 +216,11 @@ class SimProvider:
         """The built model behind ``name`` (built on first use)."""
         return get_model(self.specs[name])
 
+    def warm_up(self) -> None:
+        """Build every served model now rather than on its first request."""
+        for name in self.specs:
+            self.model(name)
+
     def cost(self, model: str | None = None) -> Decimal:
         """What the billed tokens cost at the latency profile's prices (one model, or all)."""
         names = [model] if model is not None else list(self.usage)
@@ -296,11 +241,12 @@ class SimProvider:
         headers: Mapping[str, str] | None = None,
     ) -> SimResponse:
         """Serve one request. ``body``: the parsed JSON (or raw ``bytes``/``str`` to be parsed)."""
-        call = Call(method=method.upper(), path=path, body=body, started_at=self.clock())
+        call = Call(method=method.upper(), path=path, body=body, headers=dict(headers or {}),
+                    started_at=self.clock())
         self.calls.append(call)
         try:
             if isinstance(body, (bytes, str)):
-                call.body = body = _parse_json(body)
+                call.body = body = parse_json(body)
             response = await self._route(call, body)
         except ApiError as error:
             response = SimResponse(error.status, {"content-type": "application/json", **error.headers}, error.body)
@@ -310,13 +256,13 @@ class SimProvider:
         call.status = response.status
         return response
 
-    def transport(self) -> Any:
+    def transport(self) -> SimTransport:
         """An ``httpx2`` transport serving this provider in-process (see ``transport.py``)."""
         from .transport import SimTransport
 
         return SimTransport(self)
 
-    def asgi_app(self) -> Any:
+    def asgi_app(self) -> Starlette:
         """A Starlette app serving this provider over HTTP (see ``server.py``)."""
         from .server import create_app
 
@@ -325,15 +271,13 @@ class SimProvider:
     # -- routing --------------------------------------------------------------------------------------
 
     async def _route(self, call: Call, body: Any) -> SimResponse:
-        path = "/" + call.path.split("?", 1)[0].strip("/")
-        if path.startswith("/v1/") or path == "/v1":
-            path = path[3:] or "/"
+        path = route_path(call.path)
         if path == "/models" and call.method == "GET":
-            return self._json(200, self._models_body())
+            return self._json(200, self._models_body(), call)
         if path.startswith("/models/") and call.method == "GET":
             name = path[len("/models/") :]
             self._require_model(name)
-            return self._json(200, self._model_entry(name))
+            return self._json(200, self._model_entry(name), call)
         if path in ("/completions", "/chat/completions"):
             if call.method != "POST":
                 raise ApiError(405, f"Method {call.method} not allowed", code="method_not_allowed")
@@ -373,8 +317,8 @@ class SimProvider:
         caps = self.capabilities
         call.model = body.get("model") if isinstance(body.get("model"), str) else None
         spec = self._require_model(body.get("model"))
-        echo = _bool(body, "echo", False)
-        logprobs = _int(body, "logprobs", None, minimum=-1 if caps.logprobs_all else 0)
+        echo = read_bool(body, "echo", False)
+        logprobs = read_int(body, "logprobs", None, minimum=-1 if caps.logprobs_all else 0)
         if logprobs is not None and logprobs > caps.completions_max_logprobs:
             raise ApiError(
                 400, f"logprobs must be at most {caps.completions_max_logprobs}, got {logprobs}.", param="logprobs"
@@ -389,10 +333,10 @@ class SimProvider:
                 code="invalid_parameter_combination",
             )
         prompt_logprobs = self._prompt_logprobs_param(body)
-        sampling = self._sampling(body, default_max_tokens=16, allow_zero=echo)
+        sampling = read_sampling(body, default_max_tokens=16, allow_zero=echo, max_n=MAX_N)
         if prompt_logprobs is not None and sampling.stream:
             raise ApiError(400, "prompt_logprobs is not supported with stream=True", param="prompt_logprobs")
-        prompt_ids, prompt_text = self._prompt(body.get("prompt"))
+        prompt_ids, prompt_text = read_prompt(body.get("prompt"))
         scored_k = logprobs if echo and logprobs is not None else prompt_logprobs
         job = await self._run(
             call,
@@ -403,16 +347,25 @@ class SimProvider:
             prompt_k=scored_k,
             with_rank=prompt_logprobs is not None,
         )
-        if isinstance(job, SimResponse):
-            return job
         created = int(self.clock())
         ident = f"cmpl-sim-{next(self._ids):08x}"
         base_offset = len(prompt_text) if caps.offsets_from_prompt_start else 0
         if sampling.stream:
-            return self._stream_completions(call, job, sampling, ident, created, echo, logprobs, prompt_text)
+            chunks = completion_chunks(
+                ident=ident,
+                created=created,
+                model=spec.name,
+                choices=job.choices,
+                caps=caps,
+                echo=echo,
+                logprobs=logprobs,
+                prompt_text=prompt_text,
+                prompt_records=job.prompt_records,
+            )
+            return self._stream(call, job, chunks, sampling.include_usage)
         choices = []
         for index, gen in enumerate(job.choices):
-            shown = _shown(gen)
+            shown = shown_tokens(gen)
             text = gen.text
             choice: dict[str, Any] = {"index": index, "text": None, "logprobs": None, "finish_reason": gen.finish_reason}
             if echo:
@@ -450,17 +403,17 @@ class SimProvider:
             raise ApiError(400, "messages must be a non-empty list of message objects", param="messages")
         if body.get("tools"):
             raise ApiError(400, "tools are not supported by the simulator", param="tools")
-        logprobs = _bool(body, "logprobs", False)
+        logprobs = read_bool(body, "logprobs", False)
         if logprobs and not caps.chat_logprobs:
             raise ApiError(400, "logprobs are not supported by this server", param="logprobs")
-        top_logprobs = _int(body, "top_logprobs", None, minimum=0, maximum=caps.chat_max_top_logprobs)
+        top_logprobs = read_int(body, "top_logprobs", None, minimum=0, maximum=caps.chat_max_top_logprobs)
         if top_logprobs is not None and not logprobs:
             raise ApiError(400, "logprobs must be set to true if top_logprobs is used", param="top_logprobs")
         if logprobs and top_logprobs is None:
             top_logprobs = caps.chat_default_top_logprobs
         prompt_logprobs = self._prompt_logprobs_param(body)
-        continue_final = _bool(body, "continue_final_message", False) if caps.continue_final_message else False
-        add_generation = _bool(body, "add_generation_prompt", True) if caps.continue_final_message else True
+        continue_final = read_bool(body, "continue_final_message", False) if caps.continue_final_message else False
+        add_generation = read_bool(body, "add_generation_prompt", True) if caps.continue_final_message else True
         last_is_assistant = messages[-1].get("role") == "assistant"
         if continue_final:
             if add_generation:
@@ -473,7 +426,7 @@ class SimProvider:
                 raise ApiError(400, "continue_final_message needs a final assistant message", param="messages")
         prefill = caps.assistant_prefill and last_is_assistant
         prediction = self._prediction(body, logprobs)
-        sampling = self._sampling(body, default_max_tokens=None, allow_zero=False)
+        sampling = read_sampling(body, default_max_tokens=None, allow_zero=False, max_n=MAX_N)
         if prompt_logprobs is not None and sampling.stream:
             raise ApiError(400, "prompt_logprobs is not supported with stream=True", param="prompt_logprobs")
         if prediction is not None and sampling.n > 1:
@@ -497,19 +450,20 @@ class SimProvider:
             with_rank=True,
             prediction=prediction,
         )
-        if isinstance(job, SimResponse):
-            return job
         created = int(self.clock())
         ident = f"chatcmpl-sim-{next(self._ids):08x}"
         if sampling.stream:
-            return self._stream_chat(call, job, sampling, ident, created, logprobs, prefix)
+            chunks = chat_chunks(
+                ident=ident, created=created, model=spec.name, choices=job.choices, logprobs=logprobs, prefix=prefix
+            )
+            return self._stream(call, job, chunks, sampling.include_usage)
         choices = []
         for index, gen in enumerate(job.choices):
             choices.append(
                 {
                     "index": index,
                     "message": {"role": "assistant", "content": prefix + gen.text},
-                    "logprobs": {"content": chat_logprob_items(_shown(gen))} if logprobs else None,
+                    "logprobs": {"content": chat_logprob_items(shown_tokens(gen))} if logprobs else None,
                     "finish_reason": gen.finish_reason,
                 }
             )
@@ -532,7 +486,7 @@ class SimProvider:
             return None
         if not self.capabilities.prompt_logprobs_param:
             raise ApiError(400, "prompt_logprobs is not supported by this server", param="prompt_logprobs")
-        value = _int(body, "prompt_logprobs", None, minimum=-1 if self.capabilities.logprobs_all else 0)
+        value = read_int(body, "prompt_logprobs", None, minimum=-1 if self.capabilities.logprobs_all else 0)
         if value is not None and value > self.capabilities.completions_max_logprobs:
             raise ApiError(400, "prompt_logprobs is above the server's maximum", param="prompt_logprobs")
         return value
@@ -558,60 +512,6 @@ class SimProvider:
         except ValueError as error:
             raise ApiError(400, str(error), param="prediction") from None
 
-    def _sampling(self, body: dict[str, Any], *, default_max_tokens: int | None, allow_zero: bool) -> _Sampling:
-        max_tokens = _int(body, "max_tokens", None, minimum=0)
-        if max_tokens is None:
-            max_tokens = _int(body, "max_completion_tokens", None, minimum=0)
-        if max_tokens is None:
-            max_tokens = default_max_tokens
-        if max_tokens == 0 and not allow_zero:
-            raise ApiError(400, "max_tokens must be at least 1, got 0.", param="max_tokens")
-        temperature = _number(body, "temperature", 1.0, minimum=0.0, maximum=2.0)
-        top_p = _number(body, "top_p", 1.0, minimum=0.0, maximum=1.0)
-        if top_p <= 0.0:
-            raise ApiError(400, "top_p must be in (0, 1], got 0.", param="top_p")
-        stop = body.get("stop")
-        if stop is None:
-            stops: list[str] = []
-        elif isinstance(stop, str):
-            stops = [stop]
-        elif isinstance(stop, list) and all(isinstance(s, str) for s in stop):
-            stops = list(stop)
-        else:
-            raise ApiError(400, "stop must be a string or a list of strings", param="stop")
-        n = _int(body, "n", 1, minimum=1, maximum=MAX_N)
-        stream = _bool(body, "stream", False)
-        options = body.get("stream_options")
-        if options is not None and not isinstance(options, dict):
-            raise ApiError(400, "stream_options must be an object", param="stream_options")
-        if options and not stream:
-            raise ApiError(400, "stream_options is only allowed when stream is true", param="stream_options")
-        include_usage = bool(options and options.get("include_usage"))
-        seed = _int(body, "seed", None)
-        return _Sampling(
-            max_tokens=max_tokens if max_tokens is not None else -1,
-            temperature=temperature,
-            top_p=top_p,
-            seed=seed,
-            stop=stops,
-            n=n or 1,
-            stream=stream,
-            include_usage=include_usage,
-        )
-
-    def _prompt(self, prompt: Any) -> tuple[list[int], str]:
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-            prompt = prompt[0]  # a batch of one
-        if isinstance(prompt, str):
-            return encode_text(prompt), prompt
-        if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-            if not all(is_known_token(t) for t in prompt):
-                raise ApiError(400, "prompt holds a token id outside the tokenizer", param="prompt")
-            return list(prompt), decode_text(prompt)
-        if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
-            raise ApiError(400, "batched prompts are not supported by the simulator", param="prompt")
-        raise ApiError(400, "prompt must be a string or a non-empty list of token ids", param="prompt")
-
     # -- the shared core ------------------------------------------------------------------------------
 
     async def _run(
@@ -619,17 +519,17 @@ class SimProvider:
         call: Call,
         spec: ModelSpec,
         prompt_ids: list[int],
-        sampling: _Sampling,
+        sampling: Sampling,
         *,
         top_k: int | None,
         prompt_k: int | None,
         with_rank: bool,
         prediction: list[int] | None = None,
-    ) -> _Job | SimResponse:
+    ) -> _Job:
         """Fault plan, limits, cache, generation and timing of one request."""
         timing_profile = self.latency.timing_for(spec.name, spec.tier)
         max_tokens = sampling.max_tokens
-        if max_tokens < 0:
+        if max_tokens is None:
             max_tokens = max(1, min(DEFAULT_CHAT_MAX_TOKENS, CONTEXT_WINDOW - len(prompt_ids)))
         if len(prompt_ids) + max_tokens > CONTEXT_WINDOW:
             raise ApiError(
@@ -640,7 +540,7 @@ class SimProvider:
                 param="messages",
                 code="context_length_exceeded",
             )
-        plan = self.faults.plan(model=spec.name, path=call.path)
+        plan = self.faults.plan(model=spec.name, path=route_path(call.path))
         call.faults = plan
         if plan.status is not None:
             raise _fault_error(plan)
@@ -652,7 +552,7 @@ class SimProvider:
                 f"Rate limit reached for {spec.name}. Please try again in {wait:.3f}s.",
                 type="requests",
                 code="rate_limit_exceeded",
-                headers=_retry_after(wait),
+                headers=retry_after_headers(wait),
             )
         call.stream = sampling.stream
         try:
@@ -721,122 +621,22 @@ class SimProvider:
             return SimResponse(200, {"content-type": "application/json"}, content=truncate(json.dumps(payload).encode()))
         return SimResponse(200, {"content-type": "application/json"}, payload)
 
-    def _stream(self, call: Call, job: _Job, chunks: list[tuple[int, dict[str, Any], int]],
-                include_usage: bool) -> SimResponse:
-        """Turn ``(token step, chunk, billed tokens)`` triples into a timed SSE stream."""
-        plan = call.faults
-        timing = call.timing or RequestTiming(0.0)
-        arrivals = [timing.first_token_s]
-        for gap in timing.gaps_s:
-            arrivals.append(arrivals[-1] + gap)
-        events: list[_Event] = []
-        clock = 0.0
-        for step, chunk, billed in chunks:
-            if plan.drop_logprobs:
-                chunk = drop_logprobs(chunk)
-            if plan.mismatch_logprobs:
-                chunk = mismatch_logprobs(chunk)
-            if include_usage:
-                chunk = {**chunk, "usage": None}
-            at = arrivals[min(step, len(arrivals) - 1)] if step >= 0 else 0.0
-            events.append(_Event(max(0.0, at - clock), _sse(chunk), billed))
-            clock = max(clock, at)
-            call.chunks.append(chunk)
-        rejected = job.prediction[1] if job.prediction else 0
-        if include_usage:
-            usage_chunk = {**chunks[-1][1], "choices": [], "usage": job.usage()}
-            events.append(_Event(0.0, _sse(usage_chunk), rejected))
-            call.chunks.append(usage_chunk)
-        elif rejected:
-            events[-1].billed_tokens += rejected
-        events.append(_Event(0.0, _DONE))
-        if plan.truncate:
-            keep = max(1, len(events) // 2)
-            events = events[:keep]
-            events[-1] = _Event(events[-1].delay_s, truncate(events[-1].data), events[-1].billed_tokens)
+    def _stream(self, call: Call, job: _Job, chunks: list[Chunk], include_usage: bool) -> SimResponse:
+        """A timed SSE stream of ``chunks``; completion tokens are counted as they go out."""
+        events, call.chunks = timed_events(
+            chunks,
+            call.timing or RequestTiming(0.0),
+            call.faults,
+            usage=job.usage() if include_usage else None,
+            late_billed=job.prediction[1] if job.prediction else 0,
+        )
         counters = self.usage[job.spec.name]
-        limiter = self._limiters[job.spec.name]
 
-        def on_token(count: int) -> None:
-            counters.completion_tokens += count
+        def bill(tokens: int) -> None:
+            counters.completion_tokens += tokens
 
-        stream = SSEStream(events, sleep=self.sleep, on_token=on_token, on_close=limiter.release)
-        headers = {"content-type": "text/event-stream", "cache-control": "no-cache"}
-        return SimResponse(200, headers, stream=stream)
-
-    def _stream_completions(self, call: Call, job: _Job, sampling: _Sampling, ident: str, created: int,
-                            echo: bool, logprobs: int | None, prompt_text: str) -> SimResponse:
-        caps = self.capabilities
-
-        def chunk(index: int, text: str, lp: Any, finish: str | None) -> dict[str, Any]:
-            return {
-                "id": ident,
-                "object": "text_completion",
-                "created": created,
-                "model": job.spec.name,
-                "choices": [{"index": index, "text": text, "logprobs": lp, "finish_reason": finish}],
-            }
-
-        chunks: list[tuple[int, dict[str, Any], int]] = []
-        base = len(prompt_text) if (caps.offsets_from_prompt_start or echo) else 0
-        for index, gen in enumerate(job.choices):
-            if echo:
-                lp = None
-                if logprobs is not None and job.prompt_records is not None:
-                    records = job.prompt_records
-                    lp = completion_logprobs(records, text_offsets([r.token_id for r in records]),
-                                             include_chosen=caps.logprobs_all)
-                chunks.append((0, chunk(index, prompt_text, lp, None), 0))
-        per_choice = [_token_pieces(gen) for gen in job.choices]
-        steps = max(len(p) for p in per_choice)
-        for step in range(steps):
-            for index, pieces in enumerate(per_choice):
-                if step >= len(pieces):
-                    continue
-                record, text, offset, billed = pieces[step]
-                gen = job.choices[index]
-                last = step == len(pieces) - 1
-                lp = None
-                if logprobs is not None:
-                    if record is None:
-                        lp = {"content": []} if caps.completions_logprobs_chat_shape else _empty_completion_logprobs()
-                    elif caps.completions_logprobs_chat_shape:
-                        lp = {"content": chat_logprob_items([record])}
-                    else:
-                        lp = completion_logprobs([record], [base + offset], include_chosen=caps.logprobs_all)
-                chunks.append((step, chunk(index, text, lp, gen.finish_reason if last else None), billed))
-        return self._stream(call, job, chunks, sampling.include_usage)
-
-    def _stream_chat(self, call: Call, job: _Job, sampling: _Sampling, ident: str, created: int,
-                     logprobs: bool, prefix: str) -> SimResponse:
-        def chunk(index: int, delta: dict[str, Any], lp: Any, finish: str | None) -> dict[str, Any]:
-            return {
-                "id": ident,
-                "object": "chat.completion.chunk",
-                "created": created,
-                "model": job.spec.name,
-                "choices": [{"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish}],
-            }
-
-        chunks: list[tuple[int, dict[str, Any], int]] = []
-        for index in range(len(job.choices)):
-            chunks.append((0, chunk(index, {"role": "assistant", "content": ""}, None, None), 0))
-            if prefix:
-                chunks.append((0, chunk(index, {"content": prefix}, None, None), 0))
-        per_choice = [_token_pieces(gen) for gen in job.choices]
-        steps = max(len(p) for p in per_choice)
-        for step in range(steps):
-            for index, pieces in enumerate(per_choice):
-                if step >= len(pieces):
-                    continue
-                record, text, _, billed = pieces[step]
-                lp = None
-                if logprobs:
-                    lp = {"content": chat_logprob_items([record]) if record is not None else []}
-                chunks.append((step, chunk(index, {"content": text}, lp, None), billed))
-        for index, gen in enumerate(job.choices):
-            chunks.append((max(steps - 1, 0), chunk(index, {}, None, gen.finish_reason), 0))
-        return self._stream(call, job, chunks, sampling.include_usage)
+        stream = SSEStream(events, sleep=self.sleep, on_billed=bill, on_close=self._limiters[job.spec.name].release)
+        return SimResponse(200, {"content-type": "text/event-stream", "cache-control": "no-cache"}, stream=stream)
 
     # -- state ----------------------------------------------------------------------------------------
 
@@ -863,73 +663,6 @@ class SimProvider:
 # -- helpers ------------------------------------------------------------------------------------------
 
 
-def _parse_json(raw: bytes | str) -> Any:
-    if not raw:
-        return None
-    try:
-        return json.loads(raw)
-    except ValueError:
-        raise ApiError(400, "We could not parse the JSON body of your request.") from None
-
-
-def _bool(body: dict[str, Any], name: str, default: bool) -> bool:
-    value = body.get(name)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise ApiError(400, f"{name} must be a boolean", param=name)
-    return value
-
-
-def _int(body: dict[str, Any], name: str, default: int | None, *, minimum: int | None = None,
-         maximum: int | None = None) -> int | None:
-    value = body.get(name)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ApiError(400, f"{name} must be an integer", param=name)
-    if minimum is not None and value < minimum:
-        raise ApiError(400, f"{name} must be at least {minimum}, got {value}.", param=name)
-    if maximum is not None and value > maximum:
-        raise ApiError(400, f"{name} must be at most {maximum}, got {value}.", param=name)
-    return value
-
-
-def _number(body: dict[str, Any], name: str, default: float, *, minimum: float, maximum: float) -> float:
-    value = body.get(name)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ApiError(400, f"{name} must be a number", param=name)
-    if not minimum <= value <= maximum:
-        raise ApiError(400, f"{name} must be between {minimum} and {maximum}, got {value}.", param=name)
-    return float(value)
-
-
-def _shown(gen: Generation) -> list[TokenRecord]:
-    """Generated tokens as listed in logprobs: end-of-text is billed but not shown."""
-    return [r for r in gen.tokens if r.token_id != EOS_TOKEN_ID]
-
-
-def _token_pieces(gen: Generation) -> list[tuple[TokenRecord | None, str, int, int]]:
-    """Per generated token: its record (``None`` for end-of-text), its share of the final text, its offset
-    and how many tokens it bills. A generation without tokens gives one empty piece billing nothing."""
-    offsets = text_offsets(gen.token_ids)
-    limit = len(gen.text)
-    ends = offsets[1:] + [limit]
-    pieces: list[tuple[TokenRecord | None, str, int, int]] = []
-    for record, start, end in zip(gen.tokens, offsets, ends):
-        shown = None if record.token_id == EOS_TOKEN_ID else record
-        pieces.append((shown, gen.text[min(start, limit) : min(max(end, start), limit)], start, 1))
-    if not pieces:
-        pieces.append((None, gen.text, 0, 0))
-    return pieces
-
-
-def _empty_completion_logprobs() -> dict[str, Any]:
-    return {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
-
-
 def _match_prediction(prediction: list[int], output: list[int]) -> tuple[tuple[int, int], list[bool]]:
     """Accepted / rejected prediction tokens, and which output tokens came from the prediction."""
     matcher = difflib.SequenceMatcher(None, prediction, output, autojunk=False)
@@ -942,10 +675,6 @@ def _match_prediction(prediction: list[int], output: list[int]) -> tuple[tuple[i
     return (accepted, len(prediction) - accepted), flags
 
 
-def _retry_after(seconds: float) -> dict[str, str]:
-    return {"retry-after": str(max(1, math.ceil(seconds))), "retry-after-ms": str(int(seconds * 1000))}
-
-
 def _fault_error(plan: FaultPlan) -> ApiError:
     status = plan.status or 500
     if status == 429:
@@ -954,7 +683,7 @@ def _fault_error(plan: FaultPlan) -> ApiError:
             "Rate limit reached (injected fault).",
             type="requests",
             code="rate_limit_exceeded",
-            headers=_retry_after(plan.retry_after_s or 1.0),
+            headers=retry_after_headers(plan.retry_after_s or 1.0),
         )
     if status == 503:
         return ApiError(503, "The server is overloaded (injected fault).", type="server_error", code="overloaded")

@@ -1,0 +1,286 @@
+"""The proxy's routes: OpenAI's `/v1/completions` and `/v1/chat/completions`, served with speculation.
+
+    POST /v1/completions, POST /v1/chat/completions   JSON, or SSE with `"stream": true`
+    GET  /v1/models, /v1/models/{id}                  the target model
+    GET  /health                                      liveness (no authentication, no upstream call)
+    GET  /metrics                                     Prometheus text format (no authentication)
+
+Responses are the openai SDK's own objects dumped as they were built (`exclude_unset`, so explicit
+`null`s stay and nothing is invented), plus `"speculative": stats.to_dict()` at the top level (in the
+last chunk of a stream) and `x-specapi-*` headers. A client that disconnects cancels the upstream work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import re
+import uuid
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from ..client import AsyncSpeculativeOpenAI
+from ..stats import SpeculativeStats
+from ..streaming import SpeculativeStream
+from .arguments import CHAT_FIELDS, COMPLETION_FIELDS, chat_arguments, completion_arguments, parse_json_object, read_body
+from .config import ServerConfig
+from .disconnect import ClientDisconnected, run_unless_disconnected
+from .errors import ProxyError, error_from_exception, redact
+from .headers import stats_headers
+from .metrics import CONTENT_TYPE, ProxyMetrics
+from .sse import DONE_EVENT, EventStreamResponse, encode_event
+
+__all__ = ["create_app", "CLIENT_CLOSED_REQUEST"]
+
+logger = logging.getLogger("specapi.server")
+
+#: Status recorded (nginx's convention) when the client left before any response was sent.
+CLIENT_CLOSED_REQUEST = 499
+
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+
+
+def _error_response(error: ProxyError, request_id: str) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status, headers={**error.headers, "x-request-id": request_id})
+
+
+def _dump(model: Any) -> dict[str, Any]:
+    """An SDK object as the JSON it was built from (its `speculative` attribute travels separately)."""
+    return model.model_dump(mode="json", exclude_unset=True, exclude={"speculative"})
+
+
+class _Proxy:
+    """The state one app shares between requests: configuration, the speculative client, metrics."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.metrics = ProxyMetrics()
+        self.secrets = config.secrets
+        self._client: AsyncSpeculativeOpenAI | None = self._build_client()  # validates the configuration now
+
+    def _build_client(self) -> AsyncSpeculativeOpenAI:
+        config = self.config
+        return AsyncSpeculativeOpenAI(
+            target=config.target, draft=config.draft, num_speculative_tokens=config.num_speculative_tokens, **config.client_options
+        )
+
+    @property
+    def client(self) -> AsyncSpeculativeOpenAI:
+        if self._client is None:  # after a shutdown, a restarted app builds a fresh client
+            self._client = self._build_client()
+        return self._client
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            client, self._client = self._client, None
+            if client is not None:
+                await client.close()
+
+    def scrub(self, text: str) -> str:
+        return redact(text, self.secrets)
+
+    def summary(self, stats: SpeculativeStats) -> dict[str, Any]:
+        summary = stats.to_dict()
+        for name in ("fallback_reason", "exact_reason"):
+            if summary.get(name):
+                summary[name] = self.scrub(summary[name])
+        return summary
+
+    # -- request plumbing
+
+    def _request_id(self, request: Request) -> str:
+        given = request.headers.get("x-request-id", "")
+        return given if _REQUEST_ID.match(given) else f"req_{uuid.uuid4().hex}"
+
+    def _authenticate(self, request: Request) -> None:
+        expected = self.config.api_key
+        if expected is None:
+            return
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), expected.encode()):
+            raise ProxyError(
+                401,
+                "Incorrect or missing API key: send `Authorization: Bearer <key>` with this proxy's key.",
+                code="invalid_api_key",
+                headers={"www-authenticate": "Bearer"},
+            )
+
+    # -- generation routes
+
+    async def completions(self, request: Request) -> Response:
+        def arguments(body: dict[str, Any]) -> dict[str, Any]:
+            return completion_arguments(body, model=self.config.target.model, max_tokens_limit=self.config.max_tokens_limit)
+
+        return await self._generate(request, "/v1/completions", arguments, self.client.completions.create, COMPLETION_FIELDS)
+
+    async def chat_completions(self, request: Request) -> Response:
+        def arguments(body: dict[str, Any]) -> dict[str, Any]:
+            return chat_arguments(body, model=self.config.target.model, max_tokens_limit=self.config.max_tokens_limit)
+
+        return await self._generate(request, "/v1/chat/completions", arguments, self.client.chat.completions.create, CHAT_FIELDS)
+
+    async def _generate(
+        self,
+        request: Request,
+        route: str,
+        arguments: Callable[[dict[str, Any]], dict[str, Any]],
+        create: Callable[..., Awaitable[Any]],
+        fields: frozenset[str],
+    ) -> Response:
+        started = self.config.clock()
+        request_id = self._request_id(request)
+        params: frozenset[str] | set[str] = fields
+        self.metrics.in_flight.inc()
+        handed_over = False
+        try:
+            self._authenticate(request)
+            body = parse_json_object(await read_body(request, self.config.max_request_bytes))
+            params = fields | set(body)
+            kwargs = arguments(body)
+            if kwargs.get("stream"):
+                response = await self._start_stream(request, route, create, kwargs, started, request_id)
+                handed_over = True  # the stream's on_close records the outcome and the gauge
+                return response
+            result = await run_unless_disconnected(create(**kwargs), request.receive)
+        except (ClientDisconnected, ClientDisconnect):
+            self.metrics.disconnects.labels(route=route).inc()
+            self.metrics.request(route, CLIENT_CLOSED_REQUEST)
+            return Response(status_code=CLIENT_CLOSED_REQUEST)  # nobody reads it; the server drops it
+        except Exception as exc:
+            return self._fail(route, exc, request_id, params)
+        finally:
+            if not handed_over:
+                self.metrics.in_flight.dec()
+        stats: SpeculativeStats = result.speculative
+        data = _dump(result)
+        data["speculative"] = self.summary(stats)
+        elapsed = self.config.clock() - started
+        self.metrics.request(route, 200)
+        self.metrics.duration.labels(route=route).observe(elapsed)
+        if stats.ttft_s is not None:
+            self.metrics.ttft.labels(route=route).observe(elapsed - stats.wall_s + stats.ttft_s)
+        self.metrics.observe(route, stats)
+        return JSONResponse(data, headers={**stats_headers(stats, self.scrub), "x-request-id": request_id})
+
+    def _fail(self, route: str, exc: BaseException, request_id: str, params: frozenset[str] | set[str]) -> JSONResponse:
+        error = error_from_exception(exc, secrets=self.secrets, params=params)
+        if error.status >= 500:
+            log = logger.exception if error.status == 500 else logger.warning
+            log("request %s on %s failed: %s", request_id, route, self.scrub(str(exc)), exc_info=error.status == 500)
+        self.metrics.request(route, error.status)
+        return _error_response(error, request_id)
+
+    async def _start_stream(
+        self,
+        request: Request,
+        route: str,
+        create: Callable[..., Awaitable[Any]],
+        kwargs: dict[str, Any],
+        started: float,
+        request_id: str,
+    ) -> Response:
+        """Wait for the first chunk (so that early failures get a real HTTP status), then stream the rest."""
+        stream: SpeculativeStream[Any] = await create(**kwargs)
+        try:
+            first = await run_unless_disconnected(anext(stream, None), request.receive)
+        except BaseException:
+            await stream.close()
+            raise
+        self.metrics.ttft.labels(route=route).observe(self.config.clock() - started)
+
+        async def close(disconnected: bool) -> None:
+            await stream.close()  # cancels whatever upstream call is still in flight
+            if disconnected:
+                self.metrics.disconnects.labels(route=route).inc()
+            self.metrics.request(route, 200)  # the status line went out before the first chunk
+            self.metrics.in_flight.dec()
+
+        events = self._events(route, stream, first, started, request_id)
+        return EventStreamResponse(events, headers={"x-request-id": request_id}, on_close=close)
+
+    async def _events(
+        self, route: str, stream: SpeculativeStream[Any], first: Any, started: float, request_id: str
+    ) -> AsyncGenerator[bytes, None]:
+        """The stream as SSE events; the last chunk gets `"speculative"`; errors become an error event."""
+        try:
+            chunk = first
+            while chunk is not None:
+                data = _dump(chunk)
+                if stream.speculative is not None:  # set by the last chunk, which carries the statistics
+                    data["speculative"] = self.summary(stream.speculative)
+                    self.metrics.observe(route, stream.speculative)
+                yield encode_event(data)
+                chunk = await anext(stream, None)
+            yield DONE_EVENT
+            self.metrics.duration.labels(route=route).observe(self.config.clock() - started)
+        except Exception as exc:  # after the headers: the error travels as an event (the SDK raises it)
+            error = error_from_exception(exc, secrets=self.secrets)
+            logger.warning("stream %s on %s failed: %s", request_id, route, self.scrub(str(exc)))
+            self.metrics.stream_errors.labels(route=route).inc()
+            yield encode_event(error.body())
+
+    # -- other routes
+
+    async def models(self, request: Request) -> Response:
+        try:
+            self._authenticate(request)
+        except ProxyError as error:
+            return self._fail("/v1/models", error, self._request_id(request), frozenset())
+        self.metrics.request("/v1/models", 200)
+        return JSONResponse({"object": "list", "data": [self._model_card()]})
+
+    async def model(self, request: Request) -> Response:
+        request_id = self._request_id(request)
+        try:
+            self._authenticate(request)
+            name = request.path_params["model"]
+            if name != self.config.target.model:
+                raise ProxyError(404, f"The model `{name}` does not exist on this proxy.", param="model", code="model_not_found")
+        except ProxyError as error:
+            return self._fail("/v1/models/{model}", error, request_id, frozenset())
+        self.metrics.request("/v1/models/{model}", 200)
+        return JSONResponse(self._model_card())
+
+    def _model_card(self) -> dict[str, Any]:
+        return {"id": self.config.target.model, "object": "model", "created": 0, "owned_by": "specapi"}
+
+    async def health(self, request: Request) -> Response:
+        return JSONResponse({"status": "ok"})
+
+    async def metrics_page(self, request: Request) -> Response:
+        return Response(self.metrics.render(), media_type=CONTENT_TYPE)
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    codes = {404: "not_found", 405: "method_not_allowed"}
+    error = ProxyError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", code=codes.get(exc.status_code))
+    return JSONResponse(error.body(), status_code=exc.status_code, headers=exc.headers)
+
+
+def create_app(config: ServerConfig) -> Starlette:
+    """An ASGI app serving `config` (run it with uvicorn, or `specapi serve`)."""
+    proxy = _Proxy(config)
+    routes = [
+        Route("/v1/completions", proxy.completions, methods=["POST"]),
+        Route("/v1/chat/completions", proxy.chat_completions, methods=["POST"]),
+        Route("/v1/models", proxy.models, methods=["GET"]),
+        Route("/v1/models/{model:path}", proxy.model, methods=["GET"]),
+        Route("/health", proxy.health, methods=["GET"]),
+        Route("/metrics", proxy.metrics_page, methods=["GET"]),
+    ]
+    app = Starlette(routes=routes, lifespan=proxy.lifespan, exception_handlers={HTTPException: _http_error})
+    app.state.metrics = proxy.metrics
+    app.state.config = config
+    return app

@@ -1,0 +1,71 @@
+"""Serve a ``SimProvider`` over real HTTP: a Starlette app, and ``run_server`` to run it with uvicorn.
+
+    run_server(host="127.0.0.1", port=8000, capabilities="vllm", latency="lan", seed=0)
+
+is what ``specapi simulate --port 8000 --profile vllm --latency lan`` runs. Latency is real here: the app
+uses ``asyncio.sleep``.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+if TYPE_CHECKING:
+    from .faults import Faults
+    from .latency import LatencyProfile
+    from .profiles import Capabilities
+    from .provider import SimProvider
+
+__all__ = ["create_app", "run_server"]
+
+
+def create_app(provider: SimProvider) -> Starlette:
+    """A Starlette app forwarding every request under ``/`` to ``provider.handle``."""
+
+    async def endpoint(request: Request) -> Response:
+        body = await request.body()
+        path = request.url.path
+        if request.url.query:
+            path += "?" + request.url.query
+        result = await provider.handle(request.method, path, body or None, dict(request.headers))
+        if result.stream is not None:
+            stream = result.stream
+
+            async def chunks() -> Any:
+                try:
+                    async for chunk in stream:
+                        yield chunk
+                finally:
+                    await stream.aclose()
+
+            return StreamingResponse(chunks(), status_code=result.status, headers=result.headers)
+        return Response(result.body, status_code=result.status, headers=result.headers)
+
+    app = Starlette(routes=[Route("/{path:path}", endpoint, methods=["GET", "POST", "PUT", "DELETE"])])
+    app.state.provider = provider
+    return app
+
+
+def run_server(
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    capabilities: str | Capabilities = "vllm",
+    latency: str | LatencyProfile = "lan",
+    seed: int = 0,
+    faults: Faults | None = None,
+    log_level: str = "info",
+) -> None:
+    """Run a simulated provider with uvicorn until interrupted (blocks)."""
+    import uvicorn
+
+    from .provider import SimProvider
+
+    provider = SimProvider(capabilities=capabilities, latency=latency, seed=seed, faults=faults)
+    provider.warm_up()
+    uvicorn.run(create_app(provider), host=host, port=port, log_level=log_level)
