@@ -93,6 +93,7 @@ class Meter:
 
     def record_usage(self, usage: Mapping[str, Any] | None) -> None:
         if not usage:
+            self.cost_usd = None  # billed, but by how much is unknown: never report it as free
             return
         prompt = int(usage.get("prompt_tokens") or 0)
         completion = int(usage.get("completion_tokens") or 0)
@@ -183,27 +184,48 @@ class RoleClient:
         return result
 
     async def stream(self, path: str, body: Mapping[str, Any], meter: Meter) -> AsyncIterator[dict[str, Any]]:
-        """POST with `stream: true` and yield each JSON chunk (the request itself is retried, not the stream)."""
+        """POST with `stream: true` and yield each JSON chunk.
+
+        Opening the stream is retried like `post`; once a chunk has arrived nothing is retried (the
+        text would repeat). Closing the generator early closes the upstream response.
+        """
         payload = self._body(body)
         payload["stream"] = True
+        retrying = AsyncRetrying(
+            stop=stop_after_attempt(1 + self.endpoint.max_retries),
+            wait=wait_retry_after(),
+            retry=retry_if_exception(is_transient),
+            sleep=self.sleep,
+            reraise=True,
+        )
         started = self.clock()
         try:
-            stream = await self.sdk.post(path, body=payload, cast_to=object, stream=True, stream_cls=openai.AsyncStream[object])
+            async for attempt in retrying:
+                with attempt:
+                    started = self.clock()
+                    try:
+                        stream = await self.sdk.post(path, body=payload, cast_to=object, stream=True, stream_cls=openai.AsyncStream[object])
+                    except BaseException:
+                        meter.record_attempt(self.clock() - started, failed=True)
+                        raise
         except openai.APIStatusError as exc:
-            meter.record_attempt(self.clock() - started, failed=True)
             raise self.error(f"HTTP {exc.status_code}: {exc.message}", status_code=exc.status_code) from exc
         except openai.APIError as exc:
-            meter.record_attempt(self.clock() - started, failed=True)
             raise self.error(f"{type(exc).__name__}: {exc}") from exc
         failed = True
+        usage_seen = False
         try:
             async for chunk in stream:
                 if isinstance(chunk, dict):
                     if chunk.get("usage"):
+                        usage_seen = True
                         meter.record_usage(chunk["usage"])
                     yield chunk
             failed = False
         except openai.APIError as exc:
             raise self.error(f"stream broke: {exc}") from exc
         finally:
+            await stream.close()
             meter.record_attempt(self.clock() - started, failed=failed)
+            if not usage_seen:
+                meter.record_usage(None)

@@ -30,7 +30,8 @@ class SamplingParams:
 
     temperature: float = 1.0
     top_p: float = 1.0
-    raw_logprobs: bool = True
+    raw_logprobs: bool = True  # the target's logprobs ignore temperature
+    draft_raw_logprobs: bool = True  # the draft's do
 
     @property
     def greedy(self) -> bool:
@@ -110,7 +111,7 @@ def decide_round(
             drafted = draft_by_span.get(span)
             if drafted is not None and drafted.text == position.text:
                 q = TokenDist.from_logprobs(
-                    drafted.distribution(), temperature=params.temperature, top_p=params.top_p, raw=params.raw_logprobs
+                    drafted.distribution(), temperature=params.temperature, top_p=params.top_p, raw=params.draft_raw_logprobs
                 )
                 gap = max(gap, p.gap, q.gap)
                 keep = rng.random() < acceptance_probability(p.get(position.text), q.get(position.text))

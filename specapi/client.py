@@ -11,6 +11,7 @@ Arguments are checked before any request is sent. Requests that speculation cann
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -221,10 +222,15 @@ class _AsyncChat:
         self.completions = AsyncChatCompletions(runtime)
 
 
-def _validated_sampling(kwargs: Mapping[str, Any], endpoint: Endpoint) -> SamplingParams:
-    temperature = _check_number("temperature", kwargs.get("temperature", 1.0) if kwargs.get("temperature") is not None else 1.0, 0.0, 2.0)
-    top_p = _check_number("top_p", kwargs.get("top_p") if kwargs.get("top_p") is not None else 1.0, 0.0, 1.0, low_open=True)
-    return SamplingParams(temperature=temperature, top_p=top_p, raw_logprobs=endpoint.logprobs_mode == "raw")
+def _validated_sampling(kwargs: Mapping[str, Any], target: Endpoint, draft: Endpoint | None) -> SamplingParams:
+    temperature = _check_number("temperature", kwargs["temperature"] if kwargs.get("temperature") is not None else 1.0, 0.0, 2.0)
+    top_p = _check_number("top_p", kwargs["top_p"] if kwargs.get("top_p") is not None else 1.0, 0.0, 1.0, low_open=True)
+    return SamplingParams(
+        temperature=temperature,
+        top_p=top_p,
+        raw_logprobs=target.logprobs_mode == "raw",
+        draft_raw_logprobs=draft is None or draft.logprobs_mode == "raw",
+    )
 
 
 def _validated_max_tokens(value: Any, default: int) -> int:
@@ -330,12 +336,21 @@ def _stream_options(kwargs: Mapping[str, Any]) -> tuple[bool, bool]:
 async def _passthrough_chunks(
     runtime: _Runtime, path: str, body: dict[str, Any], meter: Meter, reason: str, started: float
 ) -> AsyncIterator[dict[str, Any]]:
-    """The target's own stream, one chunk behind, so the last chunk can carry the statistics."""
+    """The target's own stream, one chunk behind, so the last chunk can carry the statistics.
+
+    Usage is always asked of the target (so the statistics are billed figures); its chunk is passed
+    on only if the caller asked for it.
+    """
+    wanted_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+    body = {**body, "stream_options": {**(body.get("stream_options") or {}), "include_usage": True}}
     previous: dict[str, Any] | None = None
-    async for chunk in runtime.target.stream(path, body, meter):
-        if previous is not None:
-            yield previous
-        previous = chunk
+    async with contextlib.aclosing(runtime.target.stream(path, body, meter)) as chunks:
+        async for chunk in chunks:
+            if chunk.get("usage") and not chunk.get("choices") and not wanted_usage:
+                continue
+            if previous is not None:
+                yield previous
+            previous = chunk
     if previous is not None:
         usage = meter.snapshot()
         previous["_speculative"] = SpeculativeStats(
@@ -358,7 +373,7 @@ class AsyncCompletions(_Resource):
     ) -> SpeculativeCompletion | SpeculativeStream[Completion]:
         runtime = self._runtime
         target = runtime.target.endpoint
-        sampling = _validated_sampling(kwargs, target)
+        sampling = _validated_sampling(kwargs, target, runtime.draft.endpoint if runtime.draft else None)
         limit = _validated_max_tokens(max_tokens, 16)
         seed = _validated_seed(kwargs.get("seed"))
         stop = _stops(kwargs.get("stop"))
@@ -410,7 +425,7 @@ class AsyncChatCompletions(_Resource):
             max_tokens = kwargs.pop("max_completion_tokens", None)
         else:
             kwargs.pop("max_completion_tokens", None)
-        sampling = _validated_sampling(kwargs, target)
+        sampling = _validated_sampling(kwargs, target, runtime.draft.endpoint if runtime.draft else None)
         limit = _validated_max_tokens(max_tokens, DEFAULT_CHAT_MAX_TOKENS)
         seed = _validated_seed(kwargs.get("seed"))
         stop = _stops(kwargs.get("stop"))

@@ -70,6 +70,12 @@ class Endpoint:
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
             raise ConfigurationError("Endpoint needs a model name")
+        if isinstance(self.timeout, bool) or not isinstance(self.timeout, (int, float)):
+            raise ConfigurationError(f"timeout must be a number of seconds, got {self.timeout!r}")
+        for name in ("max_retries", "max_logprobs"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ConfigurationError(f"{name} must be an integer, got {value!r}")
         if self.timeout <= 0:
             raise ConfigurationError(f"timeout must be > 0 seconds, got {self.timeout!r}")
         if self.max_retries < 0:

@@ -327,7 +327,7 @@ class Engine:
             verification = await self.verifier.verify(context, draft.tokens, run.target_meter, run.seed, top_k)
         except MalformedResponseError as exc:
             books.fallback_reason = f"target response could not be verified against, continued with the target alone: {exc}"
-            self.paths.refuse(self.chat, books.fallback_reason)
+            self.paths.refuse(self.chat, books.fallback_reason, definite=False)
             return None
         except EndpointError as exc:
             if exc.status_code not in (400, 422):
@@ -335,8 +335,9 @@ class Engine:
             # The target refuses the verification request's shape (e.g. echo with logprobs): a plain
             # request may still be fine, and if it is not, the plain step raises the real error.
             books.fallback_reason = f"target refused the verification request, continued with the target alone: {exc}"
-            self.paths.refuse(self.chat, books.fallback_reason)
+            self.paths.refuse(self.chat, books.fallback_reason, definite=True)
             return None
+        self.paths.succeeded(self.chat)
         if books.prompt_tokens is None and not context.accepted and verification.prompt_tokens is not None:
             books.prompt_tokens = verification.prompt_tokens
         decision = decide_round(verification.positions, verification.straddle, draft.tokens, context.sampling, run.rng)

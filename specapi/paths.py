@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._calls import Meter, RoleClient
-from ._exceptions import ConfigurationError
+from ._exceptions import ConfigurationError, EndpointError
 from .fanout import PrefillFanoutVerifier
 from .probe import Capabilities, cached_probe, choose_verification
 from .verifiers import ChatPromptLogprobsVerifier, EchoVerifier
@@ -40,6 +40,7 @@ class PathResolver:
         self.verification = verification
         self.capabilities: Capabilities | None = None
         self.refused: dict[bool, str] = {}  # chat? -> reason
+        self._strikes: dict[bool, int] = {}
         self._lock = asyncio.Lock()
 
     def _build(self, name: str, chat: bool) -> Path:
@@ -65,16 +66,30 @@ class PathResolver:
         if chat in self.refused:
             return Path("none", note=self.refused[chat])
         if self.verification == "none":
-            return Path("none")
+            return Path("none", note="verification='none': the target alone")
         if self.verification != "auto":
             return self._build(self.verification, chat)
         async with self._lock:
             if self.capabilities is None:
-                self.capabilities = await cached_probe(self.target, meter)
+                try:
+                    self.capabilities = await cached_probe(self.target, meter)
+                except EndpointError as exc:
+                    # Probing hit transient failures: use the common path now, probe again next time.
+                    default = "prompt-logprobs" if chat else "echo"
+                    path = self._build(default, chat)
+                    return Path(path.name, path.verifier, path.whole, None, f"probe failed ({exc}); tried {default}")
         name = choose_verification(self.capabilities, chat=chat)
         path = self._build(name, chat)
         note = f"auto chose {path.name} from the target's capabilities"
         return Path(path.name, path.verifier, path.whole, path.raw_logprobs, note)
 
-    def refuse(self, chat: bool, reason: str) -> None:
-        self.refused[chat] = reason
+    def refuse(self, chat: bool, reason: str, *, definite: bool) -> None:
+        """Stop using the path after a definite refusal (HTTP 400), or after three unreadable answers
+        in a row (one may be a network glitch)."""
+        strikes = self._strikes.get(chat, 0) + 1
+        self._strikes[chat] = strikes
+        if definite or strikes >= 3:
+            self.refused[chat] = reason
+
+    def succeeded(self, chat: bool) -> None:
+        self._strikes[chat] = 0

@@ -40,7 +40,7 @@ class FixedDraftLength:
     name = "fixed"
 
     def __init__(self, k: int) -> None:
-        if not isinstance(k, int) or k < 1:
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ConfigurationError(f"num_speculative_tokens must be an integer >= 1, got {k!r}")
         self.k = k
 
@@ -121,7 +121,9 @@ class AdaptiveDraftLength:
 
     name = "adaptive"
 
-    def __init__(self, *, max_length: int = 10, start_length: int = 4, margin: float = 1.05, recheck_every: int = 20) -> None:
+    def __init__(
+        self, *, max_length: int = 10, start_length: int = 4, margin: float = 1.05, recheck_every: int = 20, min_rounds: int = 4
+    ) -> None:
         if max_length < 1 or start_length < 1 or start_length > max_length:
             raise ConfigurationError("need 1 <= start_length <= max_length")
         if margin <= 0 or recheck_every < 1:
@@ -130,6 +132,8 @@ class AdaptiveDraftLength:
         self.start_length = start_length
         self.margin = margin
         self.recheck_every = recheck_every
+        self.min_rounds = min_rounds
+        self._rounds_seen = 0
         self._accepted = [1.0] * max_length
         self._seen = [2.0] * max_length
         self._draft = _Linear()
@@ -147,7 +151,7 @@ class AdaptiveDraftLength:
         return [a / s for a, s in zip(self._accepted, self._seen)]
 
     def predicted_speculative_rate(self, k: int) -> float:
-        round_s = self._draft.predict(k) + self._verify.predict(k)
+        round_s = (self._draft.predict(k) if self._draft.known else 0.0) + self._verify.predict(k)
         return expected_tokens(self.acceptance(), k) / round_s if round_s > 0 else float("inf")
 
     def predicted_target_rate(self, remaining: int) -> float | None:
@@ -179,7 +183,7 @@ class AdaptiveDraftLength:
     def choose(self, state: PolicyState) -> int:
         if not self._current_request_speculates:
             return 0
-        if not self._draft.known or not self._verify.known:
+        if self._rounds_seen < self.min_rounds or not self._verify.known:
             return self.start_length
         k, rate = self.best_length(state.remaining_tokens)
         baseline = self.predicted_target_rate(state.remaining_tokens)
@@ -197,6 +201,9 @@ class AdaptiveDraftLength:
             self._seen[i] = self._seen[i] * decay + 1
             if not ok:
                 break  # later positions were not reached: they say nothing about acceptance
+        self._rounds_seen += 1
+        if self._rounds_seen == 1:
+            return  # the first calls also open connections: their latency says little about later ones
         if record.drafted:
             self._draft.add(record.drafted, record.draft_latency_s)
         self._verify.add(record.drafted, record.verify_latency_s)

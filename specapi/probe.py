@@ -14,8 +14,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ._calls import Meter, RoleClient
-from ._exceptions import EndpointError
+from ._calls import Meter, RoleClient, is_transient
+from ._exceptions import EndpointError, MalformedResponseError
 from ._wire import WireError, chat_tokens, completion_tokens, prompt_logprob_tokens
 from .endpoint import Endpoint
 
@@ -64,10 +64,19 @@ def choose_verification(caps: Capabilities, *, chat: bool) -> str:
 
 
 async def _try(client: RoleClient, path: str, body: dict[str, Any], meter: Meter) -> dict[str, Any] | None:
+    """The response, or None when the endpoint refuses this request (a 4xx that retrying won't change).
+
+    Transient failures (429, 5xx, timeouts) are retried and then raised: they say nothing about
+    what the endpoint supports.
+    """
     try:
-        return await client.post(path, body, meter, retries=1)
+        return await client.post(path, body, meter)
+    except MalformedResponseError:
+        return None
     except EndpointError as exc:
-        if exc.status_code is None or exc.status_code >= 500 and exc.status_code != 501:
+        if exc.__cause__ is not None and is_transient(exc.__cause__):
+            raise
+        if exc.status_code is None or exc.status_code >= 500:
             raise
         return None
 

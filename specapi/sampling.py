@@ -103,25 +103,33 @@ def _tempered_gap(missing_raw: float, min_logprob: float, temperature: float, kn
         # Each unseen token has p <= p_min, so sum p^(1/T) <= p_min^(1/T - 1) * missing.
         unseen = math.exp(min_logprob * (1.0 / temperature - 1.0)) * missing_raw
     else:
-        # Without knowing how many tokens share the missing mass, only a coarse bound exists.
-        unseen = missing_raw ** (1.0 / temperature)
+        # Above T = 1, spreading the missing mass over more tokens makes it weigh more once tempered:
+        # without the vocabulary size there is no bound below 1.
+        return 1.0
     return min(1.0, unseen / (z_known + unseen))
 
 
 def _nucleus(probs: Mapping[str, float], top_p: float, gap: float) -> tuple[dict[str, float], float]:
-    """Keep the smallest set of most likely tokens whose mass reaches top_p, renormalised."""
+    """Keep the smallest set of most likely tokens whose mass reaches top_p, renormalised.
+
+    Unseen tokens are never more likely than the listed ones (each unseen logprob is below the list's
+    minimum, and tempering keeps the order), so the listed tokens are the head of the distribution.
+    The true share of a listed token is at least its estimate times (1 - gap) when `probs` was
+    normalised, or exactly its value when it was not (sum below 1): if even the lower bound of the
+    cumulative mass reaches top_p, the cut is exact.
+    """
+    total = sum(probs.values())
+    normalised = total > 1.0 - 1e-9
     kept: dict[str, float] = {}
-    mass = 0.0
-    scale = sum(probs.values()) / max(1e-300, 1.0 - gap) if gap < 1.0 else 1.0
+    lower = 0.0
     for token, p in sorted(probs.items(), key=lambda kv: (-kv[1], kv[0])):
         kept[token] = p
-        mass += p / scale if scale > 0 else p
-        if mass >= top_p:
-            # The known tokens reached top_p on their own: the unseen ones are all cut off.
-            total = sum(kept.values())
-            return {t: v / total for t, v in kept.items()}, 0.0
-    total = sum(kept.values())
-    return {t: v / total for t, v in kept.items()}, gap
+        lower += p * (1.0 - gap) if normalised else p
+        if lower >= top_p:
+            mass = sum(kept.values())
+            return {t: v / mass for t, v in kept.items()}, 0.0
+    mass = sum(kept.values())
+    return {t: v / mass for t, v in kept.items()}, gap
 
 
 def argmax_token(logprobs: Mapping[str, float | None], prefer: str | None = None) -> str | None:

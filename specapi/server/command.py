@@ -6,6 +6,7 @@ keys: command lines are visible to other users of the machine (`ps`).
     SPECAPI_TARGET_BASE_URL  SPECAPI_TARGET_MODEL  SPECAPI_TARGET_API_KEY
     SPECAPI_DRAFT_BASE_URL   SPECAPI_DRAFT_MODEL   SPECAPI_DRAFT_API_KEY
     SPECAPI_API_KEY (clients' key)  SPECAPI_HOST  SPECAPI_PORT  SPECAPI_NUM_SPECULATIVE_TOKENS
+    SPECAPI_POLICY  SPECAPI_DRAFTER  SPECAPI_VERIFICATION
     SPECAPI_MAX_REQUEST_BYTES  SPECAPI_MAX_TOKENS_LIMIT  SPECAPI_UPSTREAM_TIMEOUT  SPECAPI_MAX_RETRIES
     SPECAPI_SHUTDOWN_TIMEOUT  SPECAPI_LOG_LEVEL
 
@@ -23,12 +24,16 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import uvicorn
+from starlette.applications import Starlette
+
 from .._exceptions import ConfigurationError
 from ..endpoint import Endpoint
+from .app import create_app
 from .config import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_TOKENS_LIMIT, ServerConfig
 from .errors import redact
 
-__all__ = ["add_arguments", "run", "resolve_settings", "Settings", "SettingsError", "OPTIONS"]
+__all__ = ["add_arguments", "run", "serve", "resolve_settings", "Settings", "SettingsError", "OPTIONS"]
 
 
 @dataclass(frozen=True)
@@ -70,7 +75,10 @@ OPTIONS: tuple[_Option, ...] = (
     _Option("--api-key", "SPECAPI_API_KEY", str, None, "the key clients must send (Authorization: Bearer KEY); none = open", secret=True),
     _Option("--host", "SPECAPI_HOST", str, "127.0.0.1", "address to listen on"),
     _Option("--port", "SPECAPI_PORT", _port, 8000, "port to listen on"),
-    _Option("--num-speculative-tokens", "SPECAPI_NUM_SPECULATIVE_TOKENS", int, 4, "draft tokens per round"),
+    _Option("--num-speculative-tokens", "SPECAPI_NUM_SPECULATIVE_TOKENS", int, 4, "draft tokens per round (the start, when adaptive)"),
+    _Option("--policy", "SPECAPI_POLICY", str, "adaptive", "draft length: adaptive (stops speculating when the target alone is faster) or fixed"),
+    _Option("--drafter", "SPECAPI_DRAFTER", str, "auto", "auto, model or lookup"),
+    _Option("--verification", "SPECAPI_VERIFICATION", str, "auto", "auto, echo, prompt-logprobs, prefill-fanout, ..., or none"),
     _Option("--max-request-bytes", "SPECAPI_MAX_REQUEST_BYTES", int, DEFAULT_MAX_REQUEST_BYTES, "larger request bodies get HTTP 413"),
     _Option("--max-tokens-limit", "SPECAPI_MAX_TOKENS_LIMIT", int, DEFAULT_MAX_TOKENS_LIMIT, "larger max_tokens get HTTP 400"),
     _Option("--upstream-timeout", "SPECAPI_UPSTREAM_TIMEOUT", _positive_float, 60.0, "seconds per upstream request"),
@@ -95,6 +103,16 @@ class Settings:
     log_level: str
 
 
+def _metavar(option: _Option) -> str:
+    if option.secret:
+        return "KEY"
+    if option.dest.endswith("base_url"):
+        return "URL"
+    if option.dest.endswith("model"):
+        return "NAME"
+    return option.dest.rsplit("_", 1)[-1].upper()
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     for option in OPTIONS:
         default = "" if option.default is None else f" (default: {option.default})"
@@ -102,7 +120,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             option.flag,
             dest=option.dest,
             default=None,
-            metavar="KEY" if option.secret else option.dest.upper(),
+            metavar=_metavar(option),
             help=f"{option.help}; env {option.env}{'' if option.secret else default}",
         )
 
@@ -140,19 +158,15 @@ def resolve_settings(args: argparse.Namespace, environ: Mapping[str, str]) -> Se
             api_key=values["api_key"],
             max_request_bytes=values["max_request_bytes"],
             max_tokens_limit=values["max_tokens_limit"],
+            client_options={"policy": values["policy"], "drafter": values["drafter"], "verification": values["verification"]},
         )
     except ConfigurationError as exc:
         raise SettingsError(str(exc)) from exc
     return Settings(config=config, host=values["host"], port=values["port"], shutdown_timeout=values["shutdown_timeout"], log_level=values["log_level"])
 
 
-def serve(settings: Settings) -> int:
-    """Run until SIGINT/SIGTERM, then drain in-flight requests for up to `shutdown_timeout` seconds."""
-    import uvicorn
-
-    from .app import create_app
-
-    app = create_app(settings.config)
+def serve(settings: Settings, app: Starlette) -> int:
+    """Run `app` until SIGINT/SIGTERM, then drain in-flight requests for up to `shutdown_timeout` seconds."""
     server = uvicorn.Server(
         uvicorn.Config(
             app,
@@ -194,7 +208,8 @@ def _ignore_signal(signum: int, frame: object) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         settings = resolve_settings(args, os.environ)
-    except SettingsError as exc:
+        app = create_app(settings.config)  # builds the client: refuses unknown policy, drafter or verification
+    except (SettingsError, ConfigurationError) as exc:
         print(f"specapi serve: {exc}", file=sys.stderr)
         return 2
-    return serve(settings)
+    return serve(settings, app)

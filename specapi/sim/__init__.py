@@ -12,11 +12,13 @@ chosen server flavour (``"vllm"``, ``"openai"``, ``"llamacpp"``), a latency prof
 
 Modules: ``corpus`` (training text, tokenizer), ``models`` (the n-gram models), ``template`` (chat
 template), ``generation`` (sampling and scoring), ``latency`` (timing, prices, cache, rate limit),
-``profiles`` (server capabilities), ``faults``, ``responses`` (JSON shapes), ``provider``, ``transport``
-(httpx2), ``server`` (ASGI + uvicorn).
+``profiles`` (server capabilities), ``faults``, ``params`` (request fields), ``responses`` (JSON shapes),
+``streams`` (SSE), ``provider``, ``transport`` (httpx2), ``server`` (ASGI + uvicorn), ``endpoints``
+(``simulated_endpoints`` for ``specapi.Endpoint``), ``command`` (``specapi simulate``).
 """
 
 from .corpus import ENCODING_NAME, EOS_TOKEN, EOS_TOKEN_ID, decode_text, encode_text, token_str
+from .endpoints import simulated_endpoints
 from .faults import FaultPlan, Faults
 from .generation import Generation, TokenRecord, generate, score_prompt
 from .latency import (
@@ -77,5 +79,6 @@ __all__ = [
     "request_timing",
     "run_server",
     "score_prompt",
+    "simulated_endpoints",
     "token_str",
 ]

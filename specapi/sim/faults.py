@@ -83,7 +83,7 @@ class FaultInjector:
 
     def __init__(self, faults: Faults | None) -> None:
         self.faults = faults or Faults()
-        self._rng = np.random.default_rng(self.faults.seed)
+        self._rng = np.random.default_rng(self.faults.seed & ((1 << 64) - 1))
         self.matched = 0
 
     def plan(self, *, model: str | None, path: str) -> FaultPlan:

@@ -16,6 +16,8 @@ from .corpus import decode_text, encode_text, is_known_token
 from .responses import error_body
 
 __all__ = [
+    "CHAT_FIELDS",
+    "COMPLETION_FIELDS",
     "ApiError",
     "Sampling",
     "parse_json",
@@ -24,9 +26,23 @@ __all__ = [
     "read_number",
     "read_prompt",
     "read_sampling",
+    "reject_unknown_fields",
     "retry_after_headers",
     "route_path",
 ]
+
+_COMMON_FIELDS = frozenset({
+    "model", "max_tokens", "temperature", "top_p", "n", "stream", "stream_options", "logprobs", "stop",
+    "presence_penalty", "frequency_penalty", "logit_bias", "user", "seed",
+})
+COMPLETION_FIELDS = _COMMON_FIELDS | {"prompt", "suffix", "echo", "best_of"}
+"""Fields of OpenAI's ``/v1/completions``."""
+CHAT_FIELDS = _COMMON_FIELDS | {
+    "messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls",
+    "response_format", "prediction", "store", "metadata", "reasoning_effort", "service_tier", "modalities",
+    "audio", "web_search_options", "prompt_cache_key", "safety_identifier", "verbosity",
+}
+"""Fields of OpenAI's ``/v1/chat/completions``."""
 
 
 class ApiError(Exception):
@@ -69,6 +85,13 @@ def parse_json(raw: bytes | str) -> Any:
         return json.loads(raw)
     except ValueError:
         raise ApiError(400, "We could not parse the JSON body of your request.") from None
+
+
+def reject_unknown_fields(body: Mapping[str, Any], known: frozenset[str]) -> None:
+    """400 on the first field outside ``known``, with OpenAI's message."""
+    for name in body:
+        if name not in known:
+            raise ApiError(400, f"Unrecognized request argument supplied: {name}", param=name)
 
 
 def read_bool(body: Mapping[str, Any], name: str, default: bool) -> bool:

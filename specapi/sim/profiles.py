@@ -7,7 +7,8 @@ The built-in profiles (``CAPABILITY_PROFILES``) follow the real servers describe
   all), offsets from 0 at the start of the returned text, the ``prompt_logprobs`` extra (not with
   streaming), chat ``continue_final_message``; requests with prompt logprobs skip the prefix cache.
 * ``"openai"``: completions refuse ``echo`` together with ``logprobs`` (``invalid_parameter_combination``),
-  logprobs up to 5, offsets counted from the prompt's start; chat logprobs up to 20; Predicted Outputs.
+  logprobs up to 5, offsets counted from the prompt's start; chat logprobs up to 20; Predicted Outputs;
+  fields outside the OpenAI API are refused.
 * ``"llamacpp"``: completions refuse ``echo`` and answer logprobs in the chat shape; chat logprobs with
   ``top_logprobs`` 20 by default; a trailing assistant message is continued and returned with its prefix.
 
@@ -38,6 +39,9 @@ class Capabilities:
     on and ``top_logprobs`` absent), ``continue_final_message`` (vLLM's flag), ``assistant_prefill`` (a
     trailing assistant message is continued and the reply includes it, as llama-server does),
     ``predicted_outputs`` (OpenAI's ``prediction``).
+
+    ``reject_unknown_params``: fields outside the OpenAI API (such as vLLM's extras) get a 400
+    "Unrecognized request argument supplied", as OpenAI answers; other servers ignore what they do not know.
     """
 
     name: str
@@ -56,6 +60,7 @@ class Capabilities:
     continue_final_message: bool = False
     assistant_prefill: bool = False
     predicted_outputs: bool = False
+    reject_unknown_params: bool = False
 
 
 CAPABILITY_PROFILES: Mapping[str, Capabilities] = {
@@ -75,6 +80,7 @@ CAPABILITY_PROFILES: Mapping[str, Capabilities] = {
             completions_max_logprobs=5,
             offsets_from_prompt_start=True,
             predicted_outputs=True,
+            reject_unknown_params=True,
         ),
         Capabilities(
             name="llamacpp",

@@ -49,6 +49,8 @@ from .latency import (
 )
 from .models import MODEL_SPECS, ModelSpec, NGramModel, get_model
 from .params import (
+    CHAT_FIELDS,
+    COMPLETION_FIELDS,
     ApiError,
     Sampling,
     parse_json,
@@ -56,6 +58,7 @@ from .params import (
     read_int,
     read_prompt,
     read_sampling,
+    reject_unknown_fields,
     retry_after_headers,
     route_path,
 )
@@ -83,6 +86,7 @@ CONTEXT_WINDOW = 8192
 DEFAULT_CHAT_MAX_TOKENS = 512
 """Chat output limit when the request sets none (the models rarely stop on their own)."""
 MAX_N = 8
+_MASK64 = (1 << 64) - 1
 
 
 @dataclass
@@ -179,7 +183,9 @@ class SimProvider:
 
     ``models``: names in the registry (``MODEL_SPECS``) or specs; all built-in models by default.
     ``capabilities`` / ``latency``: a profile or its name. ``faults``: injected failures (none by default).
-    ``sleep`` / ``clock``: injectable time. ``seed``: the provider's randomness.
+    ``sleep`` / ``clock``: injectable time. ``seed``: the provider's randomness. ``deduct_compute_time``:
+    subtract the real time spent computing an answer from its simulated time to first token, so that with
+    real sleeps the observed latency is the profile's (use it when serving over real time).
     """
 
     def __init__(
@@ -192,6 +198,7 @@ class SimProvider:
         sleep: Sleep = asyncio.sleep,
         clock: Callable[[], float] = time.time,
         seed: int = 0,
+        deduct_compute_time: bool = False,
     ) -> None:
         self.capabilities = get_capabilities(capabilities)
         self.latency = get_latency_profile(latency)
@@ -202,10 +209,11 @@ class SimProvider:
         self.faults = FaultInjector(faults)
         self.sleep = sleep
         self.clock = clock
+        self.deduct_compute_time = deduct_compute_time
         self.calls = CallList()
         self.usage: dict[str, ModelUsage] = {name: ModelUsage() for name in self.specs}
-        self._sampling_rng = np.random.default_rng([seed, 1])
-        self._jitter_rng = np.random.default_rng([seed, 2])
+        self._sampling_rng = np.random.default_rng([seed & _MASK64, 1])
+        self._jitter_rng = np.random.default_rng([seed & _MASK64, 2])
         self._caches: dict[str, PrefixCache] = {}
         self._limiters: dict[str, RateLimiter] = {}
         self._ids = itertools.count(1)
@@ -317,6 +325,8 @@ class SimProvider:
         caps = self.capabilities
         call.model = body.get("model") if isinstance(body.get("model"), str) else None
         spec = self._require_model(body.get("model"))
+        if caps.reject_unknown_params:
+            reject_unknown_fields(body, COMPLETION_FIELDS)
         echo = read_bool(body, "echo", False)
         logprobs = read_int(body, "logprobs", None, minimum=-1 if caps.logprobs_all else 0)
         if logprobs is not None and logprobs > caps.completions_max_logprobs:
@@ -337,6 +347,7 @@ class SimProvider:
         if prompt_logprobs is not None and sampling.stream:
             raise ApiError(400, "prompt_logprobs is not supported with stream=True", param="prompt_logprobs")
         prompt_ids, prompt_text = read_prompt(body.get("prompt"))
+        # Echo with logprobs scores the prompt like vLLM does (prompt_logprobs = logprobs).
         scored_k = logprobs if echo and logprobs is not None else prompt_logprobs
         job = await self._run(
             call,
@@ -366,21 +377,23 @@ class SimProvider:
         choices = []
         for index, gen in enumerate(job.choices):
             shown = shown_tokens(gen)
-            text = gen.text
-            choice: dict[str, Any] = {"index": index, "text": None, "logprobs": None, "finish_reason": gen.finish_reason}
-            if echo:
-                text = prompt_text + text
-            if logprobs is not None:
-                if caps.completions_logprobs_chat_shape:
-                    choice["logprobs"] = {"content": chat_logprob_items(shown)}
-                elif echo:
-                    records = list(job.prompt_records or []) + shown
-                    offsets = text_offsets([r.token_id for r in records])
-                    choice["logprobs"] = completion_logprobs(records, offsets, include_chosen=caps.logprobs_all)
-                else:
-                    offsets = [base_offset + o for o in text_offsets([r.token_id for r in shown])]
-                    choice["logprobs"] = completion_logprobs(shown, offsets, include_chosen=caps.logprobs_all)
-            choice["text"] = text
+            lp = None
+            if logprobs is not None and caps.completions_logprobs_chat_shape:
+                lp = {"content": chat_logprob_items(shown)}
+            elif logprobs is not None and echo:
+                records = list(job.prompt_records or []) + shown
+                lp = completion_logprobs(
+                    records, text_offsets([r.token_id for r in records]), include_chosen=caps.logprobs_all
+                )
+            elif logprobs is not None:
+                offsets = [base_offset + o for o in text_offsets([r.token_id for r in shown])]
+                lp = completion_logprobs(shown, offsets, include_chosen=caps.logprobs_all)
+            choice = {
+                "index": index,
+                "text": prompt_text + gen.text if echo else gen.text,
+                "logprobs": lp,
+                "finish_reason": gen.finish_reason,
+            }
             if prompt_logprobs is not None:
                 choice["prompt_logprobs"] = raw_prompt_logprobs(job.prompt_records or [])
             choices.append(choice)
@@ -398,6 +411,8 @@ class SimProvider:
         caps = self.capabilities
         call.model = body.get("model") if isinstance(body.get("model"), str) else None
         spec = self._require_model(body.get("model"))
+        if caps.reject_unknown_params:
+            reject_unknown_fields(body, CHAT_FIELDS)
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
             raise ApiError(400, "messages must be a non-empty list of message objects", param="messages")
@@ -502,11 +517,12 @@ class SimProvider:
                 400, "Predicted Outputs are not supported with logprobs", param="prediction",
                 code="invalid_parameter_combination",
             )
-        if body.get("max_completion_tokens") is not None:
-            raise ApiError(
-                400, "Predicted Outputs are not supported with max_completion_tokens", param="prediction",
-                code="invalid_parameter_combination",
-            )
+        for name in ("max_completion_tokens", "presence_penalty", "frequency_penalty"):
+            if body.get(name):
+                raise ApiError(
+                    400, f"Predicted Outputs are not supported with {name}", param="prediction",
+                    code="invalid_parameter_combination",
+                )
         try:
             return encode_text(message_text(prediction))
         except ValueError as error:
@@ -555,6 +571,7 @@ class SimProvider:
                 headers=retry_after_headers(wait),
             )
         call.stream = sampling.stream
+        started = time.perf_counter()
         try:
             model = get_model(spec)
             skip_cache = prompt_k is not None and self.capabilities.prompt_logprobs_skip_cache
@@ -589,8 +606,10 @@ class SimProvider:
                 predicted=job.predicted_flags,
             )
             timing = jittered(timing, timing_profile.jitter, self._jitter_rng)
-            if plan.extra_latency_s:
-                timing = RequestTiming(timing.first_token_s + plan.extra_latency_s, timing.gaps_s)
+            first = timing.first_token_s + plan.extra_latency_s
+            if self.deduct_compute_time:
+                first = max(0.0, first - (time.perf_counter() - started))
+            timing = RequestTiming(first, timing.gaps_s)
             call.timing = timing
             call.usage = job.usage()
             counters = self.usage[spec.name]
@@ -656,7 +675,7 @@ class SimProvider:
 
     def _rng_for(self, seed: int | None) -> np.random.Generator:
         if seed is not None:
-            return np.random.default_rng(seed & ((1 << 64) - 1))
+            return np.random.default_rng(seed & _MASK64)
         return np.random.default_rng(int(self._sampling_rng.integers(1 << 62)))
 
 

@@ -2,8 +2,8 @@
 
     run_server(host="127.0.0.1", port=8000, capabilities="vllm", latency="lan", seed=0)
 
-is what ``specapi simulate --port 8000 --profile vllm --latency lan`` runs. Latency is real here: the app
-uses ``asyncio.sleep``.
+is what ``specapi simulate --port 8000 --profile vllm --latency lan`` runs. Latency is real here: the
+provider sleeps with ``asyncio.sleep``, less the time it spent computing the answer.
 """
 
 from __future__ import annotations
@@ -66,6 +66,8 @@ def run_server(
 
     from .provider import SimProvider
 
-    provider = SimProvider(capabilities=capabilities, latency=latency, seed=seed, faults=faults)
+    provider = SimProvider(
+        capabilities=capabilities, latency=latency, seed=seed, faults=faults, deduct_compute_time=True
+    )
     provider.warm_up()
     uvicorn.run(create_app(provider), host=host, port=port, log_level=log_level)

@@ -1,0 +1,377 @@
+"""The proxy (`specapi.server`) over real loopback HTTP: the official openai SDK, raw HTTP and curl
+against a live uvicorn server whose upstream is the toy server.
+
+Streams, disconnects and shutdown are in `test_server_stream.py`; pure helpers in `test_server_units.py`.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from decimal import Decimal
+
+import httpx2
+import openai
+import pytest
+
+import specapi.server
+from test_server_support import PROXY_KEY, UPSTREAM_KEY, metric, proxy_pair, running_proxy
+from toyserver import TARGET, ToyServer, render_chat
+
+MAX_TOKENS = 16
+PROMPTS = ["ab", "fa c", "dd e"]
+
+
+@pytest.fixture(scope="module")
+def upstream():
+    with ToyServer(api_key=UPSTREAM_KEY) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def proxy(upstream):
+    with running_proxy(upstream, max_tokens_limit=256, max_request_bytes=4096) as server:
+        yield server
+
+
+@pytest.fixture
+def sdk(proxy):
+    with openai.OpenAI(base_url=proxy.url + "/v1", api_key=PROXY_KEY, max_retries=0) as client:
+        yield client
+
+
+@pytest.fixture
+def http(proxy):
+    with httpx2.Client(base_url=proxy.url, headers={"authorization": f"Bearer {PROXY_KEY}"}, timeout=30) as client:
+        yield client
+
+
+def assert_openai_error(response: httpx2.Response, status: int, *, param: str | None = None, code: str | None = None) -> dict:
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"error"}
+    error = body["error"]
+    assert {"message", "type", "param", "code"} <= set(error)
+    assert isinstance(error["message"], str) and error["message"]
+    if param is not None:
+        assert error["param"] == param
+    if code is not None:
+        assert error["code"] == code
+    return error
+
+
+def assert_no_secrets(response: httpx2.Response) -> None:
+    exposed = response.text + json.dumps(dict(response.headers))
+    assert UPSTREAM_KEY not in exposed and PROXY_KEY not in exposed
+
+
+# ----------------------------------------------------------------------------- exact output through the SDK
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_completion_through_the_sdk_is_the_targets_greedy_output(sdk, prompt):
+    response = sdk.completions.create(model="target", prompt=prompt, max_tokens=MAX_TOKENS, temperature=0)
+    assert (response.choices[0].text, response.choices[0].finish_reason) == TARGET.greedy(prompt, MAX_TOKENS)
+    assert response.object == "text_completion" and response.model == "target"
+    assert response.usage.completion_tokens == MAX_TOKENS
+
+
+def test_completion_with_stop_is_the_targets_greedy_output(sdk):
+    full, _ = TARGET.greedy("ab", 30)
+    stop = full[5]  # one character: multi-character stops spanning two rounds are an engine matter
+    response = sdk.completions.create(model="target", prompt="ab", max_tokens=30, temperature=0, stop=[stop])
+    assert (response.choices[0].text, response.choices[0].finish_reason) == TARGET.greedy("ab", 30, stop=[stop])
+
+
+@pytest.mark.parametrize("content", ["abc", "ed f"])
+def test_chat_through_the_sdk_is_the_targets_greedy_output(sdk, content):
+    messages = [{"role": "system", "content": "be a fab dad"}, {"role": "user", "content": content}]
+    response = sdk.chat.completions.create(model="target", messages=messages, max_tokens=MAX_TOKENS, temperature=0)
+    choice = response.choices[0]
+    assert (choice.message.content, choice.finish_reason) == TARGET.greedy(render_chat(messages), MAX_TOKENS)
+    assert choice.message.role == "assistant" and response.object == "chat.completion"
+
+
+def test_model_may_be_omitted_by_raw_clients(http):
+    response = http.post("/v1/completions", json={"prompt": "ab", "max_tokens": 8, "temperature": 0})
+    assert response.status_code == 200
+    assert response.json()["choices"][0]["text"] == TARGET.greedy("ab", 8)[0]
+
+
+def test_target_only_requests_pass_through_exactly(sdk):
+    # logprobs cannot be reproduced by verification: the target serves the request alone, unchanged.
+    response = sdk.completions.create(model="target", prompt="ab", max_tokens=6, temperature=0, logprobs=2)
+    assert response.choices[0].text == TARGET.greedy("ab", 6)[0]
+    assert response.choices[0].logprobs is not None and len(response.choices[0].logprobs.tokens) == 6
+    assert response.model_extra["speculative"]["speculated"] is False
+    assert response.model_extra["speculative"]["fallback_reason"]
+
+
+# ----------------------------------------------------------------------------- statistics
+
+
+def test_stats_headers_and_speculative_field_agree(sdk):
+    raw = sdk.completions.with_raw_response.create(model="target", prompt="ab", max_tokens=MAX_TOKENS, temperature=0)
+    response = raw.parse()
+    stats = response.model_extra["speculative"]
+    headers = raw.headers
+    assert stats["speculated"] is True and stats["exact"] is True
+    assert headers["x-specapi-speculated"] == "true" and headers["x-specapi-exact"] == "true"
+    assert int(headers["x-specapi-rounds"]) == stats["rounds"] > 0
+    assert int(headers["x-specapi-drafted-tokens"]) == stats["drafted_tokens"] >= stats["accepted_tokens"]
+    assert int(headers["x-specapi-accepted-tokens"]) == stats["accepted_tokens"]
+    assert float(headers["x-specapi-acceptance-rate"]) == pytest.approx(stats["acceptance_rate"], abs=1e-6)
+    assert stats["acceptance_rate"] == pytest.approx(stats["accepted_tokens"] / stats["drafted_tokens"], abs=1e-6)
+    assert int(headers["x-specapi-generated-tokens"]) == stats["generated_tokens"] == MAX_TOKENS
+    assert int(headers["x-specapi-target-requests"]) == stats["target"]["requests"] > 0
+    assert int(headers["x-specapi-draft-requests"]) == stats["draft"]["requests"] > 0
+    cost = Decimal(headers["x-specapi-cost-usd"])
+    assert cost == Decimal(stats["cost_usd"]) == Decimal(stats["target"]["cost_usd"]) + Decimal(stats["draft"]["cost_usd"]) > 0
+    assert headers["x-request-id"]
+
+
+def test_request_id_is_echoed_when_given(http):
+    response = http.post("/v1/completions", json={"prompt": "ab", "max_tokens": 2}, headers={"x-request-id": "lb-1234"})
+    assert response.headers["x-request-id"] == "lb-1234"
+    bad = http.post("/v1/completions", json={"prompt": "ab", "max_tokens": 2}, headers={"x-request-id": "no spaces allowed"})
+    assert bad.headers["x-request-id"].startswith("req_")
+
+
+# ----------------------------------------------------------------------------- authentication and limits
+
+
+def test_requests_without_the_proxys_key_get_401(proxy):
+    body = {"model": "target", "prompt": "ab", "max_tokens": 4}
+    with httpx2.Client(base_url=proxy.url, timeout=10) as anonymous:
+        missing = anonymous.post("/v1/completions", json=body)
+        wrong = anonymous.post("/v1/completions", json=body, headers={"authorization": "Bearer sk-wrong"})
+        upstream_key = anonymous.post("/v1/chat/completions", json=body, headers={"authorization": f"Bearer {UPSTREAM_KEY}"})
+        basic = anonymous.post("/v1/completions", json=body, headers={"authorization": f"Basic {PROXY_KEY}"})
+        models = anonymous.get("/v1/models")
+        health = anonymous.get("/health")
+    for response in (missing, wrong, upstream_key, basic, models):
+        assert_openai_error(response, 401, code="invalid_api_key")
+        assert response.headers["www-authenticate"] == "Bearer"
+        assert_no_secrets(response)
+    assert health.status_code == 200
+
+
+def test_sdk_with_a_wrong_key_gets_an_authentication_error(proxy):
+    with openai.OpenAI(base_url=proxy.url + "/v1", api_key="sk-nope", max_retries=0) as client:
+        with pytest.raises(openai.AuthenticationError) as info:
+            client.completions.create(model="target", prompt="ab", max_tokens=4)
+    assert info.value.code == "invalid_api_key"
+
+
+def test_a_proxy_without_a_key_is_open(upstream):
+    with running_proxy(upstream, api_key=None) as open_proxy:
+        with openai.OpenAI(base_url=open_proxy.url + "/v1", api_key="anything", max_retries=0) as client:
+            response = client.completions.create(model="target", prompt="ab", max_tokens=5, temperature=0)
+    assert response.choices[0].text == TARGET.greedy("ab", 5)[0]
+
+
+def test_oversized_bodies_get_413(http):
+    big = {"model": "target", "prompt": "a" * 5000, "max_tokens": 4}
+    assert_openai_error(http.post("/v1/completions", json=big), 413, code="request_too_large")
+
+    def chunked():  # no Content-Length: the limit is enforced while reading
+        yield b'{"model": "target", "prompt": "'
+        for _ in range(10):
+            yield b"a" * 1000
+        yield b'"}'
+
+    response = http.post("/v1/completions", content=chunked(), headers={"content-type": "application/json"})
+    assert_openai_error(response, 413, code="request_too_large")
+
+
+def test_max_tokens_over_the_limit_gets_400(sdk, http):
+    with pytest.raises(openai.BadRequestError) as info:
+        sdk.completions.create(model="target", prompt="ab", max_tokens=257)
+    assert info.value.body["param"] == "max_tokens" and "256" in info.value.message
+    response = http.post("/v1/chat/completions", json={"model": "target", "messages": [{"role": "user", "content": "ab"}], "max_completion_tokens": 1000})
+    assert_openai_error(response, 400, param="max_completion_tokens", code="max_tokens_exceeded")
+
+
+@pytest.mark.parametrize(
+    ("path", "content", "param"),
+    [
+        ("/v1/completions", b"{not json", None),
+        ("/v1/completions", b"", None),
+        ("/v1/completions", b"[1, 2]", None),
+        ("/v1/completions", b'{"prompt": "ab", "temperature": NaN}', None),
+        ("/v1/chat/completions", b"\xff\xfe", None),
+        ("/v1/completions", b'{"model": "target"}', "prompt"),
+        ("/v1/chat/completions", b'{"model": "target", "prompt": "ab"}', "messages"),
+        ("/v1/completions", b'{"prompt": "ab", "temperature": 7}', "temperature"),
+        ("/v1/completions", b'{"prompt": "ab", "max_tokens": "many"}', "max_tokens"),
+        ("/v1/completions", b'{"prompt": "ab", "stream": "yes"}', "stream"),
+        ("/v1/completions", b'{"prompt": "ab", "stop": 3}', "stop"),
+        ("/v1/completions", b'{"prompt": "ab", "stream_options": {"include_usage": true}}', "stream_options"),
+        ("/v1/chat/completions", b'{"messages": []}', "messages"),
+        ("/v1/chat/completions", b'{"messages": [{"content": "no role"}]}', "messages"),
+    ],
+)
+def test_invalid_requests_get_400_with_openai_error_shape(http, path, content, param):
+    error = assert_openai_error(http.post(path, content=content, headers={"content-type": "application/json"}), 400)
+    assert error["type"] == "invalid_request_error"
+    assert error["param"] == param
+
+
+def test_sdk_raises_bad_request_for_invalid_arguments(sdk):
+    with pytest.raises(openai.BadRequestError) as info:
+        sdk.chat.completions.create(model="target", messages=[{"role": "user", "content": "ab"}], temperature=3)
+    assert info.value.body["param"] == "temperature"
+
+
+def test_unknown_model_gets_404(sdk):
+    with pytest.raises(openai.NotFoundError) as info:
+        sdk.completions.create(model="gpt-4o", prompt="ab", max_tokens=4)
+    assert info.value.code == "model_not_found" and "target" in info.value.message
+
+
+def test_unknown_routes_and_methods_get_openai_shaped_errors(http):
+    assert_openai_error(http.get("/v1/embeddings"), 404, code="not_found")
+    assert_openai_error(http.get("/v1/completions"), 405, code="method_not_allowed")
+
+
+# ----------------------------------------------------------------------------- upstream failures
+
+
+def test_target_failure_gives_502_naming_the_target_never_partial_text():
+    with proxy_pair() as (srv, proxy), httpx2.Client(base_url=proxy.url, timeout=30) as client:
+        srv.fail_next(100, status=500, model="target")
+        response = client.post(
+            "/v1/completions",
+            json={"model": "target", "prompt": "ab", "max_tokens": 10, "temperature": 0},
+            headers={"authorization": f"Bearer {PROXY_KEY}"},
+        )
+        error = assert_openai_error(response, 502, code="target_endpoint_error")
+        assert error["type"] == "upstream_error"
+        assert error["role"] == "target" and error["endpoint"] == f"target @ {srv.base_url}"
+        assert "target" in error["message"] and srv.base_url in error["message"] and "500" in error["message"]
+        assert "choices" not in response.json()
+        assert_no_secrets(response)
+
+
+def test_target_failure_through_the_sdk_raises_an_api_error():
+    with proxy_pair() as (srv, proxy), openai.OpenAI(base_url=proxy.url + "/v1", api_key=PROXY_KEY, max_retries=0) as client:
+        srv.fail_next(100, status=503, model="target")
+        with pytest.raises(openai.InternalServerError) as info:
+            client.chat.completions.create(model="target", messages=[{"role": "user", "content": "ab"}], max_tokens=5)
+    assert info.value.status_code == 502 and info.value.body["role"] == "target"
+
+
+def test_upstream_rate_limit_is_passed_through_with_retry_after():
+    with proxy_pair() as (srv, proxy), httpx2.Client(base_url=proxy.url, timeout=30) as client:
+        srv.fail_next(100, status=429, model="target", retry_after=7)
+        response = client.post(
+            "/v1/completions", json={"prompt": "ab", "max_tokens": 5}, headers={"authorization": f"Bearer {PROXY_KEY}"}
+        )
+    error = assert_openai_error(response, 429, code="rate_limit_exceeded")
+    assert error["type"] == "rate_limit_error" and error["role"] == "target"
+    assert response.headers["retry-after"] == "7"
+
+
+def test_upstream_refusal_of_the_request_is_a_400_naming_the_target(http):
+    # The toy tokenizer refuses "z": both models answer 400; the draft's is absorbed, the target's is the answer.
+    response = http.post("/v1/completions", json={"prompt": "xyz", "max_tokens": 5, "temperature": 0})
+    error = assert_openai_error(response, 400, code="target_rejected_request")
+    assert error["role"] == "target"
+    assert_no_secrets(response)
+
+
+def test_wrong_upstream_credentials_are_a_502_not_a_401():
+    with ToyServer(api_key="sk-other") as srv, running_proxy(srv) as proxy:
+        with httpx2.Client(base_url=proxy.url, timeout=30) as client:
+            response = client.post("/v1/completions", json={"prompt": "ab", "max_tokens": 5}, headers={"authorization": f"Bearer {PROXY_KEY}"})
+    error = assert_openai_error(response, 502)
+    assert "credentials" in error["message"] and error["role"] == "target"
+    assert_no_secrets(response)
+
+
+def test_unreachable_target_is_a_502_naming_it():
+    with ToyServer() as dead:
+        base_url = dead.base_url
+    with ToyServer(api_key=UPSTREAM_KEY) as srv:
+        from specapi import Endpoint
+
+        target = Endpoint(base_url=base_url, model="target", api_key=UPSTREAM_KEY, max_retries=0, timeout=5)
+        with running_proxy(srv, target=target) as proxy, httpx2.Client(base_url=proxy.url, timeout=30) as client:
+            response = client.post("/v1/completions", json={"prompt": "ab", "max_tokens": 5}, headers={"authorization": f"Bearer {PROXY_KEY}"})
+    error = assert_openai_error(response, 502, code="target_endpoint_error")
+    assert base_url in error["message"]
+
+
+# ----------------------------------------------------------------------------- other routes, metrics, curl
+
+
+def test_models_lists_the_target(sdk):
+    models = sdk.models.list()
+    assert [m.id for m in models.data] == ["target"]
+    assert sdk.models.retrieve("target").id == "target"
+    with pytest.raises(openai.NotFoundError):
+        sdk.models.retrieve("draft")
+
+
+def test_health_needs_no_key_and_no_upstream(proxy):
+    with httpx2.Client(base_url=proxy.url) as client:
+        response = client.get("/health")
+    assert response.status_code == 200 and response.json() == {"status": "ok"}
+
+
+def test_metrics_count_requests_and_speculation():
+    with proxy_pair() as (srv, proxy), openai.OpenAI(base_url=proxy.url + "/v1", api_key=PROXY_KEY, max_retries=0) as client:
+        raw = client.completions.with_raw_response.create(model="target", prompt="ab", max_tokens=12, temperature=0)
+        client.chat.completions.create(model="target", messages=[{"role": "user", "content": "ab"}], max_tokens=12, temperature=0)
+        with pytest.raises(openai.BadRequestError):
+            client.completions.create(model="target", prompt="ab", max_tokens=12, temperature=9)
+        with httpx2.Client(base_url=proxy.url) as anonymous:
+            text = anonymous.get("/metrics").text  # no key needed for scraping
+    stats = raw.parse().model_extra["speculative"]
+    assert metric(text, "specapi_requests_total", route="/v1/completions", status="200") == 1
+    assert metric(text, "specapi_requests_total", route="/v1/chat/completions", status="200") == 1
+    assert metric(text, "specapi_requests_total", route="/v1/completions", status="400") == 1
+    assert metric(text, "specapi_responses_total", route="/v1/completions", speculated="true", exact="true") == 1
+    assert metric(text, "specapi_rounds_total") >= stats["rounds"] > 0
+    drafted, accepted = metric(text, "specapi_drafted_tokens_total"), metric(text, "specapi_accepted_tokens_total")
+    assert drafted >= stats["drafted_tokens"] and 0 <= accepted <= drafted
+    assert metric(text, "specapi_drafted_tokens_by_position_total", position="0") > 0
+    assert metric(text, "specapi_generated_tokens_total") == 24
+    assert metric(text, "specapi_request_duration_seconds_count", route="/v1/completions") == 1
+    assert metric(text, "specapi_time_to_first_token_seconds_count", route="/v1/chat/completions") == 1
+    assert metric(text, "specapi_cost_usd_total", role="target") > 0
+    assert metric(text, "specapi_cost_usd_total", role="draft") > 0
+    assert metric(text, "specapi_upstream_requests_total", role="target") >= stats["target"]["requests"]
+    assert metric(text, "specapi_in_flight_requests") == 0
+
+
+def test_fallbacks_are_counted_by_category():
+    with proxy_pair() as (srv, proxy), openai.OpenAI(base_url=proxy.url + "/v1", api_key=PROXY_KEY, max_retries=0) as client:
+        client.completions.create(model="target", prompt="ab", max_tokens=4, temperature=0, logprobs=1)
+        with httpx2.Client(base_url=proxy.url) as anonymous:
+            text = anonymous.get("/metrics").text
+    assert metric(text, "specapi_fallbacks_total", reason="target_only_request") == 1
+
+
+def test_two_apps_keep_separate_metrics(upstream):
+    first = specapi.server.create_app(__import__("test_server_support").make_config(upstream))
+    second = specapi.server.create_app(__import__("test_server_support").make_config(upstream))
+    assert first.state.metrics.registry is not second.state.metrics.registry
+
+
+def test_curl_gets_a_completion(proxy):
+    body = json.dumps({"model": "target", "prompt": "ab", "max_tokens": 10, "temperature": 0})
+    result = subprocess.run(
+        ["curl", "-s", "-S", "--max-time", "20", proxy.url + "/v1/completions",
+         "-H", "Content-Type: application/json", "-H", f"Authorization: Bearer {PROXY_KEY}", "-d", body],
+        capture_output=True, text=True, timeout=30, check=True,
+    )
+    response = json.loads(result.stdout)
+    assert response["choices"][0]["text"] == TARGET.greedy("ab", 10)[0]
+    assert response["speculative"]["exact"] is True
+
+
+def test_public_surface():
+    assert set(specapi.server.__all__) == {"create_app", "ServerConfig", "BackgroundServer"}
+    for name in specapi.server.__all__:
+        assert getattr(specapi.server, name) is not None

@@ -1,0 +1,139 @@
+"""`specapi serve`: settings from options and environment, exit codes, and a real run with SIGTERM."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx2
+import pytest
+
+from specapi.cli import cli_logic
+from specapi.server.command import OPTIONS, SettingsError, add_arguments, resolve_settings
+from test_server_support import PROXY_KEY, UPSTREAM_KEY
+from toyserver import TARGET, ToyServer
+
+REQUIRED = ["--target-base-url", "http://t/v1", "--target-model", "big", "--draft-base-url", "http://d/v1", "--draft-model", "small"]
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+@pytest.fixture(autouse=True)
+def clean_environment(monkeypatch):
+    for option in OPTIONS:
+        monkeypatch.delenv(option.env, raising=False)
+
+
+def test_options_give_a_config_with_defaults():
+    settings = resolve_settings(parse(REQUIRED), {})
+    config = settings.config
+    assert (config.target.model, config.target.base_url, config.draft.model, config.draft.base_url) == ("big", "http://t/v1", "small", "http://d/v1")
+    assert (settings.host, settings.port, config.num_speculative_tokens, config.api_key) == ("127.0.0.1", 8000, 4, None)
+    assert (config.max_request_bytes, config.max_tokens_limit) == (1 << 20, 4096)
+
+
+def test_environment_fills_in_and_options_win():
+    environ = {
+        "SPECAPI_TARGET_BASE_URL": "http://env-t/v1", "SPECAPI_TARGET_MODEL": "env-big", "SPECAPI_TARGET_API_KEY": "sk-t",
+        "SPECAPI_DRAFT_BASE_URL": "http://env-d/v1", "SPECAPI_DRAFT_MODEL": "env-small", "SPECAPI_DRAFT_API_KEY": "sk-d",
+        "SPECAPI_API_KEY": "sk-proxy", "SPECAPI_PORT": "9001", "SPECAPI_NUM_SPECULATIVE_TOKENS": "6", "SPECAPI_MAX_RETRIES": "0",
+    }
+    settings = resolve_settings(parse(["--target-model", "cli-big", "--port", "9002"]), environ)
+    config = settings.config
+    assert config.target.model == "cli-big" and config.target.base_url == "http://env-t/v1"
+    assert (config.target.api_key, config.draft.api_key, config.api_key) == ("sk-t", "sk-d", "sk-proxy")
+    assert (settings.port, config.num_speculative_tokens, config.target.max_retries) == (9002, 6, 0)
+
+
+def test_missing_settings_are_all_named():
+    with pytest.raises(SettingsError) as info:
+        resolve_settings(parse(["--target-model", "big"]), {})
+    message = str(info.value)
+    for name in ("--target-base-url (or SPECAPI_TARGET_BASE_URL)", "--draft-base-url", "--draft-model"):
+        assert name in message
+    assert "--target-model" not in message
+
+
+@pytest.mark.parametrize(
+    "extra", [["--port", "http"], ["--port", "70000"], ["--num-speculative-tokens", "0"], ["--shutdown-timeout", "-1"], ["--max-retries", "-2"]]
+)
+def test_invalid_settings_are_refused(extra):
+    with pytest.raises(SettingsError):
+        resolve_settings(parse(REQUIRED + extra), {})
+
+
+def test_invalid_values_are_shown_with_their_source():
+    with pytest.raises(SettingsError) as info:
+        resolve_settings(parse(REQUIRED), {"SPECAPI_PORT": "eighty"})
+    assert "SPECAPI_PORT='eighty' is invalid" in str(info.value)
+
+
+def test_cli_exits_2_with_a_clear_message_when_settings_are_missing(capsys):
+    assert cli_logic(["serve", "--target-model", "big"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("specapi serve: missing required settings:") and "SPECAPI_DRAFT_MODEL" in err
+
+
+def test_cli_exits_2_for_an_unknown_policy(capsys):
+    assert cli_logic(["serve", *REQUIRED, "--policy", "bogus"]) == 2
+    assert "policy" in capsys.readouterr().err
+
+
+def test_policy_drafter_and_verification_reach_the_client():
+    settings = resolve_settings(parse(REQUIRED + ["--policy", "fixed", "--drafter", "model"]), {"SPECAPI_VERIFICATION": "echo"})
+    assert dict(settings.config.client_options) == {"policy": "fixed", "drafter": "model", "verification": "echo"}
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_specapi_serve_runs_answers_curl_and_stops_cleanly_on_sigterm():
+    with ToyServer(api_key=UPSTREAM_KEY) as srv:
+        port = _free_port()
+        env = {
+            **os.environ,
+            "SPECAPI_TARGET_BASE_URL": srv.base_url, "SPECAPI_TARGET_MODEL": "target",
+            "SPECAPI_DRAFT_BASE_URL": srv.base_url, "SPECAPI_DRAFT_MODEL": "draft",
+            "SPECAPI_TARGET_API_KEY": UPSTREAM_KEY, "SPECAPI_DRAFT_API_KEY": UPSTREAM_KEY,
+            "SPECAPI_API_KEY": PROXY_KEY, "SPECAPI_PORT": str(port), "SPECAPI_LOG_LEVEL": "warning",
+        }
+        process = subprocess.Popen(
+            [sys.executable, "-c", "from specapi.cli import cli; cli()", "serve", "--shutdown-timeout", "5"],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        try:
+            url = f"http://127.0.0.1:{port}"
+            deadline = time.monotonic() + 20
+            while True:
+                assert process.poll() is None, process.communicate()
+                try:
+                    if httpx2.get(url + "/health").status_code == 200:
+                        break
+                except httpx2.TransportError:
+                    assert time.monotonic() < deadline, "specapi serve did not come up"
+                    time.sleep(0.05)
+            body = json.dumps({"model": "target", "prompt": "ab", "max_tokens": 10, "temperature": 0})
+            result = subprocess.run(
+                ["curl", "-s", "-S", "--max-time", "20", url + "/v1/completions", "-H", "Content-Type: application/json",
+                 "-H", f"Authorization: Bearer {PROXY_KEY}", "-d", body],
+                capture_output=True, text=True, timeout=30, check=True,
+            )
+            assert json.loads(result.stdout)["choices"][0]["text"] == TARGET.greedy("ab", 10)[0]
+        finally:
+            process.send_signal(signal.SIGTERM)
+            _, stderr = process.communicate(timeout=20)
+    assert process.returncode == 0
+    assert "specapi serve: target target @ " in stderr and UPSTREAM_KEY not in stderr and PROXY_KEY not in stderr

@@ -1,0 +1,73 @@
+"""Helpers shared by the proxy's tests (`test_server*.py`): toy upstream + live proxy, SSE and metrics parsing."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator
+from decimal import Decimal
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from specapi import Endpoint
+from specapi.server import BackgroundServer, ServerConfig, create_app
+from toyserver import ToyServer
+
+__all__ = ["PROXY_KEY", "UPSTREAM_KEY", "make_config", "running_proxy", "proxy_pair", "parse_sse", "metric"]
+
+PROXY_KEY = "sk-proxy-key-for-tests"
+UPSTREAM_KEY = "sk-upstream-secret-4242"
+
+
+async def no_sleep(seconds: float) -> None:
+    """Retry back-off that does not wait (specapi's `sleep` is injectable)."""
+
+
+def make_config(srv: ToyServer, **overrides: Any) -> ServerConfig:
+    """Target and draft on `srv`, no retries (failures surface at once), priced so that costs show."""
+    common = {"base_url": srv.base_url, "api_key": UPSTREAM_KEY, "max_retries": 0, "timeout": 10.0}
+    options: dict[str, Any] = {
+        "target": Endpoint(model="target", input_price_per_mtok=Decimal("3"), output_price_per_mtok=Decimal("15"), **common),
+        "draft": Endpoint(model="draft", input_price_per_mtok=Decimal("0.1"), output_price_per_mtok=Decimal("0.4"), **common),
+        "num_speculative_tokens": 4,
+        "api_key": PROXY_KEY,
+        # Speculate on every request (the adaptive policy measures the target alone first); never wait to retry.
+        "client_options": {"policy": "fixed", "sleep": no_sleep},
+    }
+    options.update(overrides)
+    return ServerConfig(**options)
+
+
+@contextlib.contextmanager
+def running_proxy(srv: ToyServer, *, shutdown_timeout: float = 10.0, **overrides: Any) -> Iterator[BackgroundServer]:
+    with BackgroundServer(create_app(make_config(srv, **overrides)), shutdown_timeout=shutdown_timeout) as proxy:
+        yield proxy
+
+
+@contextlib.contextmanager
+def proxy_pair(**overrides: Any) -> Iterator[tuple[ToyServer, BackgroundServer]]:
+    """A fresh toy upstream (own faults, delays and probe cache entry) with its own proxy."""
+    with ToyServer(api_key=UPSTREAM_KEY) as srv, running_proxy(srv, **overrides) as proxy:
+        yield srv, proxy
+
+
+def parse_sse(text: str) -> list[Any]:
+    """The `data:` payloads of an event stream: JSON objects, and the string "[DONE]"."""
+    events: list[Any] = []
+    for block in text.split("\n\n"):
+        if not block.strip():
+            continue
+        assert block.startswith("data: "), block
+        payload = block[len("data: "):]
+        events.append(payload if payload == "[DONE]" else json.loads(payload))
+    return events
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    """The value of one sample in a Prometheus text exposition (0.0 when absent)."""
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+                return float(sample.value)
+    return 0.0
