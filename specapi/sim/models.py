@@ -366,7 +366,7 @@ class NGramModel:
         loop_ids = np.unique(context[ends[looping] + 1]) if looping.any() else _NO_IDS
         lengths = np.where(looping, 0, lengths)
         length = int(lengths.max())
-        if True:
+        if self.spec.copy_max <= 0.0 or length < self.spec.copy_min_match:
             return 0.0, _NO_IDS, _NO_PROBS, loop_ids
         ids, counts = np.unique(context[ends[lengths == length] + 1], return_counts=True)
         return self.spec.copy_max * (length - 1) / (length + 1), ids, counts.astype(np.float64), loop_ids
