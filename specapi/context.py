@@ -8,7 +8,33 @@ from typing import Any
 
 from .acceptance import SamplingParams
 
-__all__ = ["Context"]
+__all__ = ["Context", "Prefill"]
+
+
+@dataclass(frozen=True)
+class Prefill:
+    """How an endpoint continues a partial assistant message.
+
+    `style` "continue_final_message" sends vLLM/SGLang's flags (`continue_final_message: true`,
+    `add_generation_prompt: false`); "trailing" relies on the server continuing a final assistant
+    message by itself (llama.cpp). `echoes_prefix`: the reply's content repeats the prefix (llama-server).
+    """
+
+    style: str = "continue_final_message"
+    echoes_prefix: bool = False
+
+    def fields(self, has_prefix: bool) -> dict[str, Any]:
+        if has_prefix and self.style == "continue_final_message":
+            return {"continue_final_message": True, "add_generation_prompt": False}
+        return {}
+
+    def strip(self, content: str, prefix: str) -> str:
+        """The continuation alone. None of it is trusted if an echoing server did not echo."""
+        if self.echoes_prefix and prefix:
+            if not content.startswith(prefix):
+                raise ValueError("the reply does not repeat the continued prefix")
+            return content[len(prefix) :]
+        return content
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from ._calls import Meter, RoleClient
 from ._wire import WireError, chat_tokens, completion_tokens
 from .acceptance import DEFAULT_EOS_TOKENS
 from .alignment import ScoredToken, complete_utf8_prefix, token_bytes
-from .context import Context
+from .context import Context, Prefill
 
 __all__ = ["Draft", "Drafter", "ModelDrafter", "LookupDrafter", "PredictionDrafter", "CombinedDrafter", "lookup_continuation"]
 
@@ -68,6 +68,7 @@ class ModelDrafter:
 
     def __post_init__(self) -> None:
         self._completions_ok = True
+        self._prefill = Prefill()
 
     def _top_k(self, context: Context) -> int:
         return 1 if context.sampling.greedy else min(self.client.endpoint.max_logprobs, 20)
@@ -99,9 +100,16 @@ class ModelDrafter:
             "top_logprobs": self._top_k(context),
             **context.sampling_body(seed),
         }
-        if context.accepted or not context.is_chat:
-            body.update({"continue_final_message": True, "add_generation_prompt": False})
-        response = await self.client.post("/chat/completions", body, meter)
+        body.update(self._prefill.fields(bool(context.accepted) or not context.is_chat))
+        try:
+            response = await self.client.post("/chat/completions", body, meter)
+        except Exception as exc:
+            if getattr(exc, "status_code", None) != 400 or self._prefill.style != "continue_final_message":
+                raise
+            # A server that refuses vLLM's flags: rely on it continuing a trailing assistant message.
+            self._prefill = Prefill(style="trailing")
+            body = {k: v for k, v in body.items() if k not in ("continue_final_message", "add_generation_prompt")}
+            response = await self.client.post("/chat/completions", body, meter)
         tokens = self._parse(response, chat=True)
         return Draft(tokens=tokens, latency_s=time.perf_counter() - started, drafter=self.name)
 

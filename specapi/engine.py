@@ -17,7 +17,7 @@ from ._calls import Clock, Meter, RoleClient
 from ._exceptions import DraftError, EndpointError, MalformedResponseError
 from .acceptance import Emitted, decide_round
 from .alignment import complete_utf8_prefix, token_bytes
-from .context import Context
+from .context import Context, Prefill
 from .drafters import Draft, Drafter, ModelDrafter
 from .policy import DraftLengthPolicy, PolicyState
 from .sampling import COVERAGE_TOLERANCE
@@ -147,6 +147,7 @@ class Engine:
         self.paths = paths
         self.chat = chat
         self.verifier: Verifier | None = None
+        self.prefill = Prefill()
         self.drafter = drafter
         self.draft_client = draft_meter_endpoint
         self.policy = policy
@@ -165,6 +166,7 @@ class Engine:
         )
         path = await self.paths.resolve(self.chat, run.target_meter) if unverifiable_reason is None and self.drafter else Path("none")
         run.books.path_note = path.note
+        self.prefill = path.prefill
         if path.whole is not None:
             async for event in self._whole(path, request, run, started):
                 yield event
@@ -296,7 +298,14 @@ class Engine:
         """The target alone generates: one token while speculating, everything that remains otherwise."""
         counting = getattr(self.verifier, "name", "") in ("echo", "prompt-logprobs")
         step = await plain_step(
-            self.target, context, step_tokens, run.target_meter, run.seed(), list(run.request.stop) or None, count_tokens=counting
+            self.target,
+            context,
+            step_tokens,
+            run.target_meter,
+            run.seed(),
+            list(run.request.stop) or None,
+            count_tokens=counting,
+            prefill=self.prefill,
         )
         if run.books.prompt_tokens is None and not context.accepted and step.prompt_tokens is not None:
             run.books.prompt_tokens = step.prompt_tokens

@@ -16,10 +16,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ._calls import Meter, RoleClient
-from ._wire import WireError, chat_tokens, completion_tokens
+from ._wire import chat_tokens, completion_tokens
 from .acceptance import DEFAULT_EOS_TOKENS
 from .alignment import ScoredToken
-from .context import Context
+from .context import Context, Prefill
 from .verifiers import SeedSource, Verification
 
 __all__ = ["PrefillFanoutVerifier", "END_OF_TEXT"]
@@ -33,8 +33,7 @@ class PrefillFanoutVerifier:
 
     client: RoleClient
     name: str = "prefill-fanout"
-    #: llama.cpp's chat returns the continued prefix inside `content`; strip it when present.
-    strip_prefix: bool = True
+    prefill: Prefill = Prefill()
 
     async def verify(self, context: Context, draft: Sequence[ScoredToken], meter: Meter, next_seed: SeedSource, top_k: int) -> Verification:
         seeds = [next_seed() for _ in range(len(draft) + 1)]
@@ -62,6 +61,7 @@ class PrefillFanoutVerifier:
         body = {"max_tokens": 1, **context.sampling_body(seed)}
         if context.is_chat:
             body.update({"messages": context.chat_messages(prefix), "logprobs": True, "top_logprobs": min(top_k, 20)})
+            body.update(self.prefill.fields(bool(context.accepted or prefix)))
             response = await self.client.post("/chat/completions", body, meter)
         else:
             body.update({"prompt": context.completion_prompt(prefix), "logprobs": min(top_k, 5)})
@@ -69,15 +69,12 @@ class PrefillFanoutVerifier:
         try:
             choice = response["choices"][0]
             if context.is_chat:
-                text = (choice.get("message") or {}).get("content") or ""
-                continued = context.accepted + prefix
-                if self.strip_prefix and continued and text.startswith(continued):
-                    text = text[len(continued) :]
+                text = self.prefill.strip((choice.get("message") or {}).get("content") or "", context.accepted + prefix)
                 tokens = chat_tokens((choice.get("logprobs") or {}).get("content") or [])
             else:
                 text = choice.get("text") or ""
                 tokens = completion_tokens(choice.get("logprobs")) if choice.get("logprobs") else []
-        except (KeyError, IndexError, TypeError, WireError) as exc:
+        except (KeyError, IndexError, TypeError, ValueError) as exc:
             raise self.client.error(f"fan-out response is unreadable ({exc})", malformed=True) from exc
         real = [t for t in tokens if t.text not in DEFAULT_EOS_TOKENS]
         if not text:

@@ -8,11 +8,12 @@ run time are remembered, so later requests of the client go straight to somethin
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ._calls import Meter, RoleClient
 from ._exceptions import ConfigurationError, EndpointError
+from .context import Prefill
 from .fanout import PrefillFanoutVerifier
 from .probe import Capabilities, cached_probe, choose_verification
 from .verifiers import ChatPromptLogprobsVerifier, EchoVerifier
@@ -30,6 +31,7 @@ class Path:
     whole: Any = None  # whole-answer
     raw_logprobs: bool | None = None
     note: str | None = None  # why this path (e.g. what auto found, or what was refused)
+    prefill: Prefill = Prefill()
 
 
 class PathResolver:
@@ -43,7 +45,17 @@ class PathResolver:
         self._strikes: dict[bool, int] = {}
         self._lock = asyncio.Lock()
 
+    def prefill(self) -> Prefill:
+        caps = self.capabilities
+        if caps is None or not caps.chat_prefill:
+            return Prefill()
+        return Prefill(style=caps.prefill_style or "continue_final_message", echoes_prefix=caps.prefill_echoes_prefix)
+
     def _build(self, name: str, chat: bool) -> Path:
+        path = self._build_path(name, chat)
+        return replace(path, prefill=self.prefill())
+
+    def _build_path(self, name: str, chat: bool) -> Path:
         raw = self.capabilities.logprobs_raw if self.capabilities else None
         if name == "echo":
             if chat:
@@ -54,8 +66,7 @@ class PathResolver:
                 return Path("echo", verifier=EchoVerifier(self.target), raw_logprobs=raw)
             return Path(name, verifier=ChatPromptLogprobsVerifier(self.target), raw_logprobs=raw)
         if name == "prefill-fanout":
-            strip = self.capabilities.prefill_echoes_prefix if self.capabilities else True
-            return Path(name, verifier=PrefillFanoutVerifier(self.target, strip_prefix=strip))
+            return Path(name, verifier=PrefillFanoutVerifier(self.target, prefill=self.prefill()))
         if name == "predicted-outputs":
             return Path(name, whole=PredictedOutputsPath(self.target))
         if name == "prefix-match":
@@ -64,9 +75,9 @@ class PathResolver:
 
     async def resolve(self, chat: bool, meter: Meter) -> Path:
         if chat in self.refused:
-            return Path("none", note=self.refused[chat])
+            return Path("none", note=self.refused[chat], prefill=self.prefill())
         if self.verification == "none":
-            return Path("none", note="verification='none': the target alone")
+            return Path("none", note="verification='none': the target alone", prefill=self.prefill())
         if self.verification != "auto":
             return self._build(self.verification, chat)
         async with self._lock:
@@ -77,11 +88,10 @@ class PathResolver:
                     # Probing hit transient failures: use the common path now, probe again next time.
                     default = "prompt-logprobs" if chat else "echo"
                     path = self._build(default, chat)
-                    return Path(path.name, path.verifier, path.whole, None, f"probe failed ({exc}); tried {default}")
+                    return replace(path, raw_logprobs=None, note=f"probe failed ({exc}); tried {default}")
         name = choose_verification(self.capabilities, chat=chat)
         path = self._build(name, chat)
-        note = f"auto chose {path.name} from the target's capabilities"
-        return Path(path.name, path.verifier, path.whole, path.raw_logprobs, note)
+        return replace(path, note=f"auto chose {path.name} from the target's capabilities")
 
     def refuse(self, chat: bool, reason: str, *, definite: bool) -> None:
         """Stop using the path after a definite refusal (HTTP 400), or after three unreadable answers

@@ -36,6 +36,7 @@ class Capabilities:
     chat: bool = False
     chat_logprobs: int = 0
     chat_prefill: bool = False  # continues a final assistant message
+    prefill_style: str | None = None  # "continue_final_message" or "trailing"
     prefill_echoes_prefix: bool = False  # llama-server returns the prefix inside content
     predicted_outputs: bool = False
     logprobs_raw: bool | None = None  # True: logprobs ignore temperature; None: unknown
@@ -148,21 +149,31 @@ async def probe_endpoint(client: RoleClient, meter: Meter) -> Capabilities:
             "return_token_ids": True,
         }
         response = await _try(client, "/chat/completions", body, meter)
-        if response is None:
-            # Servers that refuse unknown fields: try a bare trailing assistant message (llama.cpp style).
-            body = {"messages": messages + [{"role": "assistant", "content": prefix}], "max_tokens": 1, "temperature": 0}
-            response = await _try(client, "/chat/completions", body, meter)
         if response is not None:
+            # The flags were accepted (vLLM, SGLang) or ignored (llama.cpp, which continues anyway).
             try:
                 content = response["choices"][0]["message"]["content"] or ""
                 found["chat_prefill"] = True
+                found["prefill_style"] = "continue_final_message"
                 found["prefill_echoes_prefix"] = content.startswith(prefix)
-                if response.get("prompt_logprobs") is not None:
-                    prompt_logprob_tokens(response["prompt_logprobs"], response.get("prompt_token_ids"))
+                token_ids = response.get("prompt_token_ids") or response["choices"][0].get("prompt_token_ids")
+                if response.get("prompt_logprobs") is not None and token_ids is not None:
+                    prompt_logprob_tokens(response["prompt_logprobs"], token_ids)
                     found["prompt_logprobs"] = True
             except (KeyError, IndexError, TypeError, WireError):
                 pass
-        notes.append("chat prefill: " + ("continues a final assistant message" if found.get("chat_prefill") else "not supported"))
+        else:
+            # Refused: a server that rejects unknown fields. It continues a bare trailing assistant
+            # message only if its reply shows it (llama-server repeats the prefix); OpenAI starts anew.
+            body = {"messages": messages + [{"role": "assistant", "content": prefix}], "max_tokens": 1, "temperature": 0}
+            response = await _try(client, "/chat/completions", body, meter)
+            try:
+                content = response["choices"][0]["message"]["content"] or "" if response else ""
+            except (KeyError, IndexError, TypeError):
+                content = ""
+            if content.startswith(prefix) and len(content) > len(prefix):
+                found.update(chat_prefill=True, prefill_style="trailing", prefill_echoes_prefix=True)
+        notes.append("chat prefill: " + (f"continues a final assistant message ({found.get('prefill_style')})" if found.get("chat_prefill") else "not supported"))
         notes.append("chat prompt_logprobs: " + ("yes" if found.get("prompt_logprobs") else "no"))
 
         body = {"messages": messages, "max_tokens": 2, "temperature": 0, "prediction": {"type": "content", "content": "a b"}}

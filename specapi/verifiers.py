@@ -16,7 +16,7 @@ from ._calls import Meter, RoleClient
 from ._wire import WireError, chat_tokens, completion_tokens, prompt_logprob_tokens
 from .acceptance import DEFAULT_EOS_TOKENS
 from .alignment import ScoredToken, locate_suffix, token_bytes
-from .context import Context
+from .context import Context, Prefill
 
 __all__ = ["Verification", "Verifier", "EchoVerifier", "ChatPromptLogprobsVerifier", "PlainStep", "plain_step"]
 
@@ -132,7 +132,8 @@ class ChatPromptLogprobsVerifier:
         latency = time.perf_counter() - started
         try:
             choice = response["choices"][0]
-            scored = prompt_logprob_tokens(response.get("prompt_logprobs"), response.get("prompt_token_ids"))
+            token_ids = response.get("prompt_token_ids") or choice.get("prompt_token_ids")
+            scored = prompt_logprob_tokens(response.get("prompt_logprobs"), token_ids)
             generated = chat_tokens((choice.get("logprobs") or {}).get("content"))
             found = locate_suffix(scored, draft_text.encode("utf-8"))
             if found is None:
@@ -164,7 +165,15 @@ class PlainStep:
 
 
 async def plain_step(
-    client: RoleClient, context: Context, max_tokens: int, meter: Meter, seed: int | None, stop: list[str] | None, *, count_tokens: bool = False
+    client: RoleClient,
+    context: Context,
+    max_tokens: int,
+    meter: Meter,
+    seed: int | None,
+    stop: list[str] | None,
+    *,
+    count_tokens: bool = False,
+    prefill: Prefill = Prefill(),
 ) -> PlainStep:
     """The target alone generates up to `max_tokens` tokens from the context (exact by construction).
 
@@ -178,8 +187,7 @@ async def plain_step(
         body["stop"] = stop
     if context.is_chat:
         body["messages"] = context.chat_messages()
-        if context.accepted:
-            body.update({"continue_final_message": True, "add_generation_prompt": False})
+        body.update(prefill.fields(bool(context.accepted)))
         path = "/chat/completions"
     else:
         body["prompt"] = context.completion_prompt()
@@ -190,12 +198,12 @@ async def plain_step(
     try:
         choice = response["choices"][0]
         if context.is_chat:
-            text = (choice.get("message") or {}).get("content") or ""
+            text = prefill.strip((choice.get("message") or {}).get("content") or "", context.accepted)
         else:
             text = choice.get("text") or ""
         if not isinstance(text, str):
             raise TypeError("text is not a string")
-    except (KeyError, IndexError, TypeError) as exc:
+    except (KeyError, IndexError, TypeError, ValueError) as exc:
         raise client.error(f"response has no choices[0] text ({exc})", malformed=True) from exc
     usage = response.get("usage") or {}
     completion = usage.get("completion_tokens")

@@ -89,6 +89,7 @@ import http.server
 import json
 import math
 import random
+import sys
 import threading
 import time
 import uuid
@@ -424,6 +425,15 @@ def _float_param(body: Mapping[str, Any], name: str, default: float, lo: float, 
     return float(v)
 
 
+class _QuietServer(http.server.ThreadingHTTPServer):
+    """Clients that hang up mid-request (a cancelled speculative call) are normal here: no traceback."""
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if isinstance(sys.exc_info()[1], (ConnectionResetError, BrokenPipeError)):
+            return
+        super().handle_error(request, client_address)
+
+
 class ToyServer:
     """OpenAI-format server over loopback HTTP serving ``models`` (default: target and draft)."""
 
@@ -452,7 +462,7 @@ class ToyServer:
         class Handler(_Handler):
             toy = server
 
-        httpd = http.server.ThreadingHTTPServer((self.host, self.port), Handler, bind_and_activate=False)
+        httpd = _QuietServer((self.host, self.port), Handler, bind_and_activate=False)
         httpd.daemon_threads = True
         httpd.request_queue_size = 1024
         httpd.allow_reuse_address = True

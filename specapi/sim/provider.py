@@ -396,6 +396,8 @@ class SimProvider:
             }
             if prompt_logprobs is not None:
                 choice["prompt_logprobs"] = raw_prompt_logprobs(job.prompt_records or [])
+            if body.get("return_token_ids") and caps.prompt_logprobs_param:
+                choice["prompt_token_ids"] = list(job.prompt_ids)
             choices.append(choice)
         payload = {
             "id": ident,
@@ -492,6 +494,8 @@ class SimProvider:
         }
         if prompt_logprobs is not None:
             payload["prompt_logprobs"] = raw_prompt_logprobs(job.prompt_records or [])
+        if body.get("return_token_ids") and self.capabilities.prompt_logprobs_param:
+            payload["prompt_token_ids"] = list(job.prompt_ids)  # vLLM's return_token_ids (chat: top level)
         return await self._finish(call, job, payload)
 
     # -- parameters -----------------------------------------------------------------------------------
