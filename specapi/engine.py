@@ -177,7 +177,9 @@ class Engine:
             request = replace(request, context=replace(request.context, sampling=sampling))
             run.request = request
         speculate = self.verifier is not None and self.drafter is not None and unverifiable_reason is None
-        self.policy.start_request()
+        if speculate and not self.policy.start_request():
+            speculate = False
+            run.books.fallback_reason = getattr(self.policy, "reason", "") or "the draft-length policy chose the target alone"
         context = request.context
         text = ""
         sent = 0  # how much of `text` has been handed out

@@ -25,7 +25,9 @@ class PolicyState:
 class DraftLengthPolicy(Protocol):
     name: str
 
-    def start_request(self) -> None: ...
+    def start_request(self) -> bool:
+        """Called once per request; False means this request goes to the target alone."""
+        ...
 
     def choose(self, state: PolicyState) -> int: ...
 
@@ -44,8 +46,8 @@ class FixedDraftLength:
             raise ConfigurationError(f"num_speculative_tokens must be an integer >= 1, got {k!r}")
         self.k = k
 
-    def start_request(self) -> None:
-        pass
+    def start_request(self) -> bool:
+        return True
 
     def choose(self, state: PolicyState) -> int:
         return self.k
@@ -141,8 +143,6 @@ class AdaptiveDraftLength:
         self._target = _Linear()
         self._requests = 0
         self._off = False
-        self._current_request_speculates = True
-        self._rounds_this_request = 0
         self.reason = ""
 
     # -- what it has learnt -------------------------------------------------------------------
@@ -169,20 +169,16 @@ class AdaptiveDraftLength:
         return best_k, best_rate
 
     # -- the strategy interface ---------------------------------------------------------------
-    def start_request(self) -> None:
+    def start_request(self) -> bool:
         self._requests += 1
-        self._rounds_this_request = 0
         if self._requests > 1 and not self._target.has_slope:
             # The target's own speed is still unknown: let it generate one request alone to measure it.
-            self._current_request_speculates = False
             self.reason = "adaptive policy: measuring the target alone once, to compare speeds"
-        else:
-            self._current_request_speculates = not self._off or self._requests % self.recheck_every == 0
-            self.reason = "adaptive policy: speculation predicted slower than the target alone"
+            return False
+        self.reason = "adaptive policy: speculation predicted slower than the target alone"
+        return not self._off or self._requests % self.recheck_every == 0
 
     def choose(self, state: PolicyState) -> int:
-        if not self._current_request_speculates:
-            return 0
         if self._rounds_seen < self.min_rounds or not self._verify.known:
             return self.start_length
         k, rate = self.best_length(state.remaining_tokens)
@@ -194,7 +190,6 @@ class AdaptiveDraftLength:
         return k
 
     def observe(self, record: RoundRecord) -> None:
-        self._rounds_this_request += 1
         decay = 0.98
         for i, ok in enumerate(record.accepted_by_position[: self.max_length]):
             self._accepted[i] = self._accepted[i] * decay + ok
