@@ -223,25 +223,35 @@ class PredictionDrafter(LookupDrafter):
 
 @dataclass
 class CombinedDrafter:
-    """Each round, the drafter with the best expected yield: free lookups when their proposals have
-    been holding up, the draft model otherwise."""
+    """Each round, the drafter with the best expected yield.
+
+    It tracks each drafter's acceptance (exponentially weighted). A free drafter (lookup, prediction)
+    proposes when it has a proposal and its acceptance is not clearly below the draft model's, since
+    it costs no call; otherwise the draft model drafts.
+    """
 
     drafters: Sequence[Drafter]
     name: str = "combined"
+    tolerance: float = 0.9
 
     def __post_init__(self) -> None:
         self._accept = {d.name: 0.5 for d in self.drafters}
 
     def record(self, drafter: str, drafted: int, accepted: int) -> None:
-        if drafter in self._accept and drafted:
-            self._accept[drafter] = 0.8 * self._accept[drafter] + 0.2 * (accepted / drafted)
+        name = drafter.removesuffix("+pipelined")
+        if name in self._accept and drafted:
+            self._accept[name] = 0.7 * self._accept[name] + 0.3 * (accepted / drafted)
+
+    def acceptance(self, name: str) -> float:
+        return self._accept[name]
 
     async def draft(self, context: Context, k: int, meter: Meter, seed: int | None) -> Draft:
         free = [d for d in self.drafters if not isinstance(d, ModelDrafter)]
         paid = [d for d in self.drafters if isinstance(d, ModelDrafter)]
+        best_paid = max((self._accept[d.name] for d in paid), default=0.0)
         for drafter in sorted(free, key=lambda d: -self._accept[d.name]):
-            if paid and self._accept[drafter.name] < 0.2:
-                continue  # its proposals keep failing: not worth a verify call
+            if paid and self._accept[drafter.name] < best_paid * self.tolerance:
+                continue  # its proposals hold up worse than the model's: not worth a verify call
             draft = await drafter.draft(context, k, meter, seed)
             if draft.tokens:
                 return draft

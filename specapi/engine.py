@@ -210,9 +210,10 @@ class Engine:
                         speculate = False
                         continue
                     if draft.tokens:
-                        if self.pipeline and isinstance(self.drafter, ModelDrafter) and run.draft_meter is not None:
+                        model = _model_drafter(self.drafter, draft)
+                        if self.pipeline and model is not None and run.draft_meter is not None:
                             # Guess that every draft token is kept, and draft the next round meanwhile.
-                            prefetch = _Prefetch.start(self.drafter, context.advanced(draft.text), k + 1, run, self.clock)
+                            prefetch = _Prefetch.start(model, context.advanced(draft.text), k + 1, run, self.clock)
                         outcome = await self._round(context, draft, run)
                         if outcome is None:
                             speculate = False
@@ -381,6 +382,16 @@ class Engine:
         if observe is not None:
             observe(draft.drafter, record.drafted, record.accepted)
         return new
+
+
+def _model_drafter(drafter: Drafter | None, draft: Draft) -> ModelDrafter | None:
+    """The draft model that produced `draft` (directly or inside a combined drafter), if any."""
+    if isinstance(drafter, ModelDrafter):
+        return drafter
+    for inner in getattr(drafter, "drafters", ()):
+        if isinstance(inner, ModelDrafter) and draft.drafter.startswith(inner.name):
+            return inner
+    return None
 
 
 def _whole_characters(tokens: list[Emitted], greedy: bool, books: _Books) -> list[Emitted]:
