@@ -302,6 +302,34 @@ class _Resource:
                 return "".join(text), event
         raise RuntimeError("the engine ended without finishing")  # pragma: no cover
 
+    async def _respond(
+        self, context: Context, limit: int, stop: tuple[str, ...], kwargs: Mapping[str, Any], stream: bool, include_usage: bool
+    ) -> Any:
+        """Run the engine: a stream of chunks, or one response collected from it."""
+        runtime = self._runtime
+        model = runtime.target.endpoint.model
+        engine = runtime.engine(chat=self.chat, prediction=_prediction_text(kwargs.get("prediction")))
+        request = GenerationRequest(context=context, max_tokens=limit, stop=stop)
+        if stream:
+            events = self._events(engine, request)
+            if self.chat:
+                return SpeculativeStream(chat_chunks(events, model, include_usage), parse_chat_chunk)
+            return SpeculativeStream(completion_chunks(events, model, include_usage), parse_completion)
+        text, finished = await self._collect(engine, request)
+        data = {
+            "id": f"{'chatcmpl' if self.chat else 'cmpl'}-spec-{uuid.uuid4().hex[:24]}",
+            "object": "chat.completion" if self.chat else "text_completion",
+            "created": int(time.time()),
+            "model": model,
+            "choices": [self._choice(text, finished.finish_reason)],
+            "usage": self._usage(finished),
+        }
+        return self._build(data, finished.stats)
+
+    @staticmethod
+    def _choice(text: str, finish_reason: str) -> dict[str, Any]:
+        raise NotImplementedError
+
     def _usage(self, finished: Finished) -> dict[str, int]:
         prompt = finished.prompt_tokens or 0
         return {"prompt_tokens": prompt, "completion_tokens": finished.completion_tokens, "total_tokens": prompt + finished.completion_tokens}
@@ -389,21 +417,11 @@ class AsyncCompletions(_Resource):
                 "/completions", {"prompt": prompt, "model": model, "max_tokens": limit, **kwargs}, reason or f"model {model!r} differs from the target endpoint's"
             )
         context = Context(prompt=prompt, sampling=sampling, seed=seed)
-        engine = runtime.engine(chat=False, prediction=_prediction_text(kwargs.get("prediction")))
-        request = GenerationRequest(context=context, max_tokens=limit, stop=stop)
-        if stream:
-            events = self._events(engine, request)
-            return SpeculativeStream(completion_chunks(events, target.model, include_usage), parse_completion)
-        text, finished = await self._collect(engine, request)
-        data = {
-            "id": f"cmpl-spec-{uuid.uuid4().hex[:24]}",
-            "object": "text_completion",
-            "created": int(time.time()),
-            "model": target.model,
-            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finished.finish_reason}],
-            "usage": self._usage(finished),
-        }
-        return self._build(data, finished.stats)
+        return await self._respond(context, limit, stop, kwargs, stream, include_usage)
+
+    @staticmethod
+    def _choice(text: str, finish_reason: str) -> dict[str, Any]:
+        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
 
 
 class AsyncChatCompletions(_Resource):
@@ -444,21 +462,9 @@ class AsyncChatCompletions(_Resource):
                 body["max_tokens"] = max_tokens
             return await self._passthrough("/chat/completions", body, reason)
         context = Context(messages=tuple(dict(m) for m in messages), sampling=sampling, seed=seed)
-        engine = runtime.engine(chat=True, prediction=_prediction_text(kwargs.get("prediction")))
-        request = GenerationRequest(context=context, max_tokens=limit, stop=stop)
-        if stream:
-            events = self._events(engine, request)
-            return SpeculativeStream(chat_chunks(events, target.model, include_usage), parse_chat_chunk)
-        text, finished = await self._collect(engine, request)
-        data = {
-            "id": f"chatcmpl-spec-{uuid.uuid4().hex[:24]}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": target.model,
-            "choices": [
-                {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": finished.finish_reason}
-            ],
-            "usage": self._usage(finished),
-        }
-        return self._build(data, finished.stats)
+        return await self._respond(context, limit, stop, kwargs, stream, include_usage)
+
+    @staticmethod
+    def _choice(text: str, finish_reason: str) -> dict[str, Any]:
+        return {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": finish_reason}
 

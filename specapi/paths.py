@@ -78,17 +78,21 @@ class PathResolver:
             return Path("none", note=self.refused[chat], prefill=self.prefill())
         if self.verification == "none":
             return Path("none", note="verification='none': the target alone", prefill=self.prefill())
-        if self.verification != "auto":
+        if self.verification != "auto" and not chat:
             return self._build(self.verification, chat)
+        # Auto needs the probe to choose; a chosen path on chat needs it to know how the target
+        # continues an assistant message (vLLM's flags, or llama.cpp's echoed prefix).
         async with self._lock:
             if self.capabilities is None:
                 try:
                     self.capabilities = await cached_probe(self.target, meter)
                 except EndpointError as exc:
                     # Probing hit transient failures: use the common path now, probe again next time.
-                    default = "prompt-logprobs" if chat else "echo"
+                    default = self.verification if self.verification != "auto" else ("prompt-logprobs" if chat else "echo")
                     path = self._build(default, chat)
                     return replace(path, raw_logprobs=None, note=f"probe failed ({exc}); tried {default}")
+        if self.verification != "auto":
+            return self._build(self.verification, chat)
         name = choose_verification(self.capabilities, chat=chat)
         path = self._build(name, chat)
         return replace(path, note=f"auto chose {path.name} from the target's capabilities")

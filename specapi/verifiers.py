@@ -57,6 +57,21 @@ def _bonus(tokens: list[ScoredToken], generated_text: str, finish_reason: str | 
     return real[0]
 
 
+def _verification(
+    scored: Sequence[ScoredToken], start: int, straddle: int, bonus: ScoredToken | None, choice: dict, latency: float, usage: dict
+) -> Verification:
+    """The positions from `start` on; the request's own prompt tokens are the billed ones minus the draft's."""
+    prompt_tokens = usage.get("prompt_tokens")
+    return Verification(
+        positions=tuple(scored[start:]),
+        straddle=straddle,
+        bonus=bonus,
+        finish_reason=choice.get("finish_reason"),
+        latency_s=latency,
+        prompt_tokens=prompt_tokens - (len(scored) - start) if isinstance(prompt_tokens, int) else None,
+    )
+
+
 @dataclass
 class EchoVerifier:
     client: RoleClient
@@ -96,15 +111,7 @@ class EchoVerifier:
             bonus = _bonus(tokens[len(scored) :], generated, choice.get("finish_reason"))
             if bonus is None and generated:
                 continue
-            prompt_tokens = usage.get("prompt_tokens")
-            return Verification(
-                positions=tuple(scored[start:]),
-                straddle=straddle,
-                bonus=bonus,
-                finish_reason=choice.get("finish_reason"),
-                latency_s=latency,
-                prompt_tokens=prompt_tokens - (len(scored) - start) if isinstance(prompt_tokens, int) else None,
-            )
+            return _verification(scored, start, straddle, bonus, choice, latency, usage)
         raise WireError("the echoed tokens do not spell the draft text")
 
 
@@ -143,16 +150,7 @@ class ChatPromptLogprobsVerifier:
             bonus = _bonus(generated, content, choice.get("finish_reason"))
         except (KeyError, IndexError, TypeError, WireError) as exc:
             raise self.client.error(f"prompt_logprobs response cannot be verified against ({exc})", malformed=True) from exc
-        usage = response.get("usage") or {}
-        prompt_tokens = usage.get("prompt_tokens")
-        return Verification(
-            positions=tuple(scored[start:]),
-            straddle=straddle,
-            bonus=bonus,
-            finish_reason=choice.get("finish_reason"),
-            latency_s=latency,
-            prompt_tokens=prompt_tokens - (len(scored) - start) if isinstance(prompt_tokens, int) else None,
-        )
+        return _verification(scored, start, straddle, bonus, choice, latency, response.get("usage") or {})
 
 
 @dataclass(frozen=True)
