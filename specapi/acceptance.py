@@ -67,9 +67,21 @@ def _emit(token: str, position: ScoredToken, straddle: bytes, eos_tokens: Collec
     if token in eos_tokens:
         return Emitted(token=token, data=b"", logprob=dist.get(token), top=dict(position.top or {}), eos=True)
     data = token_bytes(token)
-    if data is None or not data.startswith(straddle):
-        return None
+    if data is None or not data.startswith(straddle) or len(data) == len(straddle):
+        return None  # contradicts committed text, or adds nothing to it: no progress from this position
     return Emitted(token=token, data=data[len(straddle) :], logprob=dist.get(token), top=dict(position.top or {}))
+
+
+def _without_eos(q: TokenDist, eos_tokens: Collection[str]) -> TokenDist:
+    """The draft's proposal distribution as verified: drafts never propose the end of text (it cannot
+    be sent as text), so the proposals come from q conditioned on "not end of text"."""
+    eos_mass = sum(p for t, p in q.probs.items() if t in eos_tokens)
+    if eos_mass <= 0.0:
+        return q
+    if eos_mass >= 1.0:
+        return TokenDist(probs={}, gap=1.0)
+    scale = 1.0 - eos_mass
+    return TokenDist(probs={t: p / scale for t, p in q.probs.items() if t not in eos_tokens}, gap=min(1.0, q.gap / scale))
 
 
 def decide_round(
@@ -110,8 +122,11 @@ def decide_round(
             p = TokenDist.from_logprobs(dist, temperature=params.temperature, top_p=params.top_p, raw=params.raw_logprobs)
             drafted = draft_by_span.get(span)
             if drafted is not None and drafted.text == position.text:
-                q = TokenDist.from_logprobs(
-                    drafted.distribution(), temperature=params.temperature, top_p=params.top_p, raw=params.draft_raw_logprobs
+                q = _without_eos(
+                    TokenDist.from_logprobs(
+                        drafted.distribution(), temperature=params.temperature, top_p=params.top_p, raw=params.draft_raw_logprobs
+                    ),
+                    eos_tokens,
                 )
                 gap = max(gap, p.gap, q.gap)
                 keep = rng.random() < acceptance_probability(p.get(position.text), q.get(position.text))

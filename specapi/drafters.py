@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -74,7 +73,7 @@ class ModelDrafter:
         return 1 if context.sampling.greedy else min(self.client.endpoint.max_logprobs, 20)
 
     async def draft(self, context: Context, k: int, meter: Meter, seed: int | None) -> Draft:
-        started = time.perf_counter()
+        started = self.client.clock()
         if not context.is_chat and self._completions_ok:
             body = {
                 "prompt": context.completion_prompt(),
@@ -92,7 +91,7 @@ class ModelDrafter:
                     raise
             else:
                 tokens = self._parse(response, chat=False)
-                return Draft(tokens=tokens, latency_s=time.perf_counter() - started, drafter=self.name)
+                return Draft(tokens=tokens, latency_s=self.client.clock() - started, drafter=self.name)
         body = {
             "messages": self._chat_messages(context),
             "max_tokens": k,
@@ -111,7 +110,7 @@ class ModelDrafter:
             body = {k: v for k, v in body.items() if k not in ("continue_final_message", "add_generation_prompt")}
             response = await self.client.post("/chat/completions", body, meter)
         tokens = self._parse(response, chat=True)
-        return Draft(tokens=tokens, latency_s=time.perf_counter() - started, drafter=self.name)
+        return Draft(tokens=tokens, latency_s=self.client.clock() - started, drafter=self.name)
 
     @staticmethod
     def _chat_messages(context: Context) -> list[dict]:

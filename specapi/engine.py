@@ -19,7 +19,7 @@ from .acceptance import Emitted, decide_round
 from .alignment import complete_utf8_prefix, token_bytes
 from .context import Context, Prefill
 from .drafters import Draft, Drafter, ModelDrafter
-from .policy import DraftLengthPolicy, PolicyState
+from .policy import RECHECK, TARGET_ALONE, DraftLengthPolicy, PolicyState
 from .sampling import COVERAGE_TOLERANCE
 from .stats import RoleUsage, RoundRecord, SpeculativeStats
 from .paths import Path, PathResolver
@@ -177,7 +177,8 @@ class Engine:
             request = replace(request, context=replace(request.context, sampling=sampling))
             run.request = request
         speculate = self.verifier is not None and self.drafter is not None and unverifiable_reason is None
-        if speculate and not self.policy.start_request():
+        mode = self.policy.start_request() if speculate else TARGET_ALONE
+        if speculate and mode == TARGET_ALONE:
             speculate = False
             run.books.fallback_reason = getattr(self.policy, "reason", "") or "the draft-length policy chose the target alone"
         context = request.context
@@ -191,7 +192,7 @@ class Engine:
                 remaining = request.max_tokens - produced
                 k = 0
                 if speculate:
-                    chosen = self.policy.choose(PolicyState(remaining, len(run.books.rounds)))
+                    chosen = self.policy.choose(PolicyState(remaining, len(run.books.rounds), recheck=mode == RECHECK))
                     if chosen <= 0:
                         speculate = False  # the policy predicts the target alone is faster from here
                         run.books.fallback_reason = run.books.fallback_reason or (

@@ -11,7 +11,6 @@ K+1 target requests per round, each billing the whole context.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -40,9 +39,9 @@ class PrefillFanoutVerifier:
         prefixes = [""]
         for token in draft:
             prefixes.append(prefixes[-1] + token.data.decode("utf-8", errors="strict"))
-        started = time.perf_counter()
+        started = self.client.clock()
         picks = await asyncio.gather(*(self._pick(context, prefix, meter, seed, top_k) for prefix, seed in zip(prefixes, seeds)))
-        latency = time.perf_counter() - started
+        latency = self.client.clock() - started
         positions = []
         for token, pick in zip(draft, picks):
             positions.append(ScoredToken(text=token.text, logprob=0.0 if pick == token.text else None, top={pick: 0.0}))

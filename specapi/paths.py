@@ -68,6 +68,8 @@ class PathResolver:
         if name == "prefill-fanout":
             return Path(name, verifier=PrefillFanoutVerifier(self.target, prefill=self.prefill()))
         if name == "predicted-outputs":
+            if not chat:
+                return Path("none", note="Predicted Outputs exist for chat only; completions went to the target alone")
             return Path(name, whole=PredictedOutputsPath(self.target))
         if name == "prefix-match":
             return Path(name, whole=PrefixMatchPath(self.target))
@@ -78,10 +80,10 @@ class PathResolver:
             return Path("none", note=self.refused[chat], prefill=self.prefill())
         if self.verification == "none":
             return Path("none", note="verification='none': the target alone", prefill=self.prefill())
-        if self.verification != "auto" and not chat:
+        if self.verification != "auto" and not (chat and self.verification == "prefill-fanout"):
             return self._build(self.verification, chat)
-        # Auto needs the probe to choose; a chosen path on chat needs it to know how the target
-        # continues an assistant message (vLLM's flags, or llama.cpp's echoed prefix).
+        # Auto needs the probe to choose; chat fan-out needs it to know how the target continues an
+        # assistant message (vLLM's flags, or llama.cpp's echoed prefix).
         async with self._lock:
             if self.capabilities is None:
                 try:
@@ -99,7 +101,10 @@ class PathResolver:
 
     def refuse(self, chat: bool, reason: str, *, definite: bool) -> None:
         """Stop using the path after a definite refusal (HTTP 400), or after three unreadable answers
-        in a row (one may be a network glitch)."""
+        in a row (one may be a network glitch). A path guessed because probing failed is not written
+        off: the next request probes again and chooses properly."""
+        if self.capabilities is None and self.verification == "auto":
+            return
         strikes = self._strikes.get(chat, 0) + 1
         self._strikes[chat] = strikes
         if definite or strikes >= 3:

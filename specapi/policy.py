@@ -13,20 +13,33 @@ from typing import Protocol
 from ._exceptions import ConfigurationError
 from .stats import RoundRecord
 
-__all__ = ["PolicyState", "DraftLengthPolicy", "FixedDraftLength", "AdaptiveDraftLength", "expected_tokens"]
+__all__ = [
+    "PolicyState",
+    "DraftLengthPolicy",
+    "FixedDraftLength",
+    "AdaptiveDraftLength",
+    "expected_tokens",
+    "SPECULATE",
+    "RECHECK",
+    "TARGET_ALONE",
+]
 
 
 @dataclass(frozen=True)
 class PolicyState:
     remaining_tokens: int
     rounds_so_far: int
+    recheck: bool = False  # this request was granted to re-measure speculation
+
+
+SPECULATE, RECHECK, TARGET_ALONE = "speculate", "recheck", "target-alone"
 
 
 class DraftLengthPolicy(Protocol):
     name: str
 
-    def start_request(self) -> bool:
-        """Called once per request; False means this request goes to the target alone."""
+    def start_request(self) -> str:
+        """Called once per request: SPECULATE, RECHECK (speculate to re-measure) or TARGET_ALONE."""
         ...
 
     def choose(self, state: PolicyState) -> int: ...
@@ -46,8 +59,8 @@ class FixedDraftLength:
             raise ConfigurationError(f"num_speculative_tokens must be an integer >= 1, got {k!r}")
         self.k = k
 
-    def start_request(self) -> bool:
-        return True
+    def start_request(self) -> str:
+        return SPECULATE
 
     def choose(self, state: PolicyState) -> int:
         return self.k
@@ -169,18 +182,22 @@ class AdaptiveDraftLength:
         return best_k, best_rate
 
     # -- the strategy interface ---------------------------------------------------------------
-    def start_request(self) -> bool:
+    def start_request(self) -> str:
         self._requests += 1
         if self._requests > 1 and not self._target.has_slope:
             # The target's own speed is still unknown: let it generate one request alone to measure it.
             self.reason = "adaptive policy: measuring the target alone once, to compare speeds"
-            return False
+            return TARGET_ALONE
         self.reason = "adaptive policy: speculation predicted slower than the target alone"
-        return not self._off or self._requests % self.recheck_every == 0
+        if not self._off:
+            return SPECULATE
+        return RECHECK if self._requests % self.recheck_every == 0 else TARGET_ALONE
 
     def choose(self, state: PolicyState) -> int:
         if self._rounds_seen < self.min_rounds or not self._verify.known:
             return self.start_length
+        if state.recheck and state.rounds_so_far < self.min_rounds:
+            return self.best_length(state.remaining_tokens)[0]  # re-measure before judging again
         k, rate = self.best_length(state.remaining_tokens)
         baseline = self.predicted_target_rate(state.remaining_tokens)
         if baseline is not None:

@@ -139,40 +139,28 @@ async def probe_endpoint(client: RoleClient, meter: Meter) -> Capabilities:
         notes.append(f"chat logprobs: top {found.get('chat_logprobs', 0)}")
 
         prefix = "a b c"
-        body = {
-            "messages": messages + [{"role": "assistant", "content": prefix}],
-            "max_tokens": 1,
-            "temperature": 0,
-            "continue_final_message": True,
-            "add_generation_prompt": False,
-            "prompt_logprobs": 1,
-            "return_token_ids": True,
-        }
-        response = await _try(client, "/chat/completions", body, meter)
-        if response is not None:
-            # The flags were accepted (vLLM, SGLang) or ignored (llama.cpp, which continues anyway).
-            try:
-                content = response["choices"][0]["message"]["content"] or ""
-                found["chat_prefill"] = True
-                found["prefill_style"] = "continue_final_message"
-                found["prefill_echoes_prefix"] = content.startswith(prefix)
-                token_ids = response.get("prompt_token_ids") or response["choices"][0].get("prompt_token_ids")
-                if response.get("prompt_logprobs") is not None and token_ids is not None:
+        continued = messages + [{"role": "assistant", "content": prefix}]
+        flags = {"continue_final_message": True, "add_generation_prompt": False}
+        with_flags = await _try(client, "/chat/completions", {"messages": continued, "max_tokens": 1, "temperature": 0, **flags}, meter)
+        bare = await _try(client, "/chat/completions", {"messages": continued, "max_tokens": 1, "temperature": 0}, meter)
+        flagged_prompt = _prompt_tokens(with_flags)
+        bare_prompt = _prompt_tokens(bare)
+        if with_flags is not None and flagged_prompt is not None and bare_prompt is not None and flagged_prompt < bare_prompt:
+            # The flags changed the prompt (no end of turn, no new assistant header): honoured (vLLM, SGLang).
+            found.update(chat_prefill=True, prefill_style="continue_final_message", prefill_echoes_prefix=_content(with_flags).startswith(prefix))
+        elif _content(bare).startswith(prefix) and len(_content(bare)) > len(prefix):
+            # Flags refused or ignored, but the reply repeats the prefix and goes on: llama-server's way.
+            found.update(chat_prefill=True, prefill_style="trailing", prefill_echoes_prefix=True)
+        if found.get("prefill_style") == "continue_final_message":
+            body = {"messages": continued, "max_tokens": 1, "temperature": 0, **flags, "prompt_logprobs": 1, "return_token_ids": True}
+            response = await _try(client, "/chat/completions", body, meter)
+            if response is not None and response.get("prompt_logprobs") is not None:
+                try:
+                    token_ids = response.get("prompt_token_ids") or response["choices"][0].get("prompt_token_ids")
                     prompt_logprob_tokens(response["prompt_logprobs"], token_ids)
                     found["prompt_logprobs"] = True
-            except (KeyError, IndexError, TypeError, WireError):
-                pass
-        else:
-            # Refused: a server that rejects unknown fields. It continues a bare trailing assistant
-            # message only if its reply shows it (llama-server repeats the prefix); OpenAI starts anew.
-            body = {"messages": messages + [{"role": "assistant", "content": prefix}], "max_tokens": 1, "temperature": 0}
-            response = await _try(client, "/chat/completions", body, meter)
-            try:
-                content = response["choices"][0]["message"]["content"] or "" if response else ""
-            except (KeyError, IndexError, TypeError):
-                content = ""
-            if content.startswith(prefix) and len(content) > len(prefix):
-                found.update(chat_prefill=True, prefill_style="trailing", prefill_echoes_prefix=True)
+                except (KeyError, IndexError, TypeError, WireError):
+                    pass
         notes.append("chat prefill: " + (f"continues a final assistant message ({found.get('prefill_style')})" if found.get("chat_prefill") else "not supported"))
         notes.append("chat prompt_logprobs: " + ("yes" if found.get("prompt_logprobs") else "no"))
 
@@ -184,6 +172,18 @@ async def probe_endpoint(client: RoleClient, meter: Meter) -> Capabilities:
         notes.append("Predicted Outputs: " + ("yes" if found.get("predicted_outputs") else "no"))
 
     return Capabilities(notes=tuple(notes), **found)
+
+
+def _prompt_tokens(response: dict[str, Any] | None) -> int | None:
+    value = ((response or {}).get("usage") or {}).get("prompt_tokens")
+    return value if isinstance(value, int) else None
+
+
+def _content(response: dict[str, Any] | None) -> str:
+    try:
+        return (response or {})["choices"][0]["message"]["content"] or ""
+    except (KeyError, IndexError, TypeError):
+        return ""
 
 
 _CACHE: dict[tuple[str, str], Capabilities] = {}
@@ -213,8 +213,15 @@ def run(args: argparse.Namespace) -> int:
     endpoint = Endpoint(base_url=args.base_url, model=args.model, api_key=args.api_key)
     client = RoleClient("target", endpoint)
     meter = Meter(endpoint)
+
+    async def probe_and_close() -> Capabilities:
+        try:
+            return await probe_endpoint(client, meter)
+        finally:
+            await client.sdk.close()
+
     try:
-        caps = asyncio.run(probe_endpoint(client, meter))
+        caps = asyncio.run(probe_and_close())
     except EndpointError as exc:
         print(f"probe failed: {exc}")
         return 1

@@ -7,7 +7,6 @@ OpenAI base models). `ChatPromptLogprobsVerifier` uses vLLM's chat `prompt_logpr
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -81,9 +80,9 @@ class EchoVerifier:
         draft_text = _text(draft)
         prompt = context.completion_prompt(draft_text)
         body = {"prompt": prompt, "echo": True, "logprobs": top_k, "max_tokens": 1, **context.sampling_body(next_seed())}
-        started = time.perf_counter()
+        started = self.client.clock()
         response = await self.client.post("/completions", body, meter)
-        latency = time.perf_counter() - started
+        latency = self.client.clock() - started
         try:
             return self._read(response, prompt, draft_text, latency)
         except (KeyError, IndexError, TypeError, WireError) as exc:
@@ -134,9 +133,9 @@ class ChatPromptLogprobsVerifier:
         }
         if context.accepted or draft_text:
             body.update({"continue_final_message": True, "add_generation_prompt": False})
-        started = time.perf_counter()
+        started = self.client.clock()
         response = await self.client.post("/chat/completions", body, meter)
-        latency = time.perf_counter() - started
+        latency = self.client.clock() - started
         try:
             choice = response["choices"][0]
             token_ids = response.get("prompt_token_ids") or choice.get("prompt_token_ids")
@@ -190,9 +189,9 @@ async def plain_step(
     else:
         body["prompt"] = context.completion_prompt()
         path = "/completions"
-    started = time.perf_counter()
+    started = client.clock()
     response = await client.post(path, body, meter)
-    latency = time.perf_counter() - started
+    latency = client.clock() - started
     try:
         choice = response["choices"][0]
         if context.is_chat:

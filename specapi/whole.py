@@ -10,7 +10,6 @@ construction and the draft only helps (Predicted Outputs) or is only measured (p
 from __future__ import annotations
 
 import asyncio
-import time
 from dataclasses import dataclass
 
 from ._calls import Meter, RoleClient
@@ -55,13 +54,13 @@ class PredictedOutputsPath:
     async def run(
         self, context: Context, drafter: Drafter, draft_meter: Meter, target_meter: Meter, max_tokens: int, seeds: tuple[int | None, int | None], stop: list[str] | None
     ) -> WholeResult:
-        started = time.perf_counter()
+        started = self.target.clock()
         draft = await drafter.draft(context, max_tokens, draft_meter, seeds[0])
-        draft_latency = time.perf_counter() - started
+        draft_latency = self.target.clock() - started
         path, body = _target_body(context, max_tokens, seeds[1], stop)
         if draft.text:
             body["prediction"] = {"type": "content", "content": draft.text}
-        started = time.perf_counter()
+        started = self.target.clock()
         response = await self.target.post(path, body, target_meter)
         try:
             text, finish, usage = _read(response, context.is_chat)
@@ -72,16 +71,18 @@ class PredictedOutputsPath:
         rejected = int(details.get("rejected_prediction_tokens") or 0)
         drafted = len(draft.tokens)
         accepted = min(accepted, drafted)
+        # Rejected prediction tokens are billed as completion tokens but are not in the text.
+        produced = max(0, int(usage.get("completion_tokens") or 0) - rejected)
         record = RoundRecord(
             drafted=drafted,
             accepted=accepted,
-            emitted=int(usage.get("completion_tokens") or 0),
+            emitted=produced,
             draft_latency_s=draft_latency,
-            verify_latency_s=time.perf_counter() - started,
+            verify_latency_s=self.target.clock() - started,
             drafter=draft.drafter + f" (server rejected {rejected} predicted tokens, billed as output)",
             accepted_by_position=tuple(i < accepted for i in range(drafted)),
         )
-        return WholeResult(text, finish, int(usage.get("completion_tokens") or 0), usage.get("prompt_tokens"), record if drafted else None)
+        return WholeResult(text, finish, produced, usage.get("prompt_tokens"), record if drafted else None)
 
 
 @dataclass
@@ -93,14 +94,14 @@ class PrefixMatchPath:
         self, context: Context, drafter: Drafter, draft_meter: Meter, target_meter: Meter, max_tokens: int, seeds: tuple[int | None, int | None], stop: list[str] | None
     ) -> WholeResult:
         path, body = _target_body(context, max_tokens, seeds[1], stop)
-        started = time.perf_counter()
-        draft_task = asyncio.ensure_future(self._timed_draft(drafter, context, max_tokens, draft_meter, seeds[0]))
+        started = self.target.clock()
+        draft_task = asyncio.ensure_future(self._timed_draft(drafter, context, max_tokens, draft_meter, seeds[0], self.target.clock))
         try:
             response = await self.target.post(path, body, target_meter)
         except BaseException:
             draft_task.cancel()
             raise
-        target_latency = time.perf_counter() - started
+        target_latency = self.target.clock() - started
         try:
             draft, draft_latency = await draft_task
         except Exception:
@@ -129,7 +130,7 @@ class PrefixMatchPath:
         return WholeResult(text, finish, int(usage.get("completion_tokens") or 0), usage.get("prompt_tokens"), record if draft.tokens else None)
 
     @staticmethod
-    async def _timed_draft(drafter: Drafter, context: Context, k: int, meter: Meter, seed: int | None) -> tuple[Draft, float]:
-        started = time.perf_counter()
+    async def _timed_draft(drafter: Drafter, context: Context, k: int, meter: Meter, seed: int | None, clock) -> tuple[Draft, float]:  # type: ignore[no-untyped-def]
+        started = clock()
         draft = await drafter.draft(context, k, meter, seed)
-        return draft, time.perf_counter() - started
+        return draft, clock() - started

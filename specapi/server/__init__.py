@@ -28,10 +28,12 @@ one client per upstream role (connection pools) and one memory of verification p
   orchestrator's grace period longer than that, and take the replica out of the balancer first.
 * Metrics are per replica: scrape every replica and aggregate with `sum by (...)`, e.g. acceptance
   `sum(rate(specapi_accepted_tokens_total[5m])) / sum(rate(specapi_drafted_tokens_total[5m]))`.
-* Capacity is bounded by the upstreams, not the proxy: each speculative request keeps at most one
-  upstream call in flight at a time, and a client that disconnects cancels its upstream work. Upstream
-  prefix caches warm up per upstream replica; if the upstreams themselves are load-balanced, routing
-  by conversation (sticky by user or prompt prefix) there keeps verification prefills cached.
+* A speculative response costs many upstream calls (a draft and a verification per round; fan-out
+  verification sends k + 1 at once), and the proxy's CPU goes mostly to making them (the openai SDK
+  and HTTP stack): budget roughly one core per few dozen concurrent streams and scale on CPU, or on
+  `specapi_in_flight_requests`. A client that disconnects cancels its upstream work at once.
+* Upstream prefix caches warm up per upstream replica; if the upstreams themselves are load-balanced,
+  routing by conversation (sticky by user or prompt prefix) there keeps verification prefills cached.
 * Upstream API keys stay in the replicas' environment; clients only ever hold the proxy's key.
 """
 

@@ -12,7 +12,6 @@ last chunk of a stream) and `x-specapi-*` headers. A client that disconnects can
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import hmac
 import logging
@@ -213,13 +212,15 @@ class _Proxy:
         self, route: str, stream: SpeculativeStream[Any], first: Any, started: float, request_id: str
     ) -> AsyncGenerator[bytes, None]:
         """The stream as SSE events; the last chunk gets `"speculative"`; errors become an error event."""
+        observed = False
         try:
             chunk = first
             while chunk is not None:
                 data = _dump(chunk)
-                if stream.speculative is not None:  # set by the last chunk, which carries the statistics
+                if stream.speculative is not None and not observed:  # set by the last chunk, which carries them
                     data["speculative"] = self.summary(stream.speculative)
                     self.metrics.observe(route, stream.speculative)
+                    observed = True
                 yield encode_event(data)
                 chunk = await anext(stream, None)
             yield DONE_EVENT

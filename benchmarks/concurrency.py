@@ -1,0 +1,183 @@
+"""Concurrency on one client: N speculative requests at once should take no more than 2x the time of one.
+
+Runs on the simulator, on a latency-bound profile (``lan`` by default), with one
+``AsyncSpeculativeOpenAI`` shared by every request. By default the simulator is served in-process (no
+sockets); its own CPU work (scoring every echoed token of every request) then shares the client's
+single thread. ``--server`` runs it as its own process instead (``specapi simulate`` on 127.0.0.1, a free
+port), as a real server would be, at the price of a real HTTP stack on both sides. Measures, after a
+warm-up request:
+
+* the wall time of one request alone (the mean over the prompts, one after another);
+* the wall time of N requests started together (prompts cycling), and their latency percentiles;
+* every output against the target alone's greedy output (asked of the simulator through the SDK).
+
+    python benchmarks/concurrency.py                       # 16 requests, lan, fixed 5 tokens per round
+    python benchmarks/concurrency.py --requests 32 --policy adaptive --drafter auto
+    python benchmarks/concurrency.py --server               # simulator as a separate HTTP process
+
+Bounded: --timeout seconds overall (default 120). Exit code 1 if the ratio exceeds --max-ratio (2.0),
+an output differs from the target's, or a request fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+
+import httpx2
+
+from specapi import AsyncSpeculativeOpenAI, Endpoint
+from specapi.sim import simulated_endpoints
+
+PROMPTS = [
+    '    def __init__(self,\n                 width=70,\n                 initial_indent="",',
+    'def fnmatch(name, pat):\n    """Test whether FILENAME matches PATTERN.',
+    'def glob(pathname, *, root_dir=None, dir_fd=None, recursive=False,\n        include_hidden=False):\n    """Return a list of paths matching a pathname pattern.',
+    'def abstractmethod(funcobj):\n    """A decorator indicating abstract methods.',
+]
+
+
+def _arguments() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--requests", type=int, default=16, help="requests started together (default 16)")
+    parser.add_argument("--latency", default="lan", choices=["lan", "hosted", "instant"])
+    parser.add_argument("--profile", default="vllm", choices=["vllm", "openai", "llamacpp"])
+    parser.add_argument("--max-tokens", type=int, default=60)
+    parser.add_argument("--policy", default="fixed", choices=["fixed", "adaptive"])
+    parser.add_argument("--drafter", default="model", choices=["model", "auto", "lookup"])
+    parser.add_argument("--num-speculative-tokens", type=int, default=5)
+    parser.add_argument("--max-ratio", type=float, default=2.0)
+    parser.add_argument("--timeout", type=float, default=120.0)
+    parser.add_argument("--server", action="store_true", help="run the simulator as a separate HTTP process (specapi simulate)")
+    return parser.parse_args()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextlib.contextmanager
+def _simulator_process(args: argparse.Namespace) -> Iterator[str]:
+    """`specapi simulate` on a free loopback port; yields its base URL and stops it afterwards."""
+    port = _free_port()
+    command = [sys.executable, "-c", "from specapi.cli import cli; cli()", "simulate", "--port", str(port)]
+    command += ["--profile", args.profile, "--latency", args.latency, "--log-level", "warning"]
+    log = tempfile.TemporaryFile(mode="w+")
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log)
+    base_url = f"http://127.0.0.1:{port}/v1"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                httpx2.get(f"{base_url}/models", timeout=1.0)
+                break
+            except httpx2.HTTPError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("the simulator did not start") from None
+                time.sleep(0.1)
+        yield base_url
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        log.seek(0)
+        text = log.read()
+        log.close()
+        count = text.count("Exception in ASGI application")
+        if count:
+            skip = ("Traceback", "ERROR", "During handling", "The above", "Exception in ASGI", "INFO", "WARNING")
+            kinds = sorted({line.strip() for line in text.splitlines() if line and not line[0].isspace() and not line.startswith(skip)})
+            print(f"note: the simulator server logged {count} exception(s) in its ASGI app: {', '.join(kinds[:3])}")
+
+
+def _endpoints(args: argparse.Namespace, base_url: str | None) -> tuple[Endpoint, Endpoint]:
+    if base_url is None:
+        return simulated_endpoints(profile=args.profile, latency=args.latency)
+    limits = httpx2.Limits(max_connections=4 * args.requests, max_keepalive_connections=4 * args.requests)
+    return tuple(  # type: ignore[return-value]
+        Endpoint(model=m, base_url=base_url, api_key="sim", http_client=httpx2.AsyncClient(limits=limits, timeout=60.0), max_logprobs=20)
+        for m in ("sim-target", "sim-draft")
+    )
+
+
+async def _one(client: AsyncSpeculativeOpenAI, prompt: str, max_tokens: int) -> tuple[float, str, object]:
+    started = time.perf_counter()
+    response = await client.completions.create(prompt=prompt, max_tokens=max_tokens, temperature=0)
+    return time.perf_counter() - started, response.choices[0].text, response.speculative
+
+
+async def _main(args: argparse.Namespace, base_url: str | None) -> int:
+    target, draft = _endpoints(args, base_url)
+    client = AsyncSpeculativeOpenAI(
+        target=target, draft=draft, policy=args.policy, drafter=args.drafter, num_speculative_tokens=args.num_speculative_tokens
+    )
+    sdk = target.build_client()
+    try:
+        references = {}
+        for prompt in PROMPTS:  # the target's own greedy output, one call each
+            response = await sdk.completions.create(model=target.model, prompt=prompt, max_tokens=args.max_tokens, temperature=0)
+            references[prompt] = response.choices[0].text
+        await _one(client, PROMPTS[0], args.max_tokens)  # warm-up: probe, connections, policy
+
+        single = [await _one(client, prompt, args.max_tokens) for prompt in PROMPTS]
+        one_s = statistics.fmean(wall for wall, _, _ in single)
+
+        prompts = [PROMPTS[i % len(PROMPTS)] for i in range(args.requests)]
+        started = time.perf_counter()
+        results = await asyncio.gather(*(_one(client, p, args.max_tokens) for p in prompts), return_exceptions=True)
+        together_s = time.perf_counter() - started
+    finally:
+        await client.close()
+        await sdk.close()
+        for endpoint in (target, draft):
+            await endpoint.http_client.aclose()
+
+    failures = [r for r in results if isinstance(r, BaseException)]
+    ok = [(p, r) for p, r in zip(prompts, results) if not isinstance(r, BaseException)]
+    mismatches = [i for i, (p, (_, text, _)) in enumerate(ok) if text != references[p]]
+    single_mismatches = [i for i, (p, (_, text, _)) in enumerate(zip(PROMPTS, single)) if text != references[p]]
+    latencies = sorted(wall for _, (wall, _, _) in ok)
+    rounds = [stats.num_rounds for _, (_, _, stats) in ok]  # type: ignore[attr-defined]
+    ratio = together_s / one_s
+    where = "in-process" if base_url is None else f"separate process at {base_url}"
+    print(f"simulator {where}; profile {args.profile}, latency {args.latency}, policy {args.policy}, drafter {args.drafter}, K {args.num_speculative_tokens}, {args.max_tokens} tokens")
+    print(f"one request alone:       {one_s:.3f} s (mean of {len(PROMPTS)}, one after another)")
+    print(f"{args.requests} requests together:   {together_s:.3f} s wall  -> ratio {ratio:.2f}x (limit {args.max_ratio:.1f}x)")
+    if latencies:
+        p50 = latencies[len(latencies) // 2]
+        p95 = latencies[min(len(latencies) - 1, int(0.95 * len(latencies)))]
+        print(f"per-request latency:     p50 {p50:.3f} s, p95 {p95:.3f} s, max {latencies[-1]:.3f} s; rounds per request {statistics.fmean(rounds):.1f}")
+    print(f"outputs identical to the target alone's: {len(ok) - len(mismatches)}/{len(ok)} together, {len(single) - len(single_mismatches)}/{len(single)} alone")
+    print(f"failed requests: {len(failures)}" + (f" (first: {failures[0]!r})" if failures else ""))
+    passed = ratio <= args.max_ratio and not mismatches and not single_mismatches and not failures
+    print("PASS" if passed else "FAIL")
+    return 0 if passed else 1
+
+
+def main() -> int:
+    args = _arguments()
+    try:
+        if not args.server:
+            return asyncio.run(asyncio.wait_for(_main(args, None), timeout=args.timeout))
+        with _simulator_process(args) as base_url:
+            return asyncio.run(asyncio.wait_for(_main(args, base_url), timeout=args.timeout))
+    except asyncio.TimeoutError:
+        print(f"FAIL: did not finish within {args.timeout:.0f} s")
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,291 @@
+"""Load test of `specapi serve`: N concurrent streaming requests through the proxy, all on loopback.
+
+Starts the simulated provider (`specapi.sim`, target "sim-target" and draft "sim-draft", with a latency
+profile) and the proxy (`specapi serve`, the real CLI) as two subprocesses on 127.0.0.1, then fires the
+requests with the official openai SDK and checks every output against the target's own greedy output
+(asked of the simulator directly, once per prompt). Prints wall time, latency and time-to-first-token
+percentiles, errors, mismatches, and the same load sent to the target alone for comparison.
+
+    python benchmarks/proxy_load.py                  # 100 concurrent streams, "lan" latency
+    python benchmarks/proxy_load.py --requests 200 --concurrency 50 --latency hosted --max-tokens 96
+
+Bounded: at most --requests requests, --timeout seconds overall; loopback only. Exit code 1 if any request
+failed or differed from the target's output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import httpx2
+import openai
+
+PROXY_KEY = "sk-bench-proxy"
+UPSTREAM_KEY = "sk-bench-upstream"
+
+PROMPTS = [
+    "def __init__(self, *args, **kwargs):\n",
+    "import os\nimport sys\n\n\ndef main():\n",
+    "class Counter(dict):\n    '''Dict subclass for counting hashable items.\n",
+    "    def __repr__(self):\n        return",
+    "for i in range(len(items)):\n",
+    "The with statement is used to wrap the execution of a block",
+    "An object is hashable if it has a hash value which never changes",
+    "Exceptions can be raised with the raise statement",
+    "    if not isinstance(other, ",
+    "try:\n    import _thread\nexcept ImportError:\n",
+]
+
+
+@dataclass
+class Outcome:
+    ok: bool
+    latency_s: float
+    ttft_s: float | None = None
+    tokens: int = 0
+    error: str | None = None
+    exact: bool = True
+    speculative: dict = field(default_factory=dict)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _wait_healthy(url: str, process: subprocess.Popen, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{url} exited with {process.returncode}")
+        with contextlib.suppress(httpx2.TransportError):
+            if httpx2.get(url, timeout=2).status_code < 500:
+                return
+        time.sleep(0.1)
+    raise RuntimeError(f"{url} did not come up")
+
+
+@contextlib.contextmanager
+def _process(args: list[str], env: dict[str, str], health_url: str, name: str) -> Iterator[subprocess.Popen]:
+    """A server subprocess, logging to a temporary file (a pipe nobody reads would fill up and block it)."""
+    with tempfile.TemporaryFile("w+") as log:
+        process = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=log, text=True)
+        try:
+            _wait_healthy(health_url, process)
+            yield process
+        finally:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+            log.seek(0)
+            lines = log.read().splitlines()
+            problems = [line for line in lines if "Error" in line or "error" in line or "Exception" in line]
+            if problems:
+                print(f"  {name} log: {len(lines)} lines, {len(problems)} mentioning errors; last: {problems[-1][:160]}")
+
+
+def _cpu_seconds(process: subprocess.Popen) -> float | None:
+    """CPU time (user + system) a child process has used so far (Linux; None elsewhere)."""
+    try:
+        with open(f"/proc/{process.pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _requests(args: argparse.Namespace) -> list[tuple[str, str]]:
+    kinds = ["completions", "chat"] if args.kind == "mixed" else [args.kind]
+    return [(kinds[i % len(kinds)], PROMPTS[i % len(PROMPTS)]) for i in range(args.requests)]
+
+
+async def _one(client: openai.AsyncOpenAI, model: str, kind: str, prompt: str, args: argparse.Namespace, expected: str | None) -> Outcome:
+    started = time.perf_counter()
+    ttft = None
+    parts: list[str] = []
+    speculative: dict = {}
+    try:
+        if kind == "chat":
+            stream = await client.chat.completions.create(
+                model=model, messages=[{"role": "user", "content": prompt}], max_tokens=args.max_tokens, temperature=0, stream=True
+            )
+        else:
+            stream = await client.completions.create(model=model, prompt=prompt, max_tokens=args.max_tokens, temperature=0, stream=True)
+        async for chunk in stream:
+            piece = (chunk.choices[0].delta.content if kind == "chat" else chunk.choices[0].text) if chunk.choices else None
+            if piece:
+                ttft = ttft if ttft is not None else time.perf_counter() - started
+                parts.append(piece)
+            speculative = (chunk.model_extra or {}).get("speculative", speculative)
+    except Exception as exc:  # counted and reported, not raised: a load test reports every failure
+        return Outcome(ok=False, latency_s=time.perf_counter() - started, error=f"{type(exc).__name__}: {exc}")
+    text = "".join(parts)
+    return Outcome(
+        ok=True, latency_s=time.perf_counter() - started, ttft_s=ttft, tokens=speculative.get("generated_tokens", 0),
+        exact=expected is None or text == expected, speculative=speculative,
+    )
+
+
+async def _load(base_url: str, api_key: str, model: str, work: list[tuple[str, str]], args: argparse.Namespace,
+                expected: dict[tuple[str, str], str] | None) -> tuple[float, list[Outcome]]:
+    limits = httpx2.Limits(max_connections=args.concurrency + 10, max_keepalive_connections=args.concurrency + 10)
+    gate = asyncio.Semaphore(args.concurrency)
+    async with httpx2.AsyncClient(limits=limits, timeout=args.timeout) as http, \
+            openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0, http_client=http) as client:
+
+        async def run(kind: str, prompt: str) -> Outcome:
+            async with gate:
+                return await _one(client, model, kind, prompt, args, expected.get((kind, prompt)) if expected else None)
+
+        started = time.perf_counter()
+        tasks = [asyncio.ensure_future(run(k, p)) for k, p in work]
+        _, pending = await asyncio.wait(tasks, timeout=args.timeout)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        wall = time.perf_counter() - started
+        timed_out = Outcome(ok=False, latency_s=wall, error=f"not finished within --timeout {args.timeout:g} s")
+        return wall, [timed_out if t in pending else t.result() for t in tasks]
+
+
+async def _references(base_url: str, work: list[tuple[str, str]], args: argparse.Namespace) -> dict[tuple[str, str], str]:
+    """The target's own greedy output for each distinct request, asked of the simulator directly."""
+    expected: dict[tuple[str, str], str] = {}
+    async with openai.AsyncOpenAI(base_url=base_url, api_key=UPSTREAM_KEY, max_retries=0) as sim:
+        for kind, prompt in sorted(set(work)):
+            if kind == "chat":
+                r = await sim.chat.completions.create(model="sim-target", messages=[{"role": "user", "content": prompt}], max_tokens=args.max_tokens, temperature=0)
+                expected[(kind, prompt)] = r.choices[0].message.content or ""
+            else:
+                r = await sim.completions.create(model="sim-target", prompt=prompt, max_tokens=args.max_tokens, temperature=0)
+                expected[(kind, prompt)] = r.choices[0].text
+    return expected
+
+
+def _pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+def _report(title: str, wall: float, outcomes: list[Outcome]) -> dict:
+    ok = [o for o in outcomes if o.ok]
+    latencies = [o.latency_s for o in ok]
+    ttfts = [o.ttft_s for o in ok if o.ttft_s is not None]
+    tokens = sum(o.tokens for o in ok)
+    summary = {
+        "requests": len(outcomes),
+        "errors": len(outcomes) - len(ok),
+        "mismatches": sum(not o.exact for o in ok),
+        "wall_s": round(wall, 3),
+        "requests_per_s": round(len(ok) / wall, 2) if wall else None,
+        "latency_p50_s": round(_pct(latencies, 0.50), 3),
+        "latency_p95_s": round(_pct(latencies, 0.95), 3),
+        "latency_max_s": round(max(latencies), 3) if latencies else None,
+        "ttft_p50_s": round(_pct(ttfts, 0.50), 3),
+        "ttft_p95_s": round(_pct(ttfts, 0.95), 3),
+    }
+    spec = [o.speculative for o in ok if o.speculative]
+    if spec:
+        drafted = sum(s.get("drafted_tokens", 0) for s in spec)
+        accepted = sum(s.get("accepted_tokens", 0) for s in spec)
+        summary["generated_tokens"] = tokens
+        summary["speculated_requests"] = sum(bool(s.get("speculated")) for s in spec)
+        summary["acceptance_rate"] = round(accepted / drafted, 3) if drafted else 0.0
+        summary["target_requests_per_response"] = round(statistics.mean(s["target"]["requests"] for s in spec), 2)
+    print(f"\n== {title}")
+    width = max(map(len, summary))
+    for key, value in summary.items():
+        print(f"  {key:<{width}}  {value}")
+    for o in [o for o in outcomes if not o.ok][:5]:
+        print(f"  error: {o.error}")
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=100)
+    parser.add_argument("--concurrency", type=int, default=100)
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--kind", choices=["completions", "chat", "mixed"], default="mixed")
+    parser.add_argument("--latency", default="lan", help="simulator latency profile: lan, hosted, instant")
+    parser.add_argument("--policy", default="fixed", help="the proxy's draft-length policy: fixed (speculate every round) or adaptive")
+    parser.add_argument("--drafter", default="auto", help="the proxy's drafter: auto (prompt lookup or the draft model), model, lookup")
+    parser.add_argument("--num-speculative-tokens", type=int, default=4)
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds for each whole load run")
+    parser.add_argument("--no-direct", action="store_true", help="skip the target-alone comparison run")
+    parser.add_argument("--json", action="store_true", help="also print the summaries as JSON")
+    args = parser.parse_args(argv)
+    if not 1 <= args.requests <= 10_000 or not 1 <= args.concurrency <= 1_000:
+        parser.error("--requests must be in 1..10000 and --concurrency in 1..1000")
+
+    sim_port, proxy_port = _free_port(), _free_port()
+    sim_url, proxy_url = f"http://127.0.0.1:{sim_port}", f"http://127.0.0.1:{proxy_port}"
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    sim_cmd = [sys.executable, "-c",
+               f"from specapi.sim import run_server; run_server(host='127.0.0.1', port={sim_port}, latency={args.latency!r}, log_level='warning')"]
+    proxy_env = {
+        **env,
+        "SPECAPI_TARGET_BASE_URL": sim_url + "/v1", "SPECAPI_TARGET_MODEL": "sim-target", "SPECAPI_TARGET_API_KEY": UPSTREAM_KEY,
+        "SPECAPI_DRAFT_BASE_URL": sim_url + "/v1", "SPECAPI_DRAFT_MODEL": "sim-draft", "SPECAPI_DRAFT_API_KEY": UPSTREAM_KEY,
+        "SPECAPI_API_KEY": PROXY_KEY, "SPECAPI_HOST": "127.0.0.1", "SPECAPI_PORT": str(proxy_port),
+        "SPECAPI_NUM_SPECULATIVE_TOKENS": str(args.num_speculative_tokens), "SPECAPI_POLICY": args.policy, "SPECAPI_DRAFTER": args.drafter,
+        "SPECAPI_LOG_LEVEL": "warning",
+    }
+    proxy_cmd = [sys.executable, "-c", "from specapi.cli import cli; cli()", "serve"]
+    work = _requests(args)
+    print(f"{args.requests} streaming requests ({args.kind}), concurrency {args.concurrency}, max_tokens {args.max_tokens}, "
+          f"simulator latency '{args.latency}', policy {args.policy}, drafter {args.drafter}, k={args.num_speculative_tokens}; "
+          f"{os.cpu_count()} CPUs, all on 127.0.0.1")
+
+    summaries: dict[str, dict] = {}
+    with _process(sim_cmd, env, sim_url + "/v1/models", "simulator") as sim:
+        expected = asyncio.run(_references(sim_url + "/v1", work, args))
+        with _process(proxy_cmd, proxy_env, proxy_url + "/health", "proxy") as proxy:
+            # One request first, so that the proxy's one-time capability probe is not part of the load.
+            asyncio.run(_load(proxy_url + "/v1", PROXY_KEY, "sim-target", work[:2], args, expected))
+            cpu_before = (_cpu_seconds(sim), _cpu_seconds(proxy))
+            wall, outcomes = asyncio.run(_load(proxy_url + "/v1", PROXY_KEY, "sim-target", work, args, expected))
+            cpu_after = (_cpu_seconds(sim), _cpu_seconds(proxy))
+            summaries["proxy"] = _report("through the speculative proxy", wall, outcomes)
+            if None not in cpu_before + cpu_after:
+                summaries["proxy"]["cpu_s_simulator"] = round(cpu_after[0] - cpu_before[0], 2)
+                summaries["proxy"]["cpu_s_proxy"] = round(cpu_after[1] - cpu_before[1], 2)
+                print(f"  CPU seconds during the run: simulator {summaries['proxy']['cpu_s_simulator']}, "
+                      f"proxy {summaries['proxy']['cpu_s_proxy']}")
+            metrics = httpx2.get(proxy_url + "/metrics").text
+            in_flight = [line for line in metrics.splitlines() if line.startswith("specapi_in_flight_requests ")]
+            print(f"  proxy metrics after the run: {in_flight[0] if in_flight else '?'}")
+        if not args.no_direct:
+            cpu_before_direct = _cpu_seconds(sim)
+            wall, outcomes = asyncio.run(_load(sim_url + "/v1", UPSTREAM_KEY, "sim-target", work, args, expected))
+            summaries["direct"] = _report("target alone (same load, straight to the simulator)", wall, outcomes)
+            if cpu_before_direct is not None and _cpu_seconds(sim) is not None:
+                summaries["direct"]["cpu_s_simulator"] = round(_cpu_seconds(sim) - cpu_before_direct, 2)
+                print(f"  CPU seconds during the run: simulator {summaries['direct']['cpu_s_simulator']}")
+    if args.json:
+        print(json.dumps(summaries, indent=2))
+    failed = summaries["proxy"]["errors"] or summaries["proxy"]["mismatches"]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

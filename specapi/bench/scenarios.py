@@ -1,0 +1,363 @@
+"""Bench scenarios: which endpoints, which client options, which requests. Immutable data.
+
+A `Scenario` names a simulated pair (``SimSetup``: server flavour, latency profile, seed) or real
+endpoints (set by the command), the speculative client's options, and the requests to send. The
+built-in scenarios (``SCENARIOS``; ``DEFAULT_SCENARIOS`` run when none is named) cover where speculation
+wins and where it loses:
+
+* ``lan-code``: a vLLM-like pair on a LAN, greedy code completion, fixed draft length, sequential rounds;
+* ``hosted-fixed``: an OpenAI-like hosted pair (gpt-4o-like prices), fixed draft length: it loses;
+* ``hosted-adaptive``: the default client on the same pair after three warm-up requests: the adaptive
+  policy should notice and let the target generate alone;
+* ``lookup-edit``: no draft model, prompt lookup on an editing task (the answer repeats the prompt);
+* ``lan-adaptive``: the LAN pair with the adaptive policy and pipelined drafting;
+* ``token-boundary`` (not run by default): an exactness check on prompts whose last token can merge
+  with the answer's first.
+
+The code prompts are Python standard-library code, which is also what the simulated models were
+trained on (``specapi.sim.corpus``): there the draft and the target agree often, as a small and a large
+code model do on boilerplate.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "BenchRequest",
+    "DEFAULT_SCENARIOS",
+    "SCENARIOS",
+    "Scenario",
+    "SimSetup",
+    "get_scenario",
+    "load_prompts",
+    "quick",
+    "with_requests",
+]
+
+
+@dataclass(frozen=True)
+class BenchRequest:
+    """One request: a completions ``prompt`` or chat ``messages`` (exactly one of them)."""
+
+    prompt: str | None = None
+    messages: tuple[Mapping[str, Any], ...] | None = None
+    label: str = ""
+
+    def __post_init__(self) -> None:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("a bench request needs exactly one of prompt and messages")
+
+    @property
+    def is_chat(self) -> bool:
+        return self.messages is not None
+
+    def short(self, width: int = 40) -> str:
+        """A one-line preview for tables and plots."""
+        text = self.label or (self.prompt if self.prompt is not None else str((self.messages or [{}])[-1].get("content", "")))
+        text = " ".join(text.split())
+        return text if len(text) <= width else text[: width - 1] + "…"
+
+
+@dataclass(frozen=True)
+class SimSetup:
+    """A simulated pair: ``specapi.sim.simulated_endpoints(profile=..., latency=..., seed=...)``."""
+
+    profile: str = "vllm"
+    latency: str = "lan"
+    seed: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Scenario:
+    """A named comparison of speculation with the target alone.
+
+    ``client`` holds keyword arguments for ``AsyncSpeculativeOpenAI`` (policy, drafter, pipeline,
+    num_speculative_tokens, verification); ``use_draft`` False drops the draft endpoint (prompt lookup
+    only). ``warmup`` requests go through the speculative client before measuring (not counted): they
+    open connections and run the capability probe; ``warmup_max_tokens`` (None: ``max_tokens``) keeps
+    them short, except where an adaptive policy must learn from whole requests. ``aim`` is the speedup
+    the scenario is expected to reach (or stay below, with ``aim_below``), shown next to the result.
+    """
+
+    name: str
+    description: str
+    requests: tuple[BenchRequest, ...]
+    sim: SimSetup | None = SimSetup()
+    client: Mapping[str, Any] = field(default_factory=dict)
+    use_draft: bool = True
+    max_tokens: int = 60
+    temperature: float = 0.0
+    seed: int | None = None
+    warmup: int = 1
+    warmup_max_tokens: int | None = 4
+    concurrency: int = 1
+    aim: float | None = None
+    aim_below: bool = False
+    note: str = ""
+
+    @property
+    def draft_length(self) -> int:
+        return int(self.client.get("num_speculative_tokens", 4))
+
+    @property
+    def policy(self) -> str:
+        policy = self.client.get("policy", "adaptive")
+        return policy if isinstance(policy, str) else getattr(policy, "name", type(policy).__name__)
+
+    @property
+    def drafter(self) -> str:
+        drafter = self.client.get("drafter", "auto")
+        return drafter if isinstance(drafter, str) else getattr(drafter, "name", type(drafter).__name__)
+
+    @property
+    def pipeline(self) -> bool:
+        return bool(self.client.get("pipeline", True))
+
+    def settings(self) -> dict[str, Any]:
+        """What was run, for the JSON report."""
+        settings: dict[str, Any] = {
+            "policy": self.policy,
+            "drafter": self.drafter if self.use_draft else f"{self.drafter} (no draft model)",
+            "pipeline": self.pipeline,
+            "num_speculative_tokens": self.draft_length,
+            "verification": self.client.get("verification", "auto"),
+            "max_tokens": self.max_tokens,
+            "temperature": self.temperature,
+            "requests": len(self.requests),
+            "warmup_requests": self.warmup,
+            "warmup_max_tokens": self.warmup_max_tokens or self.max_tokens,
+            "concurrency": self.concurrency,
+        }
+        if self.sim is not None:
+            settings["simulator"] = {"profile": self.sim.profile, "latency": self.sim.latency, "seed": self.sim.seed}
+        return settings
+
+
+# -- prompts ------------------------------------------------------------------------------------
+
+_CODE_PROMPTS = (
+    BenchRequest(
+        prompt='    def __init__(self,\n                 width=70,\n                 initial_indent="",',
+        label="textwrap.TextWrapper.__init__",
+    ),
+    BenchRequest(prompt='def fnmatch(name, pat):\n    """Test whether FILENAME matches PATTERN.', label="fnmatch.fnmatch"),
+    BenchRequest(
+        prompt=(
+            "def glob(pathname, *, root_dir=None, dir_fd=None, recursive=False,\n        include_hidden=False):\n"
+            '    """Return a list of paths matching a pathname pattern.'
+        ),
+        label="glob.glob",
+    ),
+    BenchRequest(prompt='def abstractmethod(funcobj):\n    """A decorator indicating abstract methods.', label="abc.abstractmethod"),
+)
+
+_INDENT_SOURCE = '''def indent(text, prefix, predicate=None):
+    """Adds 'prefix' to the beginning of selected lines in 'text'.
+
+    If 'predicate' is provided, 'prefix' will only be added to the lines
+    where 'predicate(line)' is True. If 'predicate' is not provided,
+    it will default to adding 'prefix' to all non-empty lines that do not
+    consist solely of whitespace characters.
+    """
+    if predicate is None:
+        def predicate(line):
+            return line.strip()
+
+    def prefixed_lines():
+        for line in text.splitlines(True):
+            yield (prefix + line if predicate(line) else line)
+    return ''.join(prefixed_lines())
+'''
+
+_FNMATCH_SOURCE = '''def filter(names, pat):
+    """Construct a list from those elements of the iterable NAMES that match PAT."""
+    result = []
+    pat = os.path.normcase(pat)
+    match = _compile_pattern(pat)
+    if os.path is posixpath:
+        # normcase on posix is NOP. Optimize it away from the loop.
+        for name in names:
+            if match(name):
+                result.append(name)
+    else:
+        for name in names:
+            if match(os.path.normcase(name)):
+                result.append(name)
+    return result
+'''
+
+def _edit_prompt(source: str, label: str) -> BenchRequest:
+    """Ask for a corrected copy of `source` (with a typo planted) and start the answer off.
+
+    The prompt ends inside the first line, right after a comma, so the answer continues with a token
+    that starts with a space (``" prefix"``) rather than one that could merge with the prompt's last token.
+    """
+    broken = source.replace("return", "retrun", 1)
+    first_line = source.split("\n", 1)[0]
+    start = first_line[: first_line.index(",") + 1]
+    return BenchRequest(prompt=f"Fix the typo in this function:\n\n{broken}\nFixed:\n\n{start}", label=f"edit {label}")
+
+
+_BOUNDARY_PROMPTS = (
+    BenchRequest(
+        prompt='def dedent(text):\n    """Remove any common leading whitespace from every line in `text`.\n',
+        label="ends with a newline",
+    ),
+    BenchRequest(
+        prompt=f"Fix the typo in this function:\n\n{_INDENT_SOURCE.replace('return', 'retrun', 1)}\nFixed:\n\n{_INDENT_SOURCE.split(chr(10))[0]}",
+        label="edit, ends with a colon",
+    ),
+)
+
+_EDIT_PROMPTS = (
+    _edit_prompt(_INDENT_SOURCE, "textwrap.indent"),
+    _edit_prompt(_FNMATCH_SOURCE, "fnmatch.filter"),
+)
+
+
+def load_prompts(path: str | Path) -> tuple[BenchRequest, ...]:
+    """Requests from a JSON-lines file: each line ``{"prompt": "..."}`` or ``{"messages": [...]}``.
+
+    Blank lines are skipped. Raises ValueError naming the line of anything else.
+    """
+    requests = []
+    for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}:{number}: not JSON ({exc.msg})") from None
+        if isinstance(item, Mapping) and isinstance(item.get("prompt"), str):
+            requests.append(BenchRequest(prompt=item["prompt"], label=str(item.get("label", ""))))
+        elif isinstance(item, Mapping) and isinstance(item.get("messages"), list) and item["messages"]:
+            messages = item["messages"]
+            if not all(isinstance(m, Mapping) and "role" in m for m in messages):
+                raise ValueError(f"{path}:{number}: each message needs a 'role'")
+            requests.append(BenchRequest(messages=tuple(dict(m) for m in messages), label=str(item.get("label", ""))))
+        else:
+            raise ValueError(f'{path}:{number}: expected {{"prompt": "..."}} or {{"messages": [...]}}')
+    if not requests:
+        raise ValueError(f"{path}: no prompts")
+    return tuple(requests)
+
+
+# -- the scenarios ------------------------------------------------------------------------------
+
+_BUILT_IN = (
+    Scenario(
+        name="lan-code",
+        description=(
+            "vLLM-like pair on a LAN (target 30 ms to first token + 25 ms/token, draft 4 ms + 4 ms/token), "
+            "greedy code completion of 60 tokens, draft model, fixed 5 tokens per round, no pipelining"
+        ),
+        requests=_CODE_PROMPTS,
+        sim=SimSetup(profile="vllm", latency="lan"),
+        client={"policy": "fixed", "num_speculative_tokens": 5, "drafter": "model", "pipeline": False},
+        max_tokens=60,
+        aim=1.6,
+    ),
+    Scenario(
+        name="hosted-fixed",
+        description=(
+            "OpenAI-like hosted pair (target 400 ms to first token + 12 ms/token at gpt-4o prices, draft 300 ms + "
+            "8 ms/token at gpt-4o-mini prices), greedy code completion of 12 tokens, draft model, fixed 4 tokens per round"
+        ),
+        requests=_CODE_PROMPTS[1:3],
+        sim=SimSetup(profile="openai", latency="hosted"),
+        client={"policy": "fixed", "num_speculative_tokens": 4, "drafter": "model", "pipeline": False},
+        max_tokens=12,
+        aim=1.0,
+        aim_below=True,
+    ),
+    Scenario(
+        name="hosted-adaptive",
+        description=(
+            "the same hosted pair with the default client (adaptive policy, auto drafter, pipelining), "
+            "measured after three warm-up requests"
+        ),
+        requests=_CODE_PROMPTS,
+        sim=SimSetup(profile="openai", latency="hosted"),
+        client={},
+        max_tokens=12,
+        warmup=3,
+        warmup_max_tokens=None,
+        aim=0.85,
+    ),
+    Scenario(
+        name="lookup-edit",
+        description=(
+            "no draft model: prompt lookup on an editing task (fix a typo in a function: the answer repeats "
+            "the prompt), LAN vLLM-like target, 80 tokens, 10 tokens per round"
+        ),
+        requests=_EDIT_PROMPTS,
+        sim=SimSetup(profile="vllm", latency="lan"),
+        client={"policy": "fixed", "num_speculative_tokens": 10, "drafter": "lookup"},
+        use_draft=False,
+        max_tokens=80,
+        aim=2.0,
+    ),
+    Scenario(
+        name="lan-adaptive",
+        description=(
+            "the LAN pair with the adaptive draft length and pipelined drafting (draft model), "
+            "measured after three warm-up requests"
+        ),
+        sim=SimSetup(profile="vllm", latency="lan"),
+        client={"policy": "adaptive", "drafter": "model", "pipeline": True},
+        requests=_CODE_PROMPTS[:3],
+        max_tokens=60,
+        warmup=3,
+        warmup_max_tokens=None,
+        aim=2.0,
+    ),
+    Scenario(
+        name="token-boundary",
+        description=(
+            "an exactness check, not a speed one: prompts whose last token can merge with the answer's first "
+            "(a trailing newline, a trailing colon), default drafter, LAN vLLM-like pair, fixed 5 tokens per round"
+        ),
+        requests=_BOUNDARY_PROMPTS,
+        sim=SimSetup(profile="vllm", latency="lan"),
+        client={"policy": "fixed", "num_speculative_tokens": 5},
+        max_tokens=40,
+    ),
+)
+
+SCENARIOS: Mapping[str, Scenario] = {s.name: s for s in _BUILT_IN}
+
+DEFAULT_SCENARIOS: tuple[str, ...] = ("lan-code", "hosted-fixed", "hosted-adaptive", "lookup-edit", "lan-adaptive")
+
+
+def get_scenario(name: str) -> Scenario:
+    try:
+        return SCENARIOS[name]
+    except KeyError:
+        raise KeyError(f"unknown scenario {name!r}; known: {', '.join(SCENARIOS)}") from None
+
+
+def quick(scenario: Scenario, *, requests: int = 2, max_tokens: int = 12) -> Scenario:
+    """A fast variant for tests: no simulated latency, fewer and shorter requests, one warm-up."""
+    sim = replace(scenario.sim, latency="instant") if scenario.sim is not None else None
+    return replace(
+        scenario,
+        sim=sim,
+        requests=tuple(scenario.requests[:requests]),
+        max_tokens=min(scenario.max_tokens, max_tokens),
+        warmup=min(scenario.warmup, 1),
+        aim=None,
+    )
+
+
+def with_requests(requests: Sequence[BenchRequest], count: int | None) -> tuple[BenchRequest, ...]:
+    """`count` requests cycling through `requests` (all of them once when count is None)."""
+    if count is None:
+        return tuple(requests)
+    if count < 1:
+        raise ValueError("need at least one request")
+    return tuple(requests[i % len(requests)] for i in range(count))

@@ -1,0 +1,394 @@
+"""From measurements to the report: per-side figures, the prediction beside the result, the explanation.
+
+`summarize(run)` returns the JSON-ready dict of one scenario (the shape other tools read, see
+`REQUIRED_KEYS`); `report(runs)` wraps several. Money stays `Decimal` until it is written as a string.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from decimal import Decimal
+from typing import Any
+
+from ..stats import RoleUsage, RoundRecord
+from . import predict as arithmetic
+from .explain import explain
+from .runner import Calibration, Sample, ScenarioRun
+
+__all__ = ["REQUIRED_KEYS", "SIDE_KEYS", "latency_model", "report", "side_summary", "summarize"]
+
+#: Keys every scenario object carries (other tools rely on them).
+REQUIRED_KEYS = (
+    "name",
+    "description",
+    "baseline",
+    "speculative",
+    "speedup",
+    "cost_ratio",
+    "acceptance_rate",
+    "acceptance_by_position",
+    "predicted_speedup",
+    "best_draft_length",
+    "break_even_acceptance",
+    "exact_outputs",
+    "explanation",
+)
+#: Keys of the `baseline` and `speculative` objects.
+SIDE_KEYS = ("wall_s", "tokens_per_s", "ttft_s", "cost_usd", "requests", "prompt_tokens", "completion_tokens")
+
+#: Achieved and predicted speedups further apart than this get their difference explained.
+PREDICTION_TOLERANCE = 0.15
+
+_MODEL_DRAFTER = "draft-model"
+
+
+def _mean(values: Iterable[float]) -> float | None:
+    values = list(values)
+    return statistics.fmean(values) if values else None
+
+
+def _round(value: float | None, digits: int = 6) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def _money(value: Decimal | None) -> str | None:
+    return None if value is None else str(value)
+
+
+def _total_cost(samples: Sequence[Sample]) -> Decimal | None:
+    total: Decimal | None = Decimal(0)
+    for s in samples:
+        for usage in (s.target, s.draft):
+            total = None if total is None or usage.cost_usd is None else total + usage.cost_usd
+    return total
+
+
+def _usage_dict(usage: RoleUsage) -> dict[str, Any]:
+    return {
+        "requests": usage.requests,
+        "failed_requests": usage.failed_requests,
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "cached_tokens": usage.cached_tokens,
+        "latency_s": round(usage.latency_s, 6),
+        "cost_usd": _money(usage.cost_usd),
+    }
+
+
+def side_summary(samples: Sequence[Sample]) -> dict[str, Any]:
+    """Figures of one side over its successful requests: means per request, totals billed."""
+    ok = [s for s in samples if s.error is None]
+    target = sum((s.target for s in ok), RoleUsage())
+    draft = sum((s.draft for s in ok), RoleUsage())
+    total_wall = sum(s.wall_s for s in ok)
+    generated = sum(s.generated_tokens for s in ok)
+    cost = _total_cost(ok)
+    return {
+        "requests": len(ok),
+        "failed": len(samples) - len(ok),
+        "wall_s": _round(_mean(s.wall_s for s in ok)),
+        "total_wall_s": round(total_wall, 6),
+        "ttft_s": _round(_mean(s.ttft_s for s in ok if s.ttft_s is not None)),
+        "tokens_per_s": round(generated / total_wall, 3) if total_wall > 0 else None,
+        "generated_tokens": generated,
+        "prompt_tokens": target.prompt_tokens + draft.prompt_tokens,
+        "completion_tokens": target.completion_tokens + draft.completion_tokens,
+        "http_requests": target.requests + draft.requests,
+        "cost_usd": _money(cost),
+        "cost_per_request_usd": _money(cost / len(ok)) if cost is not None and ok else None,
+        "by_role": {"target": _usage_dict(target), "draft": _usage_dict(draft)},
+    }
+
+
+def _acceptance_by_position(rounds: Sequence[RoundRecord]) -> list[float]:
+    """Per draft position: the fraction of rounds drafting it in which it was accepted."""
+    kept: list[int] = []
+    seen: list[int] = []
+    for r in rounds:
+        for i, ok in enumerate(r.accepted_by_position):
+            if i == len(seen):
+                kept.append(0)
+                seen.append(0)
+            seen[i] += 1
+            kept[i] += bool(ok)
+    return [k / n for k, n in zip(kept, seen)]
+
+
+def _is_model_draft(record: RoundRecord) -> bool:
+    return record.drafter.startswith(_MODEL_DRAFTER)
+
+
+def _is_pipelined(record: RoundRecord) -> bool:
+    return record.drafter.endswith("+pipelined")
+
+
+def _fit_if_varied(lengths: Sequence[int], latencies: Sequence[float]) -> tuple[float, float] | None:
+    """A least-squares line, only when at least two draft lengths were seen in three rounds or more each
+    (a few short last rounds of a fixed-length run would make the slope noise)."""
+    counts = Counter(lengths)
+    if sum(1 for n in counts.values() if n >= 3) < 2:
+        return None
+    return arithmetic.fit_line(lengths, latencies)
+
+
+def latency_model(
+    baseline: Sequence[Sample], rounds: Sequence[RoundRecord], calibration: Calibration | None
+) -> tuple[arithmetic.LatencyModel, dict[str, str]] | None:
+    """Fixed and per-token costs of each call, with where each figure came from; None without a baseline.
+
+    Target alone: per request, (last - first token) / (tokens - 1) per token, first token minus one
+    token fixed (medians). Draft: a least-squares fit over the sequential model-drafted rounds when
+    they drafted at least two lengths (three rounds each); otherwise the per-token cost of the two
+    calibration calls and the fixed cost from the rounds (a fixed draft length cannot separate them).
+    Verify: a fit against the draft length under the same condition, else the median verify call.
+    """
+    points = [s for s in baseline if s.error is None and s.ttft_s is not None and s.generated_tokens >= 2]
+    if not points:
+        return None
+    per_token = statistics.median((s.wall_s - s.ttft_s) / (s.generated_tokens - 1) for s in points)  # type: ignore[operator]
+    fixed = statistics.median(s.ttft_s - per_token for s in points)  # type: ignore[operator]
+    sources = {"target": f"median of {len(points)} target-alone requests (first token, then per token)"}
+
+    drafted = [r for r in rounds if _is_model_draft(r) and not _is_pipelined(r) and r.drafted > 0]
+    draft_fixed = draft_per_token = 0.0
+    fit = _fit_if_varied([r.drafted for r in drafted], [r.draft_latency_s for r in drafted])
+    if fit is not None:
+        draft_fixed, draft_per_token = fit
+        sources["draft"] = f"least squares over {len(drafted)} sequential draft calls"
+    elif calibration is not None:
+        draft_per_token = calibration.per_token_s
+        if drafted:
+            draft_fixed = max(0.0, statistics.median(r.draft_latency_s - r.drafted * draft_per_token for r in drafted))
+            sources["draft"] = (
+                f"per token from two draft calls timed alone ({calibration.short_tokens} and {calibration.long_tokens} tokens); "
+                f"fixed cost from {len(drafted)} sequential draft calls"
+            )
+        else:
+            draft_fixed = calibration.fixed_s
+            sources["draft"] = f"two draft calls timed alone ({calibration.short_tokens} and {calibration.long_tokens} tokens)"
+    elif drafted:
+        draft_fixed = statistics.median(r.draft_latency_s for r in drafted)
+        sources["draft"] = f"median of {len(drafted)} draft calls (one draft length: no per-token cost)"
+    else:
+        sources["draft"] = "no draft calls"
+
+    verified = [r for r in rounds if r.verify_latency_s > 0]
+    verify_fixed = verify_per_token = 0.0
+    if verified:
+        fit = _fit_if_varied([r.drafted for r in verified], [r.verify_latency_s for r in verified])
+        if fit is None:
+            verify_fixed = statistics.median(r.verify_latency_s for r in verified)
+            sources["verify"] = f"median of {len(verified)} verify calls"
+        else:
+            verify_fixed, verify_per_token = fit
+            sources["verify"] = f"least squares over {len(verified)} verify calls"
+    share = sum(1 for r in rounds if _is_model_draft(r)) / len(rounds) if rounds else 1.0
+    model = arithmetic.LatencyModel(
+        target_fixed_s=max(0.0, fixed),
+        target_per_token_s=max(0.0, per_token),
+        draft_fixed_s=draft_fixed,
+        draft_per_token_s=draft_per_token,
+        verify_fixed_s=verify_fixed,
+        verify_per_token_s=verify_per_token,
+        draft_share=share,
+    )
+    return model, sources
+
+
+def _first_difference(a: str, b: str) -> int:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return min(len(a), len(b))
+
+
+def _mismatches(run: ScenarioRun) -> list[dict[str, Any]]:
+    base = {s.index: s for s in run.baseline if s.error is None}
+    found = []
+    for spec in run.speculative:
+        other = base.get(spec.index)
+        if spec.error is not None or other is None or spec.text == other.text:
+            continue
+        at = _first_difference(other.text, spec.text)
+        found.append(
+            {
+                "request": spec.index,
+                "first_difference_at_char": at,
+                "target_alone": other.text[max(0, at - 20) : at + 40],
+                "speculative": spec.text[max(0, at - 20) : at + 40],
+            }
+        )
+    return found
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None or b <= 0:
+        return None
+    return a / b
+
+
+def summarize(run: ScenarioRun) -> dict[str, Any]:
+    """The JSON-ready report of one scenario."""
+    scenario = run.scenario
+    baseline = side_summary(run.baseline)
+    speculative = side_summary(run.speculative)
+    measured_rounds = [r for s in run.speculative if s.error is None for r in s.rounds]
+    warmup_rounds = [r for s in run.warmup if s.error is None for r in s.rounds]
+    rounds = measured_rounds or warmup_rounds
+    rounds_source = "measured requests" if measured_rounds else ("warm-up requests" if warmup_rounds else "none")
+
+    drafted = sum(r.drafted for r in measured_rounds)
+    acceptance_rate = sum(r.accepted for r in measured_rounds) / drafted if drafted else None
+    by_position = _acceptance_by_position(rounds)
+    conditional = arithmetic.conditional_acceptance([r.accepted_by_position for r in rounds])
+
+    speedup = _ratio(baseline["wall_s"], speculative["wall_s"])
+    base_cost = Decimal(baseline["cost_usd"]) if baseline["cost_usd"] is not None else None
+    spec_cost = Decimal(speculative["cost_usd"]) if speculative["cost_usd"] is not None else None
+    cost_ratio = float(spec_cost / base_cost) if base_cost and spec_cost is not None else None
+
+    generated = sum(s.generated_tokens for s in run.speculative if s.error is None)
+    from_rounds = sum(r.emitted for r in measured_rounds)
+    speculated_share = min(1.0, from_rounds / generated) if generated else 0.0
+    fallbacks = [
+        s.stats.fallback_reason
+        for s in run.speculative
+        if s.error is None and s.stats is not None and not s.stats.rounds and s.stats.fallback_reason
+    ]
+
+    overheads = [
+        (s.wall_s - sum(r.draft_latency_s + r.verify_latency_s for r in s.rounds)) / len(s.rounds)
+        for s in run.speculative
+        if s.error is None and s.rounds and sum(r.emitted for r in s.rounds) >= s.generated_tokens
+    ]
+    fitted = latency_model(run.baseline, rounds, run.calibration)
+    prediction: arithmetic.Prediction | None = None
+    predicted_speedup = None
+    pipelined = any(_is_pipelined(r) for r in rounds)
+    k_used = Counter(r.drafted for r in rounds).most_common(1)[0][0] if rounds else scenario.draft_length
+    n_tokens = _mean(s.generated_tokens for s in run.baseline if s.error is None) or float(scenario.max_tokens)
+    if fitted is not None and rounds and k_used > 0 and n_tokens > 0:
+        prediction = arithmetic.predict(fitted[0], conditional, k_used, n_tokens, pipelined=pipelined)
+        # Tokens the target generated alone (adaptive fallback) go at the target's own speed.
+        predicted_speedup = 1.0 / (speculated_share / prediction.speedup + (1.0 - speculated_share))
+    elif fitted is not None and not rounds:
+        predicted_speedup = 1.0  # nothing speculated: the target alone, through specapi
+
+    temperature_zero = scenario.temperature == 0.0
+    mismatches = _mismatches(run) if temperature_zero else []
+    compared = any(s.error is None for s in run.speculative) and any(s.error is None for s in run.baseline)
+    if temperature_zero:
+        exact = bool(compared) and not mismatches
+        exactness_check = "text compared with the target alone's (temperature 0)"
+    else:
+        exact = bool(compared) and all(s.stats is not None and s.stats.exact for s in run.speculative if s.error is None)
+        exactness_check = "the engine's exactness flag (sampled outputs differ from run to run by design)"
+    inexact = sorted({s.stats.exact_reason or "approximate" for s in run.speculative if s.stats is not None and not s.stats.exact})
+
+    per_request = []
+    base_by_index = {s.index: s for s in run.baseline}
+    for spec in run.speculative:
+        base = base_by_index.get(spec.index)
+        request = scenario.requests[spec.index] if spec.index < len(scenario.requests) else None
+        per_request.append(
+            {
+                "index": spec.index,
+                "label": request.short() if request else "",
+                "baseline_wall_s": _round(base.wall_s) if base else None,
+                "speculative_wall_s": _round(spec.wall_s),
+                "baseline_ttft_s": _round(base.ttft_s) if base else None,
+                "speculative_ttft_s": _round(spec.ttft_s),
+                "generated_tokens": spec.generated_tokens,
+                "rounds": len(spec.rounds),
+                "accepted_tokens": sum(r.accepted for r in spec.rounds),
+                "drafted_tokens": sum(r.drafted for r in spec.rounds),
+                "fallback_reason": spec.stats.fallback_reason if spec.stats else None,
+                "verification": spec.stats.verification if spec.stats else None,
+                "identical_output": (base.text == spec.text) if base and base.error is None and spec.error is None else None,
+                "errors": [e for e in (base.error if base else None, spec.error) if e],
+            }
+        )
+
+    aim = None
+    if scenario.aim is not None:
+        met = None if speedup is None else (speedup < scenario.aim if scenario.aim_below else speedup >= scenario.aim)
+        aim = {"speedup": scenario.aim, "below": scenario.aim_below, "met": met}
+
+    summary: dict[str, Any] = {
+        "name": scenario.name,
+        "description": scenario.description,
+        "settings": scenario.settings(),
+        "target": run.target_label,
+        "draft": run.draft_label,
+        "baseline": baseline,
+        "speculative": {
+            **speculative,
+            "rounds": len(measured_rounds),
+            "drafted_tokens": drafted,
+            "accepted_tokens": sum(r.accepted for r in measured_rounds),
+            "tokens_per_round": _round(from_rounds / len(measured_rounds), 4) if measured_rounds else None,
+            "speculated_share": round(speculated_share, 4),
+            "pipelined_rounds": sum(1 for r in measured_rounds if _is_pipelined(r)),
+            "overhead_per_round_s": _round(statistics.median(overheads)) if overheads else None,
+            "lookup_rounds": sum(1 for r in measured_rounds if not _is_model_draft(r)),
+            "verification": sorted({s.stats.verification for s in run.speculative if s.error is None and s.stats is not None and s.stats.rounds}),
+            "requests_served_by_target_alone": len(fallbacks),
+            "fallback_reasons": sorted(set(fallbacks)),
+        },
+        "speedup": _round(speedup, 4),
+        "ttft_speedup": _round(_ratio(baseline["ttft_s"], speculative["ttft_s"]), 4),
+        "cost_ratio": _round(cost_ratio, 4),
+        "billed_tokens_ratio": _round(
+            _ratio(speculative["prompt_tokens"] + speculative["completion_tokens"], baseline["prompt_tokens"] + baseline["completion_tokens"]), 4
+        ),
+        "acceptance_rate": _round(acceptance_rate, 4),
+        "acceptance_by_position": [round(a, 4) for a in by_position],
+        "conditional_acceptance": [round(a, 4) for a in conditional],
+        "acceptance_source": rounds_source,
+        "predicted_speedup": _round(predicted_speedup, 4),
+        "best_draft_length": prediction.best_draft_length if prediction else None,
+        "break_even_acceptance": _round(prediction.break_even_acceptance, 4) if prediction else None,
+        "prediction": prediction.to_dict() if prediction else None,
+        "latency_model": (
+            {
+                "target_fixed_s": round(fitted[0].target_fixed_s, 6),
+                "target_per_token_s": round(fitted[0].target_per_token_s, 6),
+                "draft_fixed_s": round(fitted[0].draft_fixed_s, 6),
+                "draft_per_token_s": round(fitted[0].draft_per_token_s, 6),
+                "verify_fixed_s": round(fitted[0].verify_fixed_s, 6),
+                "verify_per_token_s": round(fitted[0].verify_per_token_s, 6),
+                "draft_share": round(fitted[0].draft_share, 4),
+                "pipelined": pipelined,
+                "tokens": round(n_tokens, 2),
+                "sources": fitted[1],
+            }
+            if fitted
+            else None
+        ),
+        "prediction_gap": _round(speedup / predicted_speedup - 1.0, 4) if speedup and predicted_speedup else None,
+        "tokens_per_round": [r.emitted for r in measured_rounds],
+        "round_latencies_s": [[round(r.draft_latency_s, 6), round(r.verify_latency_s, 6)] for r in measured_rounds],
+        "exact_outputs": exact,
+        "exactness_check": exactness_check,
+        "mismatches": mismatches,
+        "engine_inexact_reasons": inexact,
+        "errors": [e for item in per_request for e in item["errors"]],
+        "aim": aim,
+        "requests": per_request,
+        "elapsed_s": round(run.elapsed_s, 3),
+    }
+    summary["explanation"] = explain(summary, note=scenario.note)
+    return summary
+
+
+def report(runs: Sequence[ScenarioRun], *, mode: str, version: str) -> dict[str, Any]:
+    """The whole bench report: ``{"specapi_version", "mode", "scenarios": [...]}``."""
+    scenarios = [summarize(run) for run in runs]
+    return {
+        "specapi_version": version,
+        "mode": mode,
+        "prediction_tolerance": PREDICTION_TOLERANCE,
+        "scenarios": scenarios,
+    }

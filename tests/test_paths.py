@@ -1,0 +1,332 @@
+"""Every endpoint, the best way: which verification path a request takes, and that its output is the target's.
+
+The simulator serves three server flavours in-process (llama.cpp-like, OpenAI-like, vLLM-like). For each,
+the path `auto` picks is checked, and greedy output is compared with the target alone (a direct SDK call
+to the same simulated provider). Sampling exactness of prefill fan-out is checked against the toy
+server's exact distributions (chi-square), with its request handling called in-process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+
+import httpx2
+import openai
+import pytest
+from scipy.stats import chisquare
+
+import specapi.probe
+from specapi import AsyncSpeculativeOpenAI, Endpoint
+from specapi.paths import VERIFICATIONS
+from specapi.sim import EOS_TOKEN, SimProvider, encode_text, simulated_endpoints
+from toyserver import DRAFT, TARGET, ToyServer
+
+COMPLETION_PROMPTS = [
+    "def fibonacci(n):\n",
+    "import os\nimport sys\n\n",
+    "class Stack:\n    def __init__(self):\n",
+    "The history of the",
+]
+CHAT_PROMPTS = [
+    "Write a Python function that returns the sum of a list.",
+    "List three colours.",
+    "Explain what a decorator is.",
+]
+MAX_TOKENS = 40
+
+
+@pytest.fixture(autouse=True)
+def fresh_probe_cache():
+    """Simulated endpoints of one flavour share a label: probe results must not leak between tests."""
+    specapi.probe._CACHE.clear()
+    yield
+    specapi.probe._CACHE.clear()
+
+
+def sim(profile: str) -> tuple[SimProvider, Endpoint, Endpoint]:
+    provider = SimProvider(capabilities=profile, latency="instant", seed=0)
+    target, draft = simulated_endpoints(provider=provider)
+    return provider, target, draft
+
+
+async def target_alone(provider: SimProvider, *, prompt: str | None = None, messages: list | None = None,
+                       max_tokens: int = MAX_TOKENS) -> tuple[str, str]:
+    """The target's own greedy answer, from the openai SDK straight to the simulated provider."""
+    http = httpx2.AsyncClient(transport=provider.transport())
+    async with openai.AsyncOpenAI(base_url="http://sim/v1", api_key="x", http_client=http, max_retries=0) as sdk:
+        if messages is not None:
+            r = await sdk.chat.completions.create(model="sim-target", messages=messages, max_tokens=max_tokens, temperature=0)
+            return r.choices[0].message.content, r.choices[0].finish_reason
+        r = await sdk.completions.create(model="sim-target", prompt=prompt, max_tokens=max_tokens, temperature=0)
+        return r.choices[0].text, r.choices[0].finish_reason
+
+
+def answer(resp) -> tuple[str, str]:
+    choice = resp.choices[0]
+    text = choice.message.content if hasattr(choice, "message") else choice.text
+    return text, choice.finish_reason
+
+
+async def check_greedy_exact(provider, client, *, chat: bool, path: str) -> list:
+    """Run every prompt through `client`; return the responses, asserting exactness and the path used."""
+    responses = []
+    prompts = CHAT_PROMPTS if chat else COMPLETION_PROMPTS
+    for prompt in prompts:
+        if chat:
+            messages = [{"role": "user", "content": prompt}]
+            expected = await target_alone(provider, messages=messages)
+            resp = await client.chat.completions.create(messages=messages, max_tokens=MAX_TOKENS, temperature=0)
+        else:
+            expected = await target_alone(provider, prompt=prompt)
+            resp = await client.completions.create(prompt=prompt, max_tokens=MAX_TOKENS, temperature=0)
+        s = resp.speculative
+        assert answer(resp) == expected, (prompt, s.verification, s.fallback_reason)
+        assert s.verification == path, (prompt, s.verification, s.fallback_reason)
+        assert s.speculated and s.drafted_tokens > 0, (prompt, s.fallback_reason)
+        assert s.exact is True
+        responses.append(resp)
+    return responses
+
+
+# ----------------------------------------------------------------------------- llama.cpp-like: prefill fan-out
+
+
+@pytest.mark.parametrize("chat", [False, True], ids=["completions", "chat"])
+async def test_llamacpp_auto_picks_prefill_fanout_and_output_is_the_targets(chat):
+    provider, target, draft = sim("llamacpp")
+    async with AsyncSpeculativeOpenAI(target=target, draft=draft, drafter="model", policy="fixed") as client:
+        responses = await check_greedy_exact(provider, client, chat=chat, path="prefill-fanout")
+    # fan-out verifies a draft of K tokens with K + 1 one-token requests: more target calls than rounds
+    s = responses[-1].speculative
+    assert s.target.requests > s.num_rounds
+
+
+@pytest.mark.parametrize("chat", [False, True], ids=["completions", "chat"])
+async def test_llamacpp_forced_prefill_fanout_output_is_the_targets(chat):
+    """Forcing the path llama.cpp needs must not skip what makes it exact there (its prefill style:
+    llama-server continues a trailing assistant message and repeats it in the reply)."""
+    provider, target, draft = sim("llamacpp")
+    async with AsyncSpeculativeOpenAI(target=target, draft=draft, drafter="model", policy="fixed",
+                                      verification="prefill-fanout") as client:
+        await check_greedy_exact(provider, client, chat=chat, path="prefill-fanout")
+
+
+# ----------------------------------------------------------------------------- OpenAI-like
+
+
+async def test_openai_auto_picks_predicted_outputs_for_chat_and_reports_the_servers_counts():
+    provider, target, draft = sim("openai")
+    async with AsyncSpeculativeOpenAI(target=target, draft=draft, drafter="model") as client:
+        for prompt in CHAT_PROMPTS:
+            messages = [{"role": "user", "content": prompt}]
+            expected = await target_alone(provider, messages=messages)
+            plain_tokens = provider.calls.last.usage["completion_tokens"]
+            start = len(provider.calls)
+            billed_before = provider.usage["sim-target"].completion_tokens
+            resp = await client.chat.completions.create(messages=messages, max_tokens=MAX_TOKENS, temperature=0)
+            s = resp.speculative
+            assert answer(resp) == expected
+            assert s.verification == "predicted-outputs" and s.speculated
+            predicted = [c for c in provider.calls[start:]
+                         if c.model == "sim-target" and isinstance(c.body, dict) and "prediction" in c.body
+                         and c.body["messages"] == messages]
+            assert len(predicted) == 1, "one target call carries the draft as a prediction"
+            details = predicted[0].usage["completion_tokens_details"]
+            accepted, rejected = details["accepted_prediction_tokens"], details["rejected_prediction_tokens"]
+            assert rejected > 0, "the case must exercise rejected prediction tokens"
+            # the prediction sent is exactly what the draft model wrote
+            draft_call = next(c for c in provider.calls[start:] if c.model == "sim-draft")
+            assert predicted[0].body["prediction"]["content"] == draft_call.response["choices"][0]["message"]["content"]
+            assert s.accepted_tokens == accepted
+            assert s.drafted_tokens == accepted + rejected == len(encode_text(predicted[0].body["prediction"]["content"]))
+            # rejected prediction tokens are billed as completion tokens, and reported so
+            billed = provider.usage["sim-target"].completion_tokens - billed_before
+            assert s.target.completion_tokens == billed
+            assert predicted[0].usage["completion_tokens"] == plain_tokens + rejected
+            # ...but they are not output: the statistics count the tokens the answer has
+            assert s.generated_tokens == plain_tokens <= MAX_TOKENS
+
+
+async def test_openai_completions_path_is_exact_and_says_which_it_is():
+    """OpenAI refuses echo with logprobs: completions cannot be scored in one call, so auto takes prefill
+    fan-out (logprobs of generated tokens only); the output is the target's and the response names the path."""
+    provider, target, draft = sim("openai")
+    async with AsyncSpeculativeOpenAI(target=target, draft=draft, drafter="model", policy="fixed") as client:
+        for prompt in COMPLETION_PROMPTS:
+            expected = await target_alone(provider, prompt=prompt)
+            resp = await client.completions.create(prompt=prompt, max_tokens=MAX_TOKENS, temperature=0)
+            s = resp.speculative
+            assert answer(resp) == expected
+            assert s.verification == "prefill-fanout", (s.verification, s.fallback_reason)
+            assert s.speculated and s.drafted_tokens > 0
+    echo_calls = [c for c in provider.calls if isinstance(c.body, dict) and c.body.get("echo") and c.body.get("logprobs") is not None]
+    assert len(echo_calls) <= 1, "only the probe may try echo + logprobs, which OpenAI refuses"
+
+
+# ----------------------------------------------------------------------------- vLLM-like
+
+
+@pytest.mark.parametrize("chat, path", [(False, "echo"), (True, "prompt-logprobs")], ids=["completions", "chat"])
+async def test_vllm_auto_picks_one_call_scoring(chat, path):
+    provider, target, draft = sim("vllm")
+    async with AsyncSpeculativeOpenAI(target=target, draft=draft, drafter="model", policy="fixed") as client:
+        responses = await check_greedy_exact(provider, client, chat=chat, path=path)
+    # one verify call per round: scoring a whole draft takes one target call
+    s = responses[-1].speculative
+    assert s.target.requests <= s.num_rounds + 2  # + a plain step or two (e.g. the last token)
+
+
+# ----------------------------------------------------------------------------- prefix match
+
+
+@pytest.mark.parametrize("profile", ["vllm", "openai", "llamacpp"])
+async def test_prefix_match_is_exact_and_reports_how_much_of_the_draft_matched(profile):
+    provider, target, draft = sim(profile)
+    async with AsyncSpeculativeOpenAI(target=target, draft=draft, drafter="model", verification="prefix-match") as client:
+        # (chat paths may probe how the target continues a message: keep that out of the counts below)
+        await client.chat.completions.create(messages=[{"role": "user", "content": "warm up"}], max_tokens=2, temperature=0)
+        for prompt in COMPLETION_PROMPTS[:3]:
+            messages = [{"role": "user", "content": prompt}]
+            expected = await target_alone(provider, messages=messages)
+            start = len(provider.calls)
+            resp = await client.chat.completions.create(messages=messages, max_tokens=MAX_TOKENS, temperature=0)
+            s = resp.speculative
+            assert answer(resp) == expected
+            assert s.verification == "prefix-match" and s.speculated
+            assert (s.target.requests, s.draft.requests) == (1, 1)
+            # the draft's own tokens, from the call it made: how many lead the target's text?
+            draft_call = next(c for c in provider.calls[start:] if c.model == "sim-draft")
+            tokens = [item["token"] for item in draft_call.response["choices"][0]["logprobs"]["content"]]
+            tokens = tokens[: tokens.index(EOS_TOKEN)] if EOS_TOKEN in tokens else tokens
+            matched, offset = 0, 0
+            for token in tokens:
+                if not expected[0].startswith(token, offset):
+                    break
+                matched, offset = matched + 1, offset + len(token)
+            assert s.drafted_tokens == len(tokens)
+            assert s.accepted_tokens == matched
+            assert s.rounds[0].accepted_by_position == tuple(i < matched for i in range(len(tokens)))
+
+
+# ----------------------------------------------------------------------------- the response says what it did
+
+
+async def test_response_always_names_its_verification_and_why_it_did_not_speculate():
+    provider, target, draft = sim("vllm")
+    messages = [{"role": "user", "content": CHAT_PROMPTS[0]}]
+    async with AsyncSpeculativeOpenAI(target=target, draft=draft, policy="fixed") as client:
+        resp = await client.completions.create(prompt=COMPLETION_PROMPTS[0], max_tokens=20, temperature=0)
+        assert resp.speculative.speculated and resp.speculative.verification in VERIFICATIONS
+        assert resp.speculative.verification not in ("auto", "none")
+        # a request speculation cannot reproduce goes to the target alone, and says why
+        resp = await client.completions.create(prompt=COMPLETION_PROMPTS[0], max_tokens=5, temperature=0,
+                                               logit_bias={"50256": -100})
+        s = resp.speculative
+        assert (s.speculated, s.verification) == (False, "none")
+        assert "logit_bias" in s.fallback_reason
+    target, draft = simulated_endpoints(provider=provider)  # closing a client closes its endpoints' HTTP clients
+    async with AsyncSpeculativeOpenAI(target=target, draft=draft, verification="none") as client:
+        s = (await client.chat.completions.create(messages=messages, max_tokens=5, temperature=0)).speculative
+        assert (s.speculated, s.verification) == (False, "none")
+        assert "none" in s.fallback_reason
+    target, draft = simulated_endpoints(provider=provider)
+    async with AsyncSpeculativeOpenAI(target=target, draft=draft, policy="fixed", verification="echo") as client:
+        s = (await client.chat.completions.create(messages=messages, max_tokens=5, temperature=0)).speculative
+        assert (s.speculated, s.verification) == (False, "none")
+        assert "echo" in s.fallback_reason and "chat" in s.fallback_reason
+
+    provider, target, draft = sim("llamacpp")
+    prompt = COMPLETION_PROMPTS[0]
+    expected = await target_alone(provider, prompt=prompt, max_tokens=20)
+    async with AsyncSpeculativeOpenAI(target=target, draft=draft, policy="fixed", verification="echo") as client:
+        resp = await client.completions.create(prompt=prompt, max_tokens=20, temperature=0)
+        s = resp.speculative
+        assert answer(resp) == expected  # llama.cpp refuses echo: the target alone answers
+        assert (s.speculated, s.verification) == (False, "none")
+        assert "refused" in s.fallback_reason and "echo" in s.fallback_reason
+
+
+# ----------------------------------------------------------------------------- sampling through prefill fan-out
+
+
+class InProcessToy:
+    """The toy server's request handling behind an httpx2 MockTransport: no sockets, same answers."""
+
+    def __init__(self) -> None:
+        self.toy = ToyServer()  # never started
+
+    def handler(self, request: httpx2.Request) -> httpx2.Response:
+        reply = self.toy.handle(request.method, request.url.path, json.loads(request.content), {})
+        return httpx2.Response(reply.status, json=reply.payload, headers=reply.headers)
+
+    def endpoint(self, model: str) -> Endpoint:
+        return Endpoint(model=model, base_url="http://toy.test/v1", api_key="x", name=f"toy {model} (paths)",
+                        http_client=httpx2.AsyncClient(transport=httpx2.MockTransport(self.handler)))
+
+
+def chisquare_p(counts: dict[str, int], exact: dict[str, float]) -> float:
+    """p-value of a chi-square goodness of fit; cells expecting fewer than 5 merged into one."""
+    n = sum(counts.values())
+    assert not set(counts) - set(exact), "an output impossible under the model"
+    big = [k for k in exact if exact[k] * n >= 5]
+    rest = [k for k in exact if exact[k] * n < 5]
+    observed = [counts.get(k, 0) for k in big]
+    expected = [exact[k] * n for k in big]
+    if rest:
+        observed.append(sum(counts.get(k, 0) for k in rest))
+        expected.append(sum(exact[k] for k in rest) * n)
+    expected[-1] += n - math.fsum(expected)
+    return float(chisquare(observed, expected).pvalue)
+
+
+SAMPLE_PROMPT, SAMPLE_TOKENS, SAMPLES = "ab", 2, 1000
+
+
+async def test_prefill_fanout_sampling_follows_the_targets_distribution():
+    toy = InProcessToy()
+    async with AsyncSpeculativeOpenAI(target=toy.endpoint("target"), draft=toy.endpoint("draft"), policy="fixed",
+                                      num_speculative_tokens=1, verification="prefill-fanout") as client:
+        responses = []
+        for start in range(0, SAMPLES, 100):
+            responses += await asyncio.gather(*(
+                client.completions.create(prompt=SAMPLE_PROMPT, max_tokens=SAMPLE_TOKENS, temperature=1.0, seed=seed)
+                for seed in range(start, start + 100)))
+    counts: dict[str, int] = {}
+    for r in responses:
+        counts[r.choices[0].text] = counts.get(r.choices[0].text, 0) + 1
+    assert {r.speculative.verification for r in responses if r.speculative.speculated} == {"prefill-fanout"}
+    assert sum(r.speculative.drafted_tokens for r in responses) >= 0.9 * SAMPLES  # speculation really happened
+    assert sum(r.speculative.accepted_tokens for r in responses) > 0
+    p_target = chisquare_p(counts, TARGET.sequence_probs(SAMPLE_PROMPT, SAMPLE_TOKENS))
+    p_draft = chisquare_p(counts, DRAFT.sequence_probs(SAMPLE_PROMPT, SAMPLE_TOKENS))
+    assert p_target > 1e-3, f"not the target's distribution (p={p_target:.3g})"
+    assert p_draft < 1e-6, f"indistinguishable from the draft's distribution (p={p_draft:.3g})"
+
+
+# Where the draft itself often ends the text: a draft that ends at once proposes nothing, and the
+# target steps alone; the drafts that remain are the draft's proposals given that it did not end.
+EOT_PROMPT = "ff"  # toy models: P(end of text) is 0.71 for the target, 0.57 for the draft
+
+
+@pytest.mark.parametrize("verification", ["echo", "prefill-fanout"])
+async def test_sampling_is_exact_where_the_draft_often_ends_the_text(verification):
+    toy = InProcessToy()
+    async with AsyncSpeculativeOpenAI(target=toy.endpoint("target"), draft=toy.endpoint("draft"), policy="fixed",
+                                      num_speculative_tokens=1, verification=verification) as client:
+        responses = []
+        for start in range(0, 600, 100):
+            responses += await asyncio.gather(*(
+                client.completions.create(prompt=EOT_PROMPT, max_tokens=2, temperature=1.0, seed=seed)
+                for seed in range(start, start + 100)))
+    assert sum(r.speculative.speculated for r in responses) > 100
+    assert all(r.speculative.exact for r in responses)
+    first: dict[str, int] = {}
+    for r in responses:
+        first[r.choices[0].text[:1]] = first.get(r.choices[0].text[:1], 0) + 1
+    exact = {("" if token == "<|endoftext|>" else token): p for token, p in TARGET.next_probs(EOT_PROMPT).items()}
+    p_target = chisquare_p(first, exact)
+    assert p_target > 1e-3, (
+        f"first-token distribution is not the target's (p={p_target:.3g}): "
+        f"P(empty output) = {first.get('', 0) / len(responses):.3f}, target {exact['']:.3f}")

@@ -1,0 +1,222 @@
+"""Pipelined drafting: the next round's draft is requested while the current one is verified.
+
+Prefetched drafts are used when the guess (every draft token kept) held, and the output is the target's
+either way; nothing keeps running after a call returns; `pipeline=False` never prefetches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+
+import httpx2
+import openai
+import pytest
+from scipy.stats import chisquare
+
+import specapi.probe
+from specapi import AsyncSpeculativeOpenAI, Endpoint
+from specapi.sim import LatencyProfile, ModelTiming, SimProvider, simulated_endpoints
+from toyserver import DRAFT, TARGET, ToyServer
+
+COMPLETION_PROMPTS = ["def fibonacci(n):\n", "import os\nimport sys\n\n", "class Stack:\n    def __init__(self):\n"]
+CHAT_PROMPTS = ["Write a Python function that returns the sum of a list.", "List three colours."]
+PIPELINED = "+pipelined"
+
+
+@pytest.fixture(autouse=True)
+def fresh_probe_cache():
+    specapi.probe._CACHE.clear()
+    yield
+    specapi.probe._CACHE.clear()
+
+
+async def target_alone(provider: SimProvider, *, prompt: str | None = None, messages: list | None = None,
+                       max_tokens: int) -> tuple[str, str]:
+    http = httpx2.AsyncClient(transport=provider.transport())
+    async with openai.AsyncOpenAI(base_url="http://sim/v1", api_key="x", http_client=http, max_retries=0) as sdk:
+        if messages is not None:
+            r = await sdk.chat.completions.create(model="sim-target", messages=messages, max_tokens=max_tokens, temperature=0)
+            return r.choices[0].message.content, r.choices[0].finish_reason
+        r = await sdk.completions.create(model="sim-target", prompt=prompt, max_tokens=max_tokens, temperature=0)
+        return r.choices[0].text, r.choices[0].finish_reason
+
+
+def answer(resp) -> tuple[str, str]:
+    choice = resp.choices[0]
+    return (choice.message.content if hasattr(choice, "message") else choice.text), choice.finish_reason
+
+
+def pipelined_rounds(resp) -> int:
+    return sum(r.drafter.endswith(PIPELINED) for r in resp.speculative.rounds)
+
+
+async def run_all(provider, client, max_tokens: int = 40) -> list:
+    """Every prompt through `client`, each checked against the target alone; the responses."""
+    responses = []
+    for prompt in COMPLETION_PROMPTS:
+        resp = await client.completions.create(prompt=prompt, max_tokens=max_tokens, temperature=0)
+        assert answer(resp) == await target_alone(provider, prompt=prompt, max_tokens=max_tokens), prompt
+        responses.append(resp)
+    for prompt in CHAT_PROMPTS:
+        messages = [{"role": "user", "content": prompt}]
+        resp = await client.chat.completions.create(messages=messages, max_tokens=max_tokens, temperature=0)
+        assert answer(resp) == await target_alone(provider, messages=messages, max_tokens=max_tokens), prompt
+        responses.append(resp)
+    return responses
+
+
+# ----------------------------------------------------------------------------- greedy
+
+
+@pytest.mark.parametrize("profile, drafter", [("vllm", "model"), ("vllm", "auto"), ("llamacpp", "auto")])
+async def test_pipelined_rounds_happen_and_greedy_output_is_the_targets(profile, drafter):
+    provider = SimProvider(capabilities=profile, latency="instant", seed=0)
+    target, draft = simulated_endpoints(provider=provider)
+    async with AsyncSpeculativeOpenAI(target=target, draft=draft, drafter=drafter, policy="fixed", pipeline=True) as client:
+        responses = await run_all(provider, client)
+    assert all(r.speculative.speculated for r in responses)
+    assert sum(map(pipelined_rounds, responses)) > 0, "no round used a prefetched draft"
+    for resp in responses:
+        for record in resp.speculative.rounds:
+            assert 0 <= record.accepted <= record.drafted
+            if record.drafter.endswith(PIPELINED):
+                assert record.drafter.removesuffix(PIPELINED) == "draft-model"  # only model drafts are prefetched
+
+
+@pytest.mark.parametrize("profile", ["vllm", "llamacpp"])
+async def test_without_pipelining_no_round_is_prefetched(profile):
+    provider = SimProvider(capabilities=profile, latency="instant", seed=0)
+    target, draft = simulated_endpoints(provider=provider)
+    async with AsyncSpeculativeOpenAI(target=target, draft=draft, drafter="model", policy="fixed", pipeline=False) as client:
+        responses = await run_all(provider, client)
+    assert all(r.speculative.speculated for r in responses)
+    assert sum(map(pipelined_rounds, responses)) == 0
+    # without prefetching, one draft call per round
+    for resp in responses:
+        assert resp.speculative.draft.requests == resp.speculative.num_rounds
+
+
+# ----------------------------------------------------------------------------- nothing left running
+
+# Real (short) waits, so that a prefetch is really in flight while the target verifies.
+SLOW_DRAFT = LatencyProfile(name="slow-draft", target=ModelTiming(ttft_base_s=0.002), draft=ModelTiming(ttft_base_s=0.01))
+
+
+class InFlight:
+    """The provider's sleep: counts the simulated requests still waiting for their answer."""
+
+    def __init__(self) -> None:
+        self.now = 0
+        self.peak = 0
+
+    async def sleep(self, seconds: float) -> None:
+        self.now += 1
+        self.peak = max(self.peak, self.now)
+        try:
+            await asyncio.sleep(seconds)
+        finally:
+            self.now -= 1
+
+
+def others() -> set[asyncio.Task]:
+    return {t for t in asyncio.all_tasks() if t is not asyncio.current_task()}
+
+
+async def test_no_request_is_left_running_after_a_call_returns():
+    inflight = InFlight()
+    provider = SimProvider(capabilities="vllm", latency=SLOW_DRAFT, seed=0, sleep=inflight.sleep)
+    target, draft = simulated_endpoints(provider=provider)
+    async with AsyncSpeculativeOpenAI(target=target, draft=draft, drafter="model", policy="fixed", pipeline=True) as client:
+        await client.completions.create(prompt="warm up", max_tokens=2, temperature=0)  # probing
+        for prompt in COMPLETION_PROMPTS:
+            start = len(provider.calls)
+            resp = await client.completions.create(prompt=prompt, max_tokens=30, temperature=0)
+            assert pipelined_rounds(resp) > 0
+            # every draft request sent counts, the abandoned prefetches too
+            assert resp.speculative.draft.requests == sum(c.model == "sim-draft" for c in provider.calls[start:])
+            assert inflight.now == 0 and not others(), "a prefetch outlived the call"
+            calls = len(provider.calls)
+            await asyncio.sleep(0.05)
+            assert len(provider.calls) == calls, "requests were sent after the call returned"
+        # a stream closed early stops its prefetch too
+        stream = await client.completions.create(prompt=COMPLETION_PROMPTS[0], max_tokens=60, temperature=0, stream=True)
+        async for _ in stream:
+            break
+        await stream.close()
+        assert inflight.now == 0 and not others()
+        calls = len(provider.calls)
+        await asyncio.sleep(0.05)
+        assert len(provider.calls) == calls
+    assert inflight.peak >= 1
+    # at least one prefetch was abandoned mid-flight (the last round's guess), and it never completed
+    abandoned = [c for c in provider.calls.for_model("sim-draft") if c.status == 0]
+    assert abandoned, "the test never had a prefetch in flight when a call ended"
+
+
+# ----------------------------------------------------------------------------- sampling
+
+
+async def test_same_seed_same_sampled_output_with_pipelining():
+    provider = SimProvider(capabilities="vllm", latency="instant", seed=0)
+    target, draft = simulated_endpoints(provider=provider)
+    async with AsyncSpeculativeOpenAI(target=target, draft=draft, drafter="model", policy="fixed", pipeline=True) as client:
+        first = [await client.completions.create(prompt=COMPLETION_PROMPTS[0], max_tokens=40, temperature=0.7, seed=s)
+                 for s in range(4)]
+        again = [await client.completions.create(prompt=COMPLETION_PROMPTS[0], max_tokens=40, temperature=0.7, seed=s)
+                 for s in range(4)]
+    assert [answer(r) for r in first] == [answer(r) for r in again]
+    assert len({answer(r) for r in first}) > 1  # the seed matters
+    assert sum(map(pipelined_rounds, first)) > 0
+
+
+class InProcessToy:
+    """The toy server's request handling behind an httpx2 MockTransport: no sockets, same answers."""
+
+    def __init__(self) -> None:
+        self.toy = ToyServer()  # never started
+
+    def handler(self, request: httpx2.Request) -> httpx2.Response:
+        reply = self.toy.handle(request.method, request.url.path, json.loads(request.content), {})
+        return httpx2.Response(reply.status, json=reply.payload, headers=reply.headers)
+
+    def endpoint(self, model: str) -> Endpoint:
+        return Endpoint(model=model, base_url="http://toy.test/v1", api_key="x", name=f"toy {model} (pipeline)",
+                        http_client=httpx2.AsyncClient(transport=httpx2.MockTransport(self.handler)))
+
+
+def chisquare_p(counts: dict[str, int], exact: dict[str, float]) -> float:
+    n = sum(counts.values())
+    assert not set(counts) - set(exact), "an output impossible under the model"
+    big = [k for k in exact if exact[k] * n >= 5]
+    rest = [k for k in exact if exact[k] * n < 5]
+    observed = [counts.get(k, 0) for k in big]
+    expected = [exact[k] * n for k in big]
+    if rest:
+        observed.append(sum(counts.get(k, 0) for k in rest))
+        expected.append(sum(exact[k] for k in rest) * n)
+    expected[-1] += n - math.fsum(expected)
+    return float(chisquare(observed, expected).pvalue)
+
+
+SAMPLE_PROMPT, SAMPLE_TOKENS, SAMPLES = "cafe", 4, 600
+
+
+async def test_pipelined_sampling_follows_the_targets_distribution():
+    toy = InProcessToy()
+    async with AsyncSpeculativeOpenAI(target=toy.endpoint("target"), draft=toy.endpoint("draft"), drafter="model",
+                                      policy="fixed", num_speculative_tokens=1, pipeline=True) as client:
+        responses = []
+        for start in range(0, SAMPLES, 100):
+            responses += await asyncio.gather(*(
+                client.completions.create(prompt=SAMPLE_PROMPT, max_tokens=SAMPLE_TOKENS, temperature=1.0, seed=seed)
+                for seed in range(start, start + 100)))
+    counts: dict[str, int] = {}
+    for r in responses:
+        counts[r.choices[0].text] = counts.get(r.choices[0].text, 0) + 1
+    assert sum(map(pipelined_rounds, responses)) >= 40, "too few prefetched rounds to say anything about them"
+    p_target = chisquare_p(counts, TARGET.sequence_probs(SAMPLE_PROMPT, SAMPLE_TOKENS))
+    p_draft = chisquare_p(counts, DRAFT.sequence_probs(SAMPLE_PROMPT, SAMPLE_TOKENS))
+    assert p_target > 1e-3, f"not the target's distribution (p={p_target:.3g})"
+    assert p_draft < 1e-6, f"indistinguishable from the draft's distribution (p={p_draft:.3g})"

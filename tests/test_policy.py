@@ -1,0 +1,203 @@
+"""Draft-length policies: the expected-tokens arithmetic, `FixedDraftLength`, and the decisions of
+`AdaptiveDraftLength` on synthetic measurements (no clocks involved), plus one end-to-end run."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+import specapi.probe
+from specapi import AsyncSpeculativeOpenAI, ConfigurationError
+from specapi.policy import RECHECK, TARGET_ALONE, AdaptiveDraftLength, FixedDraftLength, PolicyState, expected_tokens
+from specapi.sim import SimProvider, simulated_endpoints
+from specapi.stats import RoundRecord
+
+REMAINING = 200
+
+
+def state(rounds: int = 0) -> PolicyState:
+    return PolicyState(remaining_tokens=REMAINING, rounds_so_far=rounds)
+
+
+def rounds(rng: random.Random, n: int, *, acceptance: float, lengths: list[int], draft_s: tuple[float, float],
+           verify_s: float) -> list[RoundRecord]:
+    """`n` rounds: each draft position accepted with probability `acceptance` until the first rejection;
+    draft calls cost fixed + per-token, verify calls a constant."""
+    out = []
+    for i in range(n):
+        k = lengths[i % len(lengths)]
+        accepted = 0
+        while accepted < k and rng.random() < acceptance:
+            accepted += 1
+        out.append(RoundRecord(
+            drafted=k,
+            accepted=accepted,
+            emitted=accepted + 1,
+            draft_latency_s=draft_s[0] + draft_s[1] * k,
+            verify_latency_s=verify_s,
+            drafter="draft-model",
+            accepted_by_position=tuple(j < accepted for j in range(k)),
+        ))
+    return out
+
+
+# ----------------------------------------------------------------------------- the arithmetic
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.3, 0.8, 0.95])
+@pytest.mark.parametrize("k", [1, 2, 4, 10])
+def test_expected_tokens_is_the_geometric_formula(alpha, k):
+    assert expected_tokens([alpha] * k, k) == pytest.approx((1 - alpha ** (k + 1)) / (1 - alpha))
+
+
+def test_expected_tokens_by_position():
+    assert expected_tokens([0.9, 0.5], 2) == pytest.approx(1 + 0.9 + 0.9 * 0.5)
+    assert expected_tokens([0.9, 0.5], 4) == pytest.approx(1 + 0.9 + 0.45 + 0.225 + 0.1125)  # last rate repeats
+    assert expected_tokens([1.0] * 3, 3) == 4  # every token accepted, plus the bonus token
+    assert expected_tokens([0.7], 0) == 1  # no draft: the target's own token
+    assert expected_tokens([], 5) == 1
+
+
+# ----------------------------------------------------------------------------- fixed length
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, 2.5, "4", None])
+def test_fixed_draft_length_rejects_anything_but_a_positive_integer(bad):
+    with pytest.raises(ConfigurationError):
+        FixedDraftLength(bad)
+    target, _ = simulated_endpoints(provider=SimProvider(latency="instant"))
+    with pytest.raises(ConfigurationError):
+        AsyncSpeculativeOpenAI(target=target, num_speculative_tokens=bad, policy="fixed")
+
+
+def test_fixed_draft_length_always_drafts_k():
+    policy = FixedDraftLength(6)
+    assert policy.start_request() != TARGET_ALONE
+    policy.observe(RoundRecord(drafted=6, accepted=0, emitted=1, accepted_by_position=(False,) * 6))
+    policy.observe_plain(100, 5.0)
+    assert [policy.choose(state(i)) for i in range(3)] == [6, 6, 6]
+
+
+@pytest.mark.parametrize("options", [dict(start_length=0), dict(max_length=0), dict(start_length=5, max_length=4),
+                                     dict(margin=0), dict(recheck_every=0)])
+def test_adaptive_policy_validates_its_options(options):
+    with pytest.raises(ConfigurationError):
+        AdaptiveDraftLength(**options)
+
+
+# ----------------------------------------------------------------------------- adaptive length
+
+
+def test_high_acceptance_and_a_cheap_draft_lengthen_drafts():
+    policy = AdaptiveDraftLength(start_length=4, max_length=10)
+    assert policy.start_request() != TARGET_ALONE
+    assert policy.choose(state()) == 4  # nothing measured yet
+    for record in rounds(random.Random(1), 40, acceptance=0.97, lengths=[4, 6, 8, 10], draft_s=(0.002, 0.0005),
+                         verify_s=0.02):
+        policy.observe(record)
+    assert policy.choose(state(40)) >= 8
+
+
+def test_low_acceptance_shortens_drafts():
+    policy = AdaptiveDraftLength(start_length=4, max_length=10)
+    policy.start_request()
+    for record in rounds(random.Random(2), 40, acceptance=0.05, lengths=[4, 3, 2], draft_s=(0.002, 0.002),
+                         verify_s=0.02):
+        policy.observe(record)
+    assert policy.choose(state(40)) < 4
+
+
+def test_draft_length_follows_acceptance_between_the_extremes():
+    chosen = []
+    for acceptance in (0.2, 0.6, 0.9):
+        policy = AdaptiveDraftLength(start_length=4, max_length=10)
+        policy.start_request()
+        for record in rounds(random.Random(3), 60, acceptance=acceptance, lengths=[2, 4, 6, 8, 10],
+                             draft_s=(0.002, 0.003), verify_s=0.02):
+            policy.observe(record)
+        chosen.append(policy.choose(state(60)))
+    assert chosen == sorted(chosen) and chosen[0] < chosen[-1], chosen
+
+
+HOSTED = dict(acceptance=0.7, lengths=[4, 3], draft_s=(0.35, 0.01), verify_s=0.36)
+HOSTED_TARGET_PER_TOKEN = 0.012
+
+
+def hosted_policy(recheck_every: int = 5) -> AdaptiveDraftLength:
+    """A policy that has speculated through one request at hosted-like costs, then measured the target."""
+    policy = AdaptiveDraftLength(recheck_every=recheck_every)
+    assert policy.start_request() != TARGET_ALONE  # request 1 speculates
+    for record in rounds(random.Random(4), 12, **HOSTED):
+        policy.observe(record)
+        assert policy.choose(state()) > 0, "without the target's own speed there is nothing to compare with"
+    # request 2: the target's speed is unknown, so it generates alone once
+    assert policy.start_request() == TARGET_ALONE
+    assert "measuring" in policy.reason
+    policy.observe_plain(REMAINING, 0.35 + HOSTED_TARGET_PER_TOKEN * REMAINING)
+    return policy
+
+
+def test_hosted_costs_turn_speculation_off_once_the_target_is_measured():
+    policy = hosted_policy()
+    assert policy.start_request() != TARGET_ALONE  # request 3: decided per round from now on
+    assert policy.choose(state()) == 0
+    assert "slower" in policy.reason
+    assert policy.predicted_target_rate(REMAINING) > max(policy.predicted_speculative_rate(k) for k in range(1, 11))
+
+
+def test_lan_costs_keep_speculating_once_the_target_is_measured():
+    policy = AdaptiveDraftLength()
+    policy.start_request()
+    for record in rounds(random.Random(5), 12, acceptance=0.8, lengths=[4, 3], draft_s=(0.004, 0.004), verify_s=0.031):
+        policy.observe(record)
+    assert policy.start_request() == TARGET_ALONE  # measures the target alone
+    policy.observe_plain(REMAINING, 0.03 + 0.025 * REMAINING)
+    assert policy.start_request() != TARGET_ALONE
+    assert policy.choose(state()) > 0
+
+
+def test_while_off_it_speculates_again_every_recheck_every_requests():
+    policy = hosted_policy(recheck_every=5)
+    assert policy.start_request() != TARGET_ALONE and policy.choose(state()) == 0  # request 3 turns it off
+    speculating = [n for n in range(4, 21) if policy.start_request() != TARGET_ALONE]
+    assert speculating == [5, 10, 15, 20]
+
+
+def test_a_recheck_request_really_drafts_so_that_it_measures_again():
+    """"while off, speculate on one request out of this many to re-measure": the re-check request must
+    run at least one round, or nothing new is ever measured and speculation stays off for good."""
+    policy = hosted_policy(recheck_every=5)
+    assert policy.start_request() != TARGET_ALONE and policy.choose(state()) == 0  # request 3 turns it off
+    assert policy.start_request() == TARGET_ALONE  # request 4 does not
+    assert policy.start_request() == RECHECK  # request 5 re-checks
+    assert policy.choose(PolicyState(remaining_tokens=60, rounds_so_far=0, recheck=True)) > 0
+
+
+# ----------------------------------------------------------------------------- end to end
+
+
+async def test_a_default_client_says_why_whenever_it_did_not_speculate():
+    specapi.probe._CACHE.clear()
+    provider = SimProvider(capabilities="vllm", latency="instant", seed=0)
+    target, draft = simulated_endpoints(provider=provider)
+    prompts = ["def fibonacci(n):\n", "import os\nimport sys\n\n", "class Stack:\n    def __init__(self):\n",
+               "for i in range(10):\n", "The history of the", "def parse(text):\n"]
+    try:
+        async with AsyncSpeculativeOpenAI(target=target, draft=draft) as client:
+            stats = []
+            for prompt in prompts:
+                stats.append((await client.completions.create(prompt=prompt, max_tokens=30, temperature=0)).speculative)
+                stats.append((await client.chat.completions.create(
+                    messages=[{"role": "user", "content": prompt}], max_tokens=30, temperature=0)).speculative)
+    finally:
+        specapi.probe._CACHE.clear()
+    silent = [(i, s.verification) for i, s in enumerate(stats) if not s.speculated and not s.fallback_reason]
+    assert not silent, f"responses that did not speculate and do not say why: {silent}"
+    assert any(s.speculated for s in stats)
+    assert any(not s.speculated for s in stats)  # the request that measures the target alone, at least
+    for s in stats:
+        assert s.speculated == (s.num_rounds > 0)
+        assert (s.verification == "none") == (not s.speculated)
+        assert math.isfinite(s.wall_s)

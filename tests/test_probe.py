@@ -1,0 +1,237 @@
+"""Capability probing: what each server flavour offers, what probing costs and who pays, transient
+failures while probing, and the `specapi probe` command against the toy server over real HTTP."""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import json
+import warnings
+
+import httpx2
+import pytest
+
+import specapi.probe
+from specapi import AsyncSpeculativeOpenAI, Endpoint
+from specapi._calls import Meter, RoleClient
+from specapi.cli import cli_logic
+from specapi.probe import Capabilities, choose_verification, probe_endpoint
+from specapi.sim import CAPABILITY_PROFILES, Faults, SimProvider, simulated_endpoints
+from toyserver import ToyServer
+
+PROBE_PROMPT = specapi.probe._PROBE_PROMPT
+
+
+@pytest.fixture(autouse=True)
+def fresh_probe_cache():
+    specapi.probe._CACHE.clear()
+    yield
+    specapi.probe._CACHE.clear()
+
+
+def sim(profile, **options) -> tuple[SimProvider, Endpoint, Endpoint]:
+    provider = SimProvider(capabilities=profile, latency="instant", seed=0, **options)
+    target, draft = simulated_endpoints(provider=provider)
+    return provider, target, draft
+
+
+async def probe(target: Endpoint) -> tuple[Capabilities, Meter]:
+    role = RoleClient("target", target)
+    meter = Meter(target)
+    try:
+        return await probe_endpoint(role, meter), meter
+    finally:
+        await role.sdk.close()
+
+
+# ----------------------------------------------------------------------------- what each flavour offers
+
+EXPECTED = {
+    "vllm": dict(completions=True, echo_logprobs=True, prompt_logprobs=True, chat=True, chat_logprobs=20,
+                 chat_prefill=True, prefill_style="continue_final_message", prefill_echoes_prefix=False,
+                 predicted_outputs=False, logprobs_raw=True),
+    "openai": dict(completions=True, completions_logprobs=5, echo_logprobs=False, prompt_logprobs=False, chat=True,
+                   chat_logprobs=20, chat_prefill=False, predicted_outputs=True, logprobs_raw=None),
+    "llamacpp": dict(completions=True, echo_logprobs=False, prompt_logprobs=False, chat=True, chat_logprobs=20,
+                     chat_prefill=True, prefill_style="trailing", prefill_echoes_prefix=True,
+                     predicted_outputs=False),
+}
+CHOSEN = {"vllm": ("echo", "prompt-logprobs"), "openai": ("prefill-fanout", "predicted-outputs"),
+          "llamacpp": ("prefill-fanout", "prefill-fanout")}
+
+
+@pytest.mark.parametrize("profile", ["vllm", "openai", "llamacpp"])
+async def test_probe_finds_what_each_profile_offers(profile):
+    provider, target, _ = sim(profile)
+    caps, meter = await probe(target)
+    found = {name: getattr(caps, name) for name in EXPECTED[profile]}
+    assert found == EXPECTED[profile]
+    assert caps.completions_logprobs >= 5  # top-5 asked, the chosen token may come on top
+    assert (choose_verification(caps, chat=False), choose_verification(caps, chat=True)) == CHOSEN[profile]
+    assert caps.notes and all(isinstance(n, str) and n for n in caps.notes)
+    # every probe request is metered, refusals included
+    target_calls = provider.calls.for_model("sim-target")
+    assert meter.requests == len(target_calls) > 0
+    assert meter.failed_requests == sum(c.status != 200 for c in target_calls)
+
+
+VARIANTS = {
+    # SGLang-like: continues a final assistant message, has no chat prompt_logprobs
+    "no-prompt-logprobs": ("vllm", dict(prompt_logprobs_param=False),
+                           dict(echo_logprobs=True, prompt_logprobs=False, chat_prefill=True), "prefill-fanout"),
+    "no-prediction": ("openai", dict(predicted_outputs=False), dict(predicted_outputs=False, chat_prefill=False),
+                      "prefix-match"),
+    "no-prefill": ("llamacpp", dict(assistant_prefill=False), dict(chat_prefill=False, prefill_echoes_prefix=False),
+                   "prefix-match"),
+    "no-echo": ("vllm", dict(completions_echo=False), dict(echo_logprobs=False, completions=True, prompt_logprobs=True),
+                "prompt-logprobs"),
+}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+async def test_probe_follows_the_server_not_the_profile_name(variant):
+    """Turning one capability off changes what the probe reports, and nothing else it found."""
+    base, changes, expected, chat_path = VARIANTS[variant]
+    caps_profile = dataclasses.replace(CAPABILITY_PROFILES[base], name=f"{base}-{variant}", **changes)
+    caps, _ = await probe(simulated_endpoints(provider=SimProvider(capabilities=caps_profile, latency="instant"))[0])
+    assert {name: getattr(caps, name) for name in expected} == expected
+    assert choose_verification(caps, chat=True) == chat_path
+
+
+async def test_probe_tells_raw_logprobs_from_temperature_scaled_ones():
+    provider = SimProvider(capabilities="vllm", latency="instant", seed=0)
+
+    async def scaled(request: httpx2.Request) -> httpx2.Response:
+        """A server whose echoed logprobs are divided by the temperature (not raw)."""
+        body = json.loads(request.content)
+        reply = await provider.handle(request.method, request.url.path, body, dict(request.headers))
+        payload = reply.json
+        if reply.status == 200 and body.get("echo"):
+            temperature = body.get("temperature") or 1.0
+            for choice in payload["choices"]:
+                lp = choice["logprobs"]
+                lp["token_logprobs"] = [None if x is None else x / temperature for x in lp["token_logprobs"]]
+        return httpx2.Response(reply.status, json=payload, headers=reply.headers)
+
+    target = Endpoint(model="sim-target", base_url="http://scaled/v1", api_key="x", name="scaled logprobs",
+                      http_client=httpx2.AsyncClient(transport=httpx2.MockTransport(scaled)))
+    caps, _ = await probe(target)
+    assert caps.echo_logprobs is True
+    assert caps.logprobs_raw is False
+    raw, _ = await probe(simulated_endpoints(provider=provider)[0])
+    assert raw.logprobs_raw is True
+
+
+def test_choose_verification_prefers_one_call_scoring():
+    assert choose_verification(Capabilities(), chat=False) == "none"
+    assert choose_verification(Capabilities(), chat=True) == "prefix-match"
+    assert choose_verification(Capabilities(completions=True), chat=False) == "prefill-fanout"
+    assert choose_verification(Capabilities(completions=True, echo_logprobs=True), chat=False) == "echo"
+    everything = Capabilities(completions=True, echo_logprobs=True, chat=True, prompt_logprobs=True,
+                              chat_prefill=True, predicted_outputs=True)
+    assert choose_verification(everything, chat=True) == "prompt-logprobs"
+    assert choose_verification(dataclasses.replace(everything, prompt_logprobs=False), chat=True) == "prefill-fanout"
+    assert choose_verification(Capabilities(chat=True, predicted_outputs=True), chat=True) == "predicted-outputs"
+
+
+# ----------------------------------------------------------------------------- who pays for probing
+
+
+@pytest.mark.parametrize("profile", ["vllm", "openai", "llamacpp"])
+@pytest.mark.parametrize("chat", [False, True], ids=["completions", "chat"])
+async def test_probe_requests_are_accounted_to_the_request_that_caused_them(profile, chat):
+    provider, target, draft = sim(profile)
+    async with AsyncSpeculativeOpenAI(target=target, draft=draft, policy="fixed") as client:
+        for attempt in ("probing", "probed"):
+            before = {m: dataclasses.replace(u) for m, u in provider.usage.items()}
+            start = len(provider.calls)
+            if chat:
+                resp = await client.chat.completions.create(
+                    messages=[{"role": "user", "content": "Write a Python function that returns the sum of a list."}],
+                    max_tokens=24, temperature=0)
+            else:
+                resp = await client.completions.create(prompt="def fibonacci(n):\n", max_tokens=24, temperature=0)
+            s = resp.speculative
+            probes = [c for c in provider.calls[start:] if isinstance(c.body, dict)
+                      and (c.body.get("prompt") == PROBE_PROMPT or c.body.get("messages", [{}])[0].get("content") == "a b c d e")]
+            assert bool(probes) == (attempt == "probing"), "the first request probes, the next one does not"
+            for role, model in (("target", "sim-target"), ("draft", "sim-draft")):
+                mine, server = getattr(s, role), provider.usage[model]
+                sent = (server.requests - before[model].requests) + (server.errors - before[model].errors)
+                assert mine.requests == sent == sum(c.model == model for c in provider.calls[start:]), (attempt, role)
+                assert mine.failed_requests == server.errors - before[model].errors, (attempt, role)
+                assert mine.prompt_tokens == server.prompt_tokens - before[model].prompt_tokens, (attempt, role)
+                assert mine.completion_tokens == server.completion_tokens - before[model].completion_tokens, (attempt, role)
+
+
+# ----------------------------------------------------------------------------- transient failures while probing
+
+
+async def test_probe_retries_429s_honouring_retry_after_and_keeps_the_best_path():
+    provider, target, draft = sim("llamacpp", faults=Faults(fail_first=2, fail_first_status=429, retry_after_s=0.75,
+                                                              model="sim-target"))
+    slept: list[float] = []
+
+    async def sleep(seconds: float) -> None:
+        slept.append(seconds)
+
+    async with AsyncSpeculativeOpenAI(target=target, draft=draft, policy="fixed", sleep=sleep) as client:
+        resp = await client.completions.create(prompt="def fibonacci(n):\n", max_tokens=16, temperature=0)
+    s = resp.speculative
+    assert slept == [0.75, 0.75]
+    assert (s.verification, s.speculated) == ("prefill-fanout", True)
+    assert s.target.failed_requests >= 2  # the 429s are in the statistics of the request that probed
+
+
+@pytest.mark.parametrize("profile, best", [("llamacpp", "prefill-fanout"), ("openai", "prefill-fanout")])
+async def test_a_probe_defeated_by_429s_does_not_downgrade_later_requests(profile, best):
+    """More 429s than retries: the probe gives up. The request still gets the target's output, and
+    the endpoint is probed again later instead of being written off."""
+    provider, target, draft = sim(profile, faults=Faults(fail_first=4, fail_first_status=429, retry_after_s=0.1,
+                                                           model="sim-target"))
+    clean = SimProvider(capabilities=profile, latency="instant", seed=0)
+    reference, _ = simulated_endpoints(provider=clean)
+
+    async def sleep(seconds: float) -> None:
+        pass
+
+    prompt = "def fibonacci(n):\n"
+    async with AsyncSpeculativeOpenAI(target=reference, verification="none") as plain:
+        expected = (await plain.completions.create(prompt=prompt, max_tokens=16, temperature=0)).choices[0].text
+    async with AsyncSpeculativeOpenAI(target=target, draft=draft, policy="fixed", sleep=sleep) as client:
+        paths = []
+        for _ in range(3):
+            resp = await client.completions.create(prompt=prompt, max_tokens=16, temperature=0)
+            assert resp.choices[0].text == expected
+            paths.append(resp.speculative.verification)
+    assert paths[-1] == best, paths
+
+
+# ----------------------------------------------------------------------------- the command
+
+
+def test_probe_command_against_the_toy_server_over_http(capsys):
+    with ToyServer() as srv, warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        code = cli_logic(["probe", "--base-url", srv.base_url, "--model", "target", "--json"])
+        report = json.loads(capsys.readouterr().out)
+        assert code == 0
+        caps = report["capabilities"]
+        assert (caps["completions"], caps["echo_logprobs"], caps["prompt_logprobs"], caps["chat"]) == (True, True, True, True)
+        assert (caps["chat_prefill"], caps["prefill_style"], caps["prefill_echoes_prefix"]) == (True, "continue_final_message", False)
+        assert (caps["predicted_outputs"], caps["logprobs_raw"]) == (False, True)
+        assert caps["chat_logprobs"] == 12  # the toy vocabulary: 11 characters and end of text
+        served = srv.snapshot()["target"]
+        assert report["requests"] == served.requests + served.failed > 0
+        assert (report["prompt_tokens"], report["completion_tokens"]) == (served.prompt_tokens, served.completion_tokens)
+
+        code = cli_logic(["probe", "--base-url", srv.base_url, "--model", "target"])
+        table = capsys.readouterr().out
+        assert code == 0
+        assert "verification for completions" in table and "echo" in table
+        assert "verification for chat" in table and "prompt-logprobs" in table
+        assert "probing cost" in table
+
+        gc.collect()  # connections the command left open are reported now, not at exit
+    leaked = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+    assert not leaked, f"the probe command left connections open: {leaked}"
