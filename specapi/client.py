@@ -309,7 +309,7 @@ class _Resource:
         runtime = self._runtime
         model = runtime.target.endpoint.model
         engine = runtime.engine(chat=self.chat, prediction=_prediction_text(kwargs.get("prediction")))
-        request = GenerationRequest(context=context, max_tokens=limit, stop=stop)
+        request = GenerationRequest(context=context, max_tokens=limit, stop=stop, stream=stream)
         if stream:
             events = self._events(engine, request)
             if self.chat:

@@ -8,6 +8,7 @@ functions (`acceptance.decide_round`); this module only sequences the calls and 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 from collections.abc import AsyncIterator, Awaitable
@@ -23,7 +24,7 @@ from .policy import RECHECK, TARGET_ALONE, DraftLengthPolicy, PolicyState
 from .sampling import COVERAGE_TOLERANCE
 from .stats import RoleUsage, RoundRecord, SpeculativeStats
 from .paths import Path, PathResolver
-from .verifiers import Verifier, plain_step
+from .verifiers import Verifier, plain_step, plain_stream
 
 __all__ = ["GenerationRequest", "Piece", "Finished", "Engine"]
 
@@ -33,6 +34,7 @@ class GenerationRequest:
     context: Context
     max_tokens: int
     stop: tuple[str, ...] = ()
+    stream: bool = False  # the caller streams: a final target-alone step is streamed too
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,47 @@ class _Books:
     prompt_tokens: int | None = None
     ttft_s: float | None = None
     path_note: str | None = None
+
+
+@dataclass
+class _Output:
+    """The text so far: applies new tokens (end of text, max_tokens, stop strings) and says what may
+    be handed out. A tail that could still grow into a stop string is held back, so nothing that may
+    be cut is ever sent."""
+
+    request: GenerationRequest
+    context: Context
+    text: str = ""
+    sent: int = 0
+    produced: int = 0
+    finish_reason: str = "length"
+    ended: bool = False
+
+    def add(self, new: list[Emitted]) -> str:
+        request = self.request
+        before = len(self.text)
+        for index, token in enumerate(new):
+            if token.eos:
+                self.finish_reason, self.ended = "stop", True
+                break
+            self.produced += token.count
+            self.text += token.data.decode("utf-8")
+            if self.produced >= request.max_tokens:
+                # The end of text right after the last allowed token still counts as a stop.
+                if any(t.eos for t in new[index + 1 : index + 2]):
+                    self.finish_reason, self.ended = "stop", True
+                break
+        cut = _find_stop(self.text, request.stop, before)
+        if cut is not None:
+            self.text = self.text[:cut]
+            self.finish_reason, self.ended = "stop", True
+        self.context = self.context.advanced(self.text[before:])
+        done = self.ended or self.produced >= request.max_tokens
+        safe = len(self.text) if done else len(self.text) - _stop_prefix_len(self.text, request.stop)
+        if safe <= self.sent:
+            return ""
+        piece, self.sent = self.text[self.sent : safe], safe
+        return piece
 
 
 @dataclass
@@ -141,7 +184,9 @@ class Engine:
         clock: Clock = time.perf_counter,
         pipeline: bool = True,
         chat: bool = False,
+        stream_plain: bool = True,
     ) -> None:
+        self.stream_plain = stream_plain
         self.pipeline = pipeline
         self.target = target
         self.paths = paths
@@ -181,15 +226,12 @@ class Engine:
         if speculate and mode == TARGET_ALONE:
             speculate = False
             run.books.fallback_reason = getattr(self.policy, "reason", "") or "the draft-length policy chose the target alone"
-        context = request.context
-        text = ""
-        sent = 0  # how much of `text` has been handed out
-        finish_reason = "length"
-        produced = 0
+        out = _Output(request=request, context=request.context)
         prefetch: _Prefetch | None = None
         try:
-            while produced < request.max_tokens:
-                remaining = request.max_tokens - produced
+            while not out.ended and out.produced < request.max_tokens:
+                remaining = request.max_tokens - out.produced
+                context = out.context
                 k = 0
                 if speculate:
                     chosen = self.policy.choose(PolicyState(remaining, len(run.books.rounds), recheck=mode == RECHECK))
@@ -220,43 +262,26 @@ class Engine:
                             speculate = False
                             continue
                         new = outcome
+                if not new and not speculate and request.stream and self._can_stream(context):
+                    # The target alone finishes the text: stream it, so that text arrives as it is made.
+                    async for tokens in self._plain_stream(context, remaining, run):
+                        piece = out.add(tokens)
+                        if piece:
+                            run.books.ttft_s = run.books.ttft_s if run.books.ttft_s is not None else self.clock() - started
+                            yield Piece(text=piece)
+                    out.ended = True
+                    continue
                 if not new:
                     new = await self._plain(context, 1 if speculate else remaining, remaining, run)
-
-                # Apply the new tokens: end of text, max_tokens, stop strings.
-                before = len(text)
-                ended = False
-                for index, token in enumerate(new):
-                    if token.eos:
-                        finish_reason, ended = "stop", True
-                        break
-                    produced += token.count
-                    text += token.data.decode("utf-8")
-                    if produced >= request.max_tokens:
-                        # The end of text right after the last allowed token still counts as a stop.
-                        if any(t.eos for t in new[index + 1 : index + 2]):
-                            finish_reason, ended = "stop", True
-                        break
-                cut = _find_stop(text, request.stop, before)
-                if cut is not None:
-                    text = text[:cut]
-                    finish_reason, ended = "stop", True
-                context = context.advanced(text[before:])
-                done = ended or produced >= request.max_tokens
-                # Hold back a tail that could still grow into a stop string: never send what may be cut.
-                safe = len(text) if done else len(text) - _stop_prefix_len(text, request.stop)
-                if safe > sent:
-                    if run.books.ttft_s is None:
-                        run.books.ttft_s = self.clock() - started
-                    yield Piece(text=text[sent:safe])
-                    sent = safe
-                if ended:
-                    break
+                piece = out.add(new)
+                if piece:
+                    run.books.ttft_s = run.books.ttft_s if run.books.ttft_s is not None else self.clock() - started
+                    yield Piece(text=piece)
         finally:
             if prefetch is not None:
                 await prefetch.cancel()
 
-        yield self._finished(run, started, finish_reason, produced)
+        yield self._finished(run, started, out.finish_reason, out.produced)
 
     def _finished(self, run: _Run, started: float, finish_reason: str, produced: int) -> Finished:
         books = run.books
@@ -297,6 +322,30 @@ class Engine:
             run.books.ttft_s = self.clock() - started
             yield Piece(text=text)
         yield self._finished(run, started, finish, result.completion_tokens)
+
+    def _can_stream(self, context: Context) -> bool:
+        """Streaming the last step needs no prefix handling the stream could get wrong."""
+        return self.stream_plain and not (context.is_chat and context.accepted and self.prefill.echoes_prefix)
+
+    async def _plain_stream(self, context: Context, remaining: int, run: _Run) -> AsyncIterator[list[Emitted]]:
+        """The target alone generates the rest as a stream. A chunk's text counts as one token (servers
+        stream token by token); when the server stops at the limit, the count is settled to it."""
+        pieces = plain_stream(
+            self.target, context, remaining, run.target_meter, run.seed(), list(run.request.stop) or None, prefill=self.prefill
+        )
+        chunks = 0
+        async with contextlib.aclosing(pieces) as stream:
+            async for text, finish_reason in stream:
+                new = []
+                if text:
+                    chunks += 1
+                    new.append(Emitted(token=text, data=text.encode("utf-8")))
+                if finish_reason == "length":
+                    new.append(Emitted(token="", data=b"", count=max(0, remaining - chunks)))
+                elif finish_reason is not None:
+                    new.append(Emitted(token="", data=b"", eos=True))
+                if new:
+                    yield new
 
     async def _plain(self, context: Context, step_tokens: int, remaining: int, run: _Run) -> list[Emitted]:
         """The target alone generates: one token while speculating, everything that remains otherwise."""

@@ -7,7 +7,8 @@ OpenAI base models). `ChatPromptLogprobsVerifier` uses vLLM's chat `prompt_logpr
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -17,7 +18,7 @@ from .acceptance import DEFAULT_EOS_TOKENS
 from .alignment import ScoredToken, locate_suffix, token_bytes
 from .context import Context, Prefill
 
-__all__ = ["Verification", "Verifier", "EchoVerifier", "ChatPromptLogprobsVerifier", "PlainStep", "plain_step"]
+__all__ = ["Verification", "Verifier", "EchoVerifier", "ChatPromptLogprobsVerifier", "PlainStep", "plain_step", "plain_stream"]
 
 
 @dataclass(frozen=True)
@@ -220,3 +221,42 @@ async def plain_step(
         prompt_tokens=usage.get("prompt_tokens"),
         latency_s=latency,
     )
+
+
+async def plain_stream(
+    client: RoleClient,
+    context: Context,
+    max_tokens: int,
+    meter: Meter,
+    seed: int | None,
+    stop: list[str] | None,
+    *,
+    prefill: Prefill = Prefill(),
+) -> AsyncIterator[tuple[str, str | None]]:
+    """Like `plain_step`, streamed: yields `(text, finish_reason)` per chunk (finish_reason None until the end)."""
+    body: dict = {"max_tokens": max_tokens, "stream_options": {"include_usage": True}, **context.sampling_body(seed)}
+    if stop:
+        body["stop"] = stop
+    if context.is_chat:
+        body["messages"] = context.chat_messages()
+        body.update(prefill.fields(bool(context.accepted)))
+        path = "/chat/completions"
+    else:
+        body["prompt"] = context.completion_prompt()
+        path = "/completions"
+    finished = False
+    async with contextlib.aclosing(client.stream(path, body, meter)) as chunks:
+        async for chunk in chunks:
+            for choice in chunk.get("choices") or []:
+                if choice.get("index", 0) != 0:
+                    continue
+                if context.is_chat:
+                    text = (choice.get("delta") or {}).get("content") or ""
+                else:
+                    text = choice.get("text") or ""
+                finish = choice.get("finish_reason")
+                finished = finished or finish is not None
+                if text or finish is not None:
+                    yield text, finish
+    if not finished:
+        raise client.error("the stream ended without a finish_reason: the text may be incomplete", malformed=True)

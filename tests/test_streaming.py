@@ -315,3 +315,23 @@ async def test_unverifiable_stream_request_is_retried_on_transient_errors(srv):
         srv.clear_faults()
     assert text == greedy(PROMPT, 10)
     assert sleeps == [2.0]
+
+
+@pytest.mark.parametrize("kind", ["completions", "chat"])
+async def test_a_target_alone_stream_arrives_token_by_token(srv, kind):
+    """When nothing is speculated (here: verification="none"), the target's own stream is relayed as it
+    comes, not collected into one piece at the end."""
+    async with AsyncSpeculativeOpenAI(**options(srv, verification="none")) as c:
+        if kind == "chat":
+            stream = await c.chat.completions.create(messages=MESSAGES, max_tokens=12, temperature=0, stream=True)
+            pieces = [ch.choices[0].delta.content for ch in [x async for x in stream] if ch.choices and ch.choices[0].delta.content]
+            expected = TARGET.greedy(render_chat(MESSAGES), 12)[0]
+        else:
+            stream = await c.completions.create(prompt=PROMPT, max_tokens=12, temperature=0, stream=True)
+            pieces = [ch.choices[0].text for ch in [x async for x in stream] if ch.choices and ch.choices[0].text]
+            expected = TARGET.greedy(PROMPT, 12)[0]
+    assert "".join(pieces) == expected
+    assert len(pieces) > 1  # token by token, not one piece
+    assert stream.speculative is not None and not stream.speculative.speculated
+    assert stream.speculative.generated_tokens == len(tokenize(expected))
+    assert srv.requests_for("target")[-1].get("stream") is True
