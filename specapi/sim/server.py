@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
@@ -28,7 +28,11 @@ def create_app(provider: SimProvider) -> Starlette:
     """A Starlette app forwarding every request under ``/`` to ``provider.handle``."""
 
     async def endpoint(request: Request) -> Response:
-        body = await request.body()
+        try:
+            body = await request.body()
+        except ClientDisconnect:
+            # The client hung up (a cancelled speculative call): nothing to answer, nothing to log.
+            return Response(status_code=499)
         path = request.url.path
         if request.url.query:
             path += "?" + request.url.query
