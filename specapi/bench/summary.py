@@ -389,6 +389,7 @@ def report(runs: Sequence[ScenarioRun], *, mode: str, version: str) -> dict[str,
     return {
         "specapi_version": version,
         "mode": mode,
+        "baseline_method": "the target alone through the openai SDK, streamed, timed by the same code as the speculative side",
         "prediction_tolerance": PREDICTION_TOLERANCE,
         "scenarios": scenarios,
     }
