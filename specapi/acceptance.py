@@ -40,8 +40,8 @@ class SamplingParams:
 
 @dataclass(frozen=True)
 class Emitted:
-    """A target token added to the output. `data` is the new bytes (a token that straddles already
-    committed text contributes only its tail); `eos` marks the end of text and carries no token."""
+    """A target token added to the output: `data` is its bytes; `eos` marks the end of text and
+    carries no token."""
 
     token: str
     data: bytes
@@ -61,15 +61,15 @@ class RoundDecision:
     gap: float = 0.0
 
 
-def _emit(token: str, position: ScoredToken, straddle: bytes, eos_tokens: Collection[str]) -> Emitted | None:
-    """The output for `token` chosen at `position`; None when its bytes contradict committed text."""
+def _emit(token: str, position: ScoredToken, eos_tokens: Collection[str]) -> Emitted | None:
+    """The output for `token` chosen at `position`; None when it adds nothing (an empty token)."""
     dist = position.distribution()
     if token in eos_tokens:
         return Emitted(token=token, data=b"", logprob=dist.get(token), top=dict(position.top or {}), eos=True)
     data = token_bytes(token)
-    if data is None or not data.startswith(straddle) or len(data) == len(straddle):
-        return None  # contradicts committed text, or adds nothing to it: no progress from this position
-    return Emitted(token=token, data=data[len(straddle) :], logprob=dist.get(token), top=dict(position.top or {}))
+    if not data:
+        return None
+    return Emitted(token=token, data=data, logprob=dist.get(token), top=dict(position.top or {}))
 
 
 def _without_eos(q: TokenDist, eos_tokens: Collection[str]) -> TokenDist:
@@ -95,7 +95,8 @@ def decide_round(
     """Decide a round.
 
     `positions` are the target's tokens covering the draft text, each with the target's distribution
-    at that position; the first carries `straddle` bytes of already committed text. `draft` are the
+    at that position; the first carries `straddle` bytes of already committed text, in which case the
+    round stalls (the engine then takes a plain target step). `draft` are the
     draft's tokens with the draft's distributions (used for sampled rounds).
     """
     draft_spans = spans(draft)
@@ -108,7 +109,13 @@ def decide_round(
     stalled = False
 
     for index, (position, span) in enumerate(zip(positions, target_spans)):
-        carried = position.data[:straddle] if index == 0 else b""
+        if index == 0 and straddle:
+            # A token merging committed text with the draft: the target's score here is conditioned on
+            # a different split of the text than its own generation had, so neither keeping nor
+            # replacing it is sound. A plain target step decides this position instead.
+            all_accepted = False
+            stalled = True
+            break
         dist = position.distribution()
         if not dist:
             # The server listed nothing here (e.g. the first prompt token): this position cannot be checked.
@@ -131,23 +138,17 @@ def decide_round(
                 gap = max(gap, p.gap, q.gap)
                 keep = rng.random() < acceptance_probability(p.get(position.text), q.get(position.text))
                 choice = position.text if keep else sample_token(residual(p, q), rng)
-            elif carried:
-                # A token merging committed text with the draft: p here is conditioned on a different
-                # split of the context, so neither keeping nor resampling is sound. Take a plain step.
-                all_accepted = False
-                stalled = True
-                break
             else:
                 # Tokenizations differ here: no q for this token, so sample the position from p itself.
                 gap = max(gap, p.gap)
                 choice = sample_token(p, rng)
                 keep = choice == position.text
         if keep:
-            emitted.append(Emitted(token=position.text, data=position.data[len(carried) :], logprob=position.logprob, top=dict(position.top or {})))
+            emitted.append(Emitted(token=position.text, data=position.data, logprob=position.logprob, top=dict(position.top or {})))
             accepted_bytes = span[1]
             continue
         all_accepted = False
-        replacement = _emit(choice, position, carried, eos_tokens) if choice is not None else None
+        replacement = _emit(choice, position, eos_tokens) if choice is not None else None
         if replacement is None:
             stalled = not emitted
         else:

@@ -24,7 +24,7 @@ from .policy import RECHECK, TARGET_ALONE, DraftLengthPolicy, PolicyState
 from .sampling import COVERAGE_TOLERANCE
 from .stats import RoleUsage, RoundRecord, SpeculativeStats
 from .paths import Path, PathResolver
-from .verifiers import Verifier, plain_step, plain_stream
+from .verifiers import Verification, Verifier, plain_step, plain_stream
 
 __all__ = ["GenerationRequest", "Piece", "Finished", "Engine"]
 
@@ -79,6 +79,9 @@ class _Output:
     produced: int = 0
     finish_reason: str = "length"
     ended: bool = False
+    #: Byte offsets in the generated text where a single target token began (0: the prompt's end).
+    token_starts: list[int] = field(default_factory=lambda: [0])
+    generated_bytes: int = 0
 
     def add(self, new: list[Emitted]) -> str:
         request = self.request
@@ -87,6 +90,10 @@ class _Output:
             if token.eos:
                 self.finish_reason, self.ended = "stop", True
                 break
+            if token.data:
+                if token.count == 1 and self.token_starts[-1] != self.generated_bytes:
+                    self.token_starts.append(self.generated_bytes)
+                self.generated_bytes += len(token.data)
             self.produced += token.count
             self.text += token.data.decode("utf-8")
             if self.produced >= request.max_tokens:
@@ -257,7 +264,7 @@ class Engine:
                         if self.pipeline and model is not None and run.draft_meter is not None:
                             # Guess that every draft token is kept, and draft the next round meanwhile.
                             prefetch = _Prefetch.start(model, context.advanced(draft.text), k + 1, run, self.clock)
-                        outcome = await self._round(context, draft, run)
+                        outcome = await self._round(context, draft, run, out.token_starts)
                         if outcome is None:
                             speculate = False
                             continue
@@ -334,6 +341,7 @@ class Engine:
             self.target, context, remaining, run.target_meter, run.seed(), list(run.request.stop) or None, prefill=self.prefill
         )
         chunks = 0
+        started = self.clock()
         async with contextlib.aclosing(pieces) as stream:
             async for text, finish_reason in stream:
                 new = []
@@ -344,6 +352,9 @@ class Engine:
                     new.append(Emitted(token="", data=b"", count=max(0, remaining - chunks)))
                 elif finish_reason is not None:
                     new.append(Emitted(token="", data=b"", eos=True))
+                if finish_reason is not None:
+                    # What the target alone costs is what the policy compares speculation with.
+                    self.policy.observe_plain(remaining if finish_reason == "length" else chunks, self.clock() - started)
                 if new:
                     yield new
 
@@ -382,7 +393,7 @@ class Engine:
             run.books.fallback_reason = f"draft failed, continued with the target alone: {exc}"
             return None
 
-    async def _round(self, context: Context, draft: Draft, run: _Run) -> list[Emitted] | None:
+    async def _round(self, context: Context, draft: Draft, run: _Run, token_starts: list[int]) -> list[Emitted] | None:
         assert self.verifier is not None
         books, top_k = run.books, run.top_k
         try:
@@ -402,6 +413,7 @@ class Engine:
         self.paths.succeeded(self.chat)
         if books.prompt_tokens is None and not context.accepted and verification.prompt_tokens is not None:
             books.prompt_tokens = verification.prompt_tokens
+        _check_token_boundaries(verification, context, draft, token_starts, books)
         decision = decide_round(verification.positions, verification.straddle, draft.tokens, context.sampling, run.rng)
         new = list(decision.emitted)
         if decision.all_accepted and not decision.stalled:
@@ -432,6 +444,27 @@ class Engine:
         if observe is not None:
             observe(draft.drafter, record.drafted, record.accepted)
         return new
+
+
+def _check_token_boundaries(verification: Verification, context: Context, draft: Draft, token_starts: list[int], books: _Books) -> None:
+    """Say so when the target read the text so far with other token boundaries than it generated.
+
+    Over a text API the target re-tokenizes what it is sent. Where the prompt's end or a generated
+    token's start is no longer a token boundary in the scored text, the target's view of the context
+    differs from the one its own single call would have had, so the rest may differ from it too.
+    """
+    if verification.starts_from_end is None or books.inexact_reason is not None:
+        return
+    accepted = len(context.accepted.encode("utf-8"))
+    tail = len(draft.text.encode("utf-8"))
+    for start in token_starts:
+        if start <= accepted and accepted - start + tail not in verification.starts_from_end:
+            books.inexact_reason = (
+                "approximate: the target re-tokenized the text across a token boundary of its own output "
+                f"({accepted - start} bytes before the newest text), so it saw the context split differently "
+                "than a single call would have"
+            )
+            return
 
 
 def _model_drafter(drafter: Drafter | None, draft: Draft) -> ModelDrafter | None:

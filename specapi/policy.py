@@ -135,6 +135,7 @@ class AdaptiveDraftLength:
     """
 
     name = "adaptive"
+    _PRIOR_SEEN = 2.0  # Beta(1, 1): one accepted and one rejected pseudo-observation per position
 
     def __init__(
         self, *, max_length: int = 10, start_length: int = 4, margin: float = 1.05, recheck_every: int = 20, min_rounds: int = 4
@@ -149,8 +150,8 @@ class AdaptiveDraftLength:
         self.recheck_every = recheck_every
         self.min_rounds = min_rounds
         self._rounds_seen = 0
-        self._accepted = [1.0] * max_length
-        self._seen = [2.0] * max_length
+        self._accepted = [self._PRIOR_SEEN / 2] * max_length
+        self._seen = [self._PRIOR_SEEN] * max_length
         self._draft = _Linear()
         self._verify = _Linear()
         self._target = _Linear()
@@ -160,8 +161,16 @@ class AdaptiveDraftLength:
 
     # -- what it has learnt -------------------------------------------------------------------
     def acceptance(self) -> list[float]:
-        """P(accept position i | positions before it accepted)."""
-        return [a / s for a, s in zip(self._accepted, self._seen)]
+        """P(accept position i | positions before it accepted).
+
+        A position never reached yet takes the estimate of the deepest one measured, so the policy
+        is willing to try longer drafts (and so measure them) when the first positions hold up.
+        """
+        estimates: list[float] = []
+        for accepted, seen in zip(self._accepted, self._seen):
+            measured = seen > self._PRIOR_SEEN + 1e-9
+            estimates.append(accepted / seen if measured or not estimates else estimates[-1])
+        return estimates
 
     def predicted_speculative_rate(self, k: int) -> float:
         round_s = (self._draft.predict(k) if self._draft.known else 0.0) + self._verify.predict(k)

@@ -32,6 +32,8 @@ class Verification:
     finish_reason: str | None
     latency_s: float
     prompt_tokens: int | None = None
+    #: Where the scored text's tokens start, in bytes counted back from its end (None: not known).
+    starts_from_end: frozenset[int] | None = None
 
 
 SeedSource = Callable[[], "int | None"]
@@ -62,7 +64,15 @@ def _verification(
 ) -> Verification:
     """The positions from `start` on; the request's own prompt tokens are the billed ones minus the draft's."""
     prompt_tokens = usage.get("prompt_tokens")
+    starts, covered = set(), 0
+    for token in reversed(scored):
+        data = token_bytes(token.text)
+        if not data:
+            break
+        covered += len(data)
+        starts.add(covered)
     return Verification(
+        starts_from_end=frozenset(starts),
         positions=tuple(scored[start:]),
         straddle=straddle,
         bonus=bonus,
