@@ -264,7 +264,7 @@ class Engine:
                         if self.pipeline and model is not None and run.draft_meter is not None:
                             # Guess that every draft token is kept, and draft the next round meanwhile.
                             prefetch = _Prefetch.start(model, context.advanced(draft.text), k + 1, run, self.clock)
-                        outcome = await self._round(context, draft, run, out.token_starts)
+                        outcome = await self._round(context, draft, run, out.token_starts, out.produced)
                         if outcome is None:
                             speculate = False
                             continue
@@ -393,7 +393,7 @@ class Engine:
             run.books.fallback_reason = f"draft failed, continued with the target alone: {exc}"
             return None
 
-    async def _round(self, context: Context, draft: Draft, run: _Run, token_starts: list[int]) -> list[Emitted] | None:
+    async def _round(self, context: Context, draft: Draft, run: _Run, token_starts: list[int], produced: int) -> list[Emitted] | None:
         assert self.verifier is not None
         books, top_k = run.books, run.top_k
         try:
@@ -414,6 +414,7 @@ class Engine:
         if books.prompt_tokens is None and not context.accepted and verification.prompt_tokens is not None:
             books.prompt_tokens = verification.prompt_tokens
         _check_token_boundaries(verification, context, draft, token_starts, books)
+        _check_token_count(verification, context, produced, books)
         decision = decide_round(verification.positions, verification.straddle, draft.tokens, context.sampling, run.rng)
         new = list(decision.emitted)
         if decision.all_accepted and not decision.stalled:
@@ -465,6 +466,21 @@ def _check_token_boundaries(verification: Verification, context: Context, draft:
                 "than a single call would have"
             )
             return
+
+
+def _check_token_count(verification: Verification, context: Context, produced: int, books: _Books) -> None:
+    """The same guard where no scored prompt is returned (fan-out): the target billed the context as
+    more or fewer tokens than the prompt plus the tokens it generated, so it split the text differently."""
+    if context.is_chat or not context.accepted or books.inexact_reason is not None:
+        return
+    if books.prompt_tokens is None or verification.prompt_tokens is None:
+        return
+    if verification.prompt_tokens != books.prompt_tokens + produced:
+        books.inexact_reason = (
+            "approximate: the target re-tokenized the text so far into "
+            f"{verification.prompt_tokens} tokens instead of {books.prompt_tokens + produced} (prompt plus its own output), "
+            "so it saw the context split differently than a single call would have"
+        )
 
 
 def _model_drafter(drafter: Drafter | None, draft: Draft) -> ModelDrafter | None:

@@ -40,8 +40,9 @@ class PrefillFanoutVerifier:
         for token in draft:
             prefixes.append(prefixes[-1] + token.data.decode("utf-8", errors="strict"))
         started = self.client.clock()
-        picks = await asyncio.gather(*(self._pick(context, prefix, meter, seed, top_k) for prefix, seed in zip(prefixes, seeds)))
+        answers = await asyncio.gather(*(self._pick(context, prefix, meter, seed, top_k) for prefix, seed in zip(prefixes, seeds)))
         latency = self.client.clock() - started
+        picks = [pick for pick, _ in answers]
         positions = []
         for token, pick in zip(draft, picks):
             positions.append(ScoredToken(text=token.text, logprob=0.0 if pick == token.text else None, top={pick: 0.0}))
@@ -53,10 +54,12 @@ class PrefillFanoutVerifier:
             bonus=bonus,
             finish_reason="stop" if bonus is None else "length",
             latency_s=latency,
+            prompt_tokens=answers[0][1],  # the context alone, as the target tokenized it
         )
 
-    async def _pick(self, context: Context, prefix: str, meter: Meter, seed: int | None, top_k: int) -> str:
-        """The target's next token after `accepted + prefix` (END_OF_TEXT when it ends the text)."""
+    async def _pick(self, context: Context, prefix: str, meter: Meter, seed: int | None, top_k: int) -> tuple[str, int | None]:
+        """The target's next token after `accepted + prefix` (END_OF_TEXT when it ends the text), and
+        the prompt tokens it was billed."""
         body = {"max_tokens": 1, **context.sampling_body(seed)}
         if context.is_chat:
             body.update({"messages": context.chat_messages(prefix), "logprobs": True, "top_logprobs": min(top_k, 20)})
@@ -76,10 +79,12 @@ class PrefillFanoutVerifier:
         except (KeyError, IndexError, TypeError, ValueError) as exc:
             raise self.client.error(f"fan-out response is unreadable ({exc})", malformed=True) from exc
         real = [t for t in tokens if t.text not in DEFAULT_EOS_TOKENS]
+        prompt_tokens = (response.get("usage") or {}).get("prompt_tokens")
+        prompt_tokens = prompt_tokens if isinstance(prompt_tokens, int) else None
         if not text:
             if choice.get("finish_reason") == "stop":
-                return END_OF_TEXT
+                return END_OF_TEXT, prompt_tokens
             raise self.client.error("fan-out response generated nothing and did not stop", malformed=True)
         if real and real[-1].text and text.endswith(real[-1].text):
-            return real[-1].text  # the token as the server spelled it
-        return text
+            return real[-1].text, prompt_tokens  # the token as the server spelled it
+        return text, prompt_tokens

@@ -181,5 +181,7 @@ def run(args: argparse.Namespace) -> int:
 
         write_html(data, args.html)
         console.print(f"HTML report: {args.html}")
-    failed = any(s["mismatches"] or s["errors"] for s in data["scenarios"])
+    # A run fails on errors and on outputs that differ while claiming to be exact; outputs the engine
+    # itself marked approximate are reported, not failed.
+    failed = any(any(m.get("claimed_exact", True) for m in s["mismatches"]) or s["errors"] for s in data["scenarios"])
     return 1 if failed else 0

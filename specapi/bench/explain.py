@@ -177,11 +177,21 @@ def explain(summary: dict[str, Any], *, note: str = "") -> str:
             text += ": beyond the 15% tolerance; " + "; ".join(gap_reasons(summary))
         sentences.append(text + ".")
     sentences.append(_cost_sentence(summary))
-    if summary["mismatches"]:
+    claimed = [m for m in summary["mismatches"] if m.get("claimed_exact", True)]
+    flagged = [m for m in summary["mismatches"] if not m.get("claimed_exact", True)]
+    if claimed:
         sentences.append(
-            f"EXACTNESS FAILURE: {len(summary['mismatches'])} output(s) differ from the target alone's at temperature 0 "
-            f"(requests {', '.join(str(m['request']) for m in summary['mismatches'])}): speculation must not change the text."
+            f"EXACTNESS FAILURE: {len(claimed)} output(s) differ from the target alone's at temperature 0 "
+            f"while claiming to be exact (requests {', '.join(str(m['request']) for m in claimed)}): "
+            "speculation must not change the text."
         )
+    if flagged:
+        sentences.append(
+            f"{len(flagged)} output(s) differ from the target alone's, and each response said it was approximate "
+            f"(requests {', '.join(str(m['request']) for m in flagged)}): {flagged[0]['engine_reason']}."
+        )
+    if summary["mismatches"]:
+        pass  # said above
     elif summary["exact_outputs"]:
         sentences.append("Every output was the target's own.")
     elif summary.get("engine_inexact_reasons"):

@@ -215,6 +215,9 @@ def _mismatches(run: ScenarioRun) -> list[dict[str, Any]]:
         found.append(
             {
                 "request": spec.index,
+                # False when the response itself said it was approximate (and why): honest, not a bug.
+                "claimed_exact": spec.stats is None or spec.stats.exact,
+                "engine_reason": None if spec.stats is None else spec.stats.exact_reason,
                 "first_difference_at_char": at,
                 "target_alone": other.text[max(0, at - 20) : at + 40],
                 "speculative": spec.text[max(0, at - 20) : at + 40],

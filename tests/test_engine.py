@@ -1,0 +1,86 @@
+"""Engine behaviour that only shows end to end: text-API token boundaries and honest exactness flags."""
+
+from __future__ import annotations
+
+import pytest
+
+import specapi.probe
+from specapi import AsyncSpeculativeOpenAI
+from specapi.sim import SimProvider, encode_text, simulated_endpoints
+
+# The prompt's last token ("`.\n") merges with the target's first generated token ("\n") when the two
+# are sent back as text: the target then reads its own output split differently than it generated it.
+MERGING_PROMPT = 'def dedent(text):\n    """Remove any common leading whitespace from every line in `text`.\n'
+
+
+@pytest.fixture(autouse=True)
+def fresh_probe_cache():
+    specapi.probe._CACHE.clear()
+    yield
+    specapi.probe._CACHE.clear()
+
+
+async def _both(prompt: str, max_tokens: int):
+    provider = SimProvider(capabilities="vllm", latency="instant", seed=0)
+    target, draft = simulated_endpoints(provider=provider)
+    async with AsyncSpeculativeOpenAI(target=target, draft=draft, policy="fixed", num_speculative_tokens=5) as client:
+        spec = await client.completions.create(prompt=prompt, max_tokens=max_tokens, temperature=0)
+    target, _ = simulated_endpoints(provider=provider)
+    async with AsyncSpeculativeOpenAI(target=target, verification="none") as alone:
+        plain = await alone.completions.create(prompt=prompt, max_tokens=max_tokens, temperature=0)
+    return spec, plain
+
+
+async def test_a_retokenized_boundary_is_reported_not_hidden():
+    first = encode_text(MERGING_PROMPT)
+    spec, plain = await _both(MERGING_PROMPT, 40)
+    merged = encode_text(MERGING_PROMPT + plain.choices[0].text)
+    assert merged[: len(first) - 1] == first[:-1] and merged[len(first) - 1] != first[-1]  # the merge exists
+    s = spec.speculative
+    if spec.choices[0].text != plain.choices[0].text:
+        # Text differs from a single target call: the response must not claim exactness.
+        assert not s.exact and "re-tokenized" in (s.exact_reason or "")
+    assert s.rounds, "the request speculated"
+
+
+@pytest.mark.parametrize(
+    "prompt",
+    ["class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n", "def __repr__(self):\n        return"],
+)
+async def test_prompts_without_merges_stay_exact_and_say_so(prompt):
+    spec, plain = await _both(prompt, 40)
+    assert spec.choices[0].text == plain.choices[0].text
+    assert spec.speculative.exact and spec.speculative.exact_reason is None
+
+
+HONESTY_PROMPTS = [
+    "def fibonacci(n):\n",
+    "import json\n\n\ndef load(path):\n    with open(path) as f:\n",
+    "The history of the",
+    "Once upon a time, there was a",
+    "class Queue:\n    def __init__(self):",
+    "    for i in range(10):\n        if i % 2 == 0:\n",
+    "SELECT name, count(*) FROM users",
+    "Dear colleagues,\n\nThank you for",
+    MERGING_PROMPT,
+]
+
+
+@pytest.mark.parametrize("profile", ["vllm", "llamacpp"])
+async def test_greedy_text_is_the_targets_or_the_response_says_otherwise(profile):
+    """The guarantee behind every path: never silently different text."""
+    provider = SimProvider(capabilities=profile, latency="instant", seed=0)
+    target, draft = simulated_endpoints(provider=provider)
+    alone_target, _ = simulated_endpoints(provider=provider)
+    async with AsyncSpeculativeOpenAI(target=target, draft=draft, policy="fixed") as client, AsyncSpeculativeOpenAI(
+        target=alone_target, verification="none"
+    ) as alone:
+        differing = 0
+        for prompt in HONESTY_PROMPTS:
+            spec = await client.completions.create(prompt=prompt, max_tokens=30, temperature=0)
+            plain = await alone.completions.create(prompt=prompt, max_tokens=30, temperature=0)
+            assert spec.speculative.rounds, prompt
+            if spec.choices[0].text != plain.choices[0].text:
+                differing += 1
+                assert not spec.speculative.exact and spec.speculative.exact_reason, prompt
+    assert differing < len(HONESTY_PROMPTS) // 2  # the flag is the exception, not the rule
