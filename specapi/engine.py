@@ -39,10 +39,9 @@ class GenerationRequest:
 
 @dataclass(frozen=True)
 class Piece:
-    """Text the target accepted, with the tokens that spell it."""
+    """Text the target accepted, ready to hand out."""
 
     text: str
-    tokens: tuple[Emitted, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -139,7 +138,7 @@ class _Prefetch:
     assumed: str  # the accepted text the prefetched draft continues
 
     @classmethod
-    def start(cls, drafter: Drafter, context: Context, k: int, run: _Run, clock: Clock) -> _Prefetch:
+    def start(cls, drafter: Drafter, context: Context, k: int, run: _Run) -> _Prefetch:
         assert run.draft_meter is not None
         task = asyncio.ensure_future(drafter.draft(context, k, run.draft_meter, run.seed()))
         return cls(task=task, assumed=context.accepted)
@@ -263,7 +262,7 @@ class Engine:
                         model = _model_drafter(self.drafter, draft)
                         if self.pipeline and model is not None and run.draft_meter is not None:
                             # Guess that every draft token is kept, and draft the next round meanwhile.
-                            prefetch = _Prefetch.start(model, context.advanced(draft.text), k + 1, run, self.clock)
+                            prefetch = _Prefetch.start(model, context.advanced(draft.text), k + 1, run)
                         outcome = await self._round(context, draft, run, out.token_starts, out.produced)
                         if outcome is None:
                             speculate = False
