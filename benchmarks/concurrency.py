@@ -48,7 +48,7 @@ PROMPTS = [
 def _arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--requests", type=int, default=16, help="requests started together (default 16)")
-    parser.add_argument("--latency", default="lan", choices=["lan", "hosted", "instant"])
+    parser.add_argument("--latency", default="hosted", choices=["lan", "hosted", "instant"])
     parser.add_argument("--profile", default="vllm", choices=["vllm", "openai", "llamacpp"])
     parser.add_argument("--max-tokens", type=int, default=60)
     parser.add_argument("--policy", default="fixed", choices=["fixed", "adaptive"])
