@@ -1,6 +1,7 @@
 """Concurrency on one client: N speculative requests at once should take no more than 2x the time of one.
 
-Runs on the simulator, on a latency-bound profile (``lan`` by default), with one
+Runs on the simulator, on a latency-bound profile (``hosted`` latencies by default: ~0.4 s per call, so
+that latency, not this machine's CPU, bounds the run; ``--latency lan`` shows the CPU-bound case), with one
 ``AsyncSpeculativeOpenAI`` shared by every request. By default the simulator is served in-process (no
 sockets); its own CPU work (scoring every echoed token of every request) then shares the client's
 single thread. ``--server`` runs it as its own process instead (``specapi simulate`` on 127.0.0.1, a free
@@ -11,7 +12,7 @@ warm-up request:
 * the wall time of N requests started together (prompts cycling), and their latency percentiles;
 * every output against the target alone's greedy output (asked of the simulator through the SDK).
 
-    python benchmarks/concurrency.py                       # 16 requests, lan, fixed 5 tokens per round
+    python benchmarks/concurrency.py                       # 16 requests, hosted latency, fixed 5 tokens per round
     python benchmarks/concurrency.py --requests 32 --policy adaptive --drafter auto
     python benchmarks/concurrency.py --server               # simulator as a separate HTTP process
 
