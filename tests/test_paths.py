@@ -330,3 +330,67 @@ async def test_sampling_is_exact_where_the_draft_often_ends_the_text(verificatio
     assert p_target > 1e-3, (
         f"first-token distribution is not the target's (p={p_target:.3g}): "
         f"P(empty output) = {first.get('', 0) / len(responses):.3f}, target {exact['']:.3f}")
+
+
+# ----------------------------------------------------------------------------- a draft with another tokenizer
+
+
+class PairsDrafter:
+    """A drafter whose tokenizer differs from the toy target's (one character per token): it proposes
+    two-character tokens, sampled from the toy draft model, with their exact two-step probability."""
+
+    name = "pairs"
+
+    async def draft(self, context, k, meter, seed):
+        import random as _random
+
+        from specapi.alignment import ScoredToken
+        from specapi.drafters import Draft
+
+        rng = _random.Random(seed)
+        text = context.completion_prompt()
+        tokens = []
+        for _ in range(k):
+            piece, probability = "", 1.0
+            for _ in range(2):
+                probs = {t: p for t, p in DRAFT.next_probs(text + piece).items() if t != "<|endoftext|>"}
+                total = sum(probs.values())
+                choice = rng.choices(list(probs), weights=list(probs.values()))[0]
+                piece += choice
+                probability *= probs[choice] / total
+            tokens.append(ScoredToken(text=piece, logprob=math.log(probability), top={piece: math.log(probability)}))
+            text += piece
+        return Draft(tokens=tuple(tokens), drafter=self.name)
+
+
+async def test_a_draft_with_another_tokenizer_keeps_greedy_exact():
+    toy = InProcessToy()
+    async with AsyncSpeculativeOpenAI(target=toy.endpoint("target"), drafter=PairsDrafter(), policy="fixed",
+                                      num_speculative_tokens=3, verification="echo") as client:
+        accepted = 0
+        for prompt in ["ab", "cafe", "dd e", "f:a", "bead", "ace"]:
+            resp = await client.completions.create(prompt=prompt, max_tokens=12, temperature=0)
+            assert (resp.choices[0].text, resp.choices[0].finish_reason) == TARGET.greedy(prompt, 12), prompt
+            assert resp.speculative.speculated and resp.speculative.exact
+            accepted += resp.speculative.accepted_tokens
+        assert accepted > 0  # two-character proposals were checked character by character, and some held
+
+
+async def test_a_draft_with_another_tokenizer_keeps_the_targets_distribution():
+    """No target token lines up with a two-character draft token, so every position is sampled from the
+    target's own distribution; whatever the draft proposes, the output is the target's."""
+    toy = InProcessToy()
+    async with AsyncSpeculativeOpenAI(target=toy.endpoint("target"), drafter=PairsDrafter(), policy="fixed",
+                                      num_speculative_tokens=2, verification="echo") as client:
+        responses = []
+        for start in range(0, SAMPLES, 100):
+            responses += await asyncio.gather(*(
+                client.completions.create(prompt=SAMPLE_PROMPT, max_tokens=SAMPLE_TOKENS, temperature=1.0, seed=seed)
+                for seed in range(start, start + 100)))
+    counts: dict[str, int] = {}
+    for r in responses:
+        counts[r.choices[0].text] = counts.get(r.choices[0].text, 0) + 1
+    assert sum(r.speculative.rounds != () for r in responses) >= 0.9 * SAMPLES
+    assert all(r.speculative.exact for r in responses)
+    assert chisquare_p(counts, TARGET.sequence_probs(SAMPLE_PROMPT, SAMPLE_TOKENS)) > 1e-3
+    assert chisquare_p(counts, DRAFT.sequence_probs(SAMPLE_PROMPT, SAMPLE_TOKENS)) < 1e-6
