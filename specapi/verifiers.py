@@ -18,7 +18,16 @@ from .acceptance import DEFAULT_EOS_TOKENS
 from .alignment import ScoredToken, locate_suffix, token_bytes
 from .context import Context, Prefill
 
-__all__ = ["Verification", "Verifier", "EchoVerifier", "ChatPromptLogprobsVerifier", "PlainStep", "plain_step", "plain_stream"]
+__all__ = [
+    "Verification",
+    "Verifier",
+    "EchoVerifier",
+    "ChatPromptLogprobsVerifier",
+    "PlainStep",
+    "generation_request",
+    "plain_step",
+    "plain_stream",
+]
 
 
 @dataclass(frozen=True)
@@ -163,6 +172,21 @@ class ChatPromptLogprobsVerifier:
         return _verification(scored, start, straddle, bonus, choice, latency, response.get("usage") or {})
 
 
+def generation_request(
+    context: Context, max_tokens: int, seed: int | None, stop: list[str] | None, prefill: Prefill = Prefill()
+) -> tuple[str, dict]:
+    """The path and body of a request in which the target generates from the context by itself."""
+    body: dict = {"max_tokens": max_tokens, **context.sampling_body(seed)}
+    if stop:
+        body["stop"] = stop
+    if context.is_chat:
+        body["messages"] = context.chat_messages()
+        body.update(prefill.fields(bool(context.accepted)))
+        return "/chat/completions", body
+    body["prompt"] = context.completion_prompt()
+    return "/completions", body
+
+
 @dataclass(frozen=True)
 class PlainStep:
     text: str
@@ -188,18 +212,9 @@ async def plain_step(
     With `count_tokens`, logprobs are requested just to count the text's tokens exactly (usage counts
     an end-of-text token too, on most servers).
     """
-    body: dict = {"max_tokens": max_tokens, **context.sampling_body(seed)}
+    path, body = generation_request(context, max_tokens, seed, stop, prefill)
     if count_tokens and max_tokens > 1:
         body.update({"logprobs": True} if context.is_chat else {"logprobs": 1})
-    if stop:
-        body["stop"] = stop
-    if context.is_chat:
-        body["messages"] = context.chat_messages()
-        body.update(prefill.fields(bool(context.accepted)))
-        path = "/chat/completions"
-    else:
-        body["prompt"] = context.completion_prompt()
-        path = "/completions"
     started = client.clock()
     response = await client.post(path, body, meter)
     latency = client.clock() - started
@@ -244,16 +259,8 @@ async def plain_stream(
     prefill: Prefill = Prefill(),
 ) -> AsyncIterator[tuple[str, str | None]]:
     """Like `plain_step`, streamed: yields `(text, finish_reason)` per chunk (finish_reason None until the end)."""
-    body: dict = {"max_tokens": max_tokens, "stream_options": {"include_usage": True}, **context.sampling_body(seed)}
-    if stop:
-        body["stop"] = stop
-    if context.is_chat:
-        body["messages"] = context.chat_messages()
-        body.update(prefill.fields(bool(context.accepted)))
-        path = "/chat/completions"
-    else:
-        body["prompt"] = context.completion_prompt()
-        path = "/completions"
+    path, body = generation_request(context, max_tokens, seed, stop, prefill)
+    body["stream_options"] = {"include_usage": True}
     finished = False
     async with contextlib.aclosing(client.stream(path, body, meter)) as chunks:
         async for chunk in chunks:

@@ -16,6 +16,7 @@ from ._calls import Meter, RoleClient
 from .context import Context
 from .drafters import Draft, Drafter
 from .stats import RoundRecord
+from .verifiers import generation_request
 
 __all__ = ["WholeResult", "PredictedOutputsPath", "PrefixMatchPath"]
 
@@ -27,17 +28,6 @@ class WholeResult:
     completion_tokens: int
     prompt_tokens: int | None
     record: RoundRecord | None
-
-
-def _target_body(context: Context, max_tokens: int, seed: int | None, stop: list[str] | None) -> tuple[str, dict]:
-    body: dict = {"max_tokens": max_tokens, **context.sampling_body(seed)}
-    if stop:
-        body["stop"] = stop
-    if context.is_chat:
-        body["messages"] = context.chat_messages()
-        return "/chat/completions", body
-    body["prompt"] = context.completion_prompt()
-    return "/completions", body
 
 
 def _read(response: dict, chat: bool) -> tuple[str, str, dict]:
@@ -57,7 +47,7 @@ class PredictedOutputsPath:
         started = self.target.clock()
         draft = await drafter.draft(context, max_tokens, draft_meter, seeds[0])
         draft_latency = self.target.clock() - started
-        path, body = _target_body(context, max_tokens, seeds[1], stop)
+        path, body = generation_request(context, max_tokens, seeds[1], stop)
         if draft.text:
             body["prediction"] = {"type": "content", "content": draft.text}
         started = self.target.clock()
@@ -93,7 +83,7 @@ class PrefixMatchPath:
     async def run(
         self, context: Context, drafter: Drafter, draft_meter: Meter, target_meter: Meter, max_tokens: int, seeds: tuple[int | None, int | None], stop: list[str] | None
     ) -> WholeResult:
-        path, body = _target_body(context, max_tokens, seeds[1], stop)
+        path, body = generation_request(context, max_tokens, seeds[1], stop)
         started = self.target.clock()
         draft_task = asyncio.ensure_future(self._timed_draft(drafter, context, max_tokens, draft_meter, seeds[0], self.target.clock))
         try:

@@ -9,19 +9,18 @@ server's exact distributions (chi-square), with its request handling called in-p
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 
 import httpx2
 import openai
 import pytest
-from scipy.stats import chisquare
 
 import specapi.probe
 from specapi import AsyncSpeculativeOpenAI, Endpoint
 from specapi.paths import VERIFICATIONS
 from specapi.sim import EOS_TOKEN, SimProvider, encode_text, simulated_endpoints
-from toyserver import DRAFT, TARGET, ToyServer
+from toyclient import InProcessToy, chisquare_p
+from toyserver import DRAFT, TARGET
 
 COMPLETION_PROMPTS = [
     "def fibonacci(n):\n",
@@ -251,41 +250,11 @@ async def test_response_always_names_its_verification_and_why_it_did_not_specula
 # ----------------------------------------------------------------------------- sampling through prefill fan-out
 
 
-class InProcessToy:
-    """The toy server's request handling behind an httpx2 MockTransport: no sockets, same answers."""
-
-    def __init__(self) -> None:
-        self.toy = ToyServer()  # never started
-
-    def handler(self, request: httpx2.Request) -> httpx2.Response:
-        reply = self.toy.handle(request.method, request.url.path, json.loads(request.content), {})
-        return httpx2.Response(reply.status, json=reply.payload, headers=reply.headers)
-
-    def endpoint(self, model: str) -> Endpoint:
-        return Endpoint(model=model, base_url="http://toy.test/v1", api_key="x", name=f"toy {model} (paths)",
-                        http_client=httpx2.AsyncClient(transport=httpx2.MockTransport(self.handler)))
-
-
-def chisquare_p(counts: dict[str, int], exact: dict[str, float]) -> float:
-    """p-value of a chi-square goodness of fit; cells expecting fewer than 5 merged into one."""
-    n = sum(counts.values())
-    assert not set(counts) - set(exact), "an output impossible under the model"
-    big = [k for k in exact if exact[k] * n >= 5]
-    rest = [k for k in exact if exact[k] * n < 5]
-    observed = [counts.get(k, 0) for k in big]
-    expected = [exact[k] * n for k in big]
-    if rest:
-        observed.append(sum(counts.get(k, 0) for k in rest))
-        expected.append(sum(exact[k] for k in rest) * n)
-    expected[-1] += n - math.fsum(expected)
-    return float(chisquare(observed, expected).pvalue)
-
-
 SAMPLE_PROMPT, SAMPLE_TOKENS, SAMPLES = "ab", 2, 1000
 
 
 async def test_prefill_fanout_sampling_follows_the_targets_distribution():
-    toy = InProcessToy()
+    toy = InProcessToy("paths")
     async with AsyncSpeculativeOpenAI(target=toy.endpoint("target"), draft=toy.endpoint("draft"), policy="fixed",
                                       num_speculative_tokens=1, verification="prefill-fanout") as client:
         responses = []
@@ -312,7 +281,7 @@ EOT_PROMPT = "ff"  # toy models: P(end of text) is 0.71 for the target, 0.57 for
 
 @pytest.mark.parametrize("verification", ["echo", "prefill-fanout"])
 async def test_sampling_is_exact_where_the_draft_often_ends_the_text(verification):
-    toy = InProcessToy()
+    toy = InProcessToy("paths")
     async with AsyncSpeculativeOpenAI(target=toy.endpoint("target"), draft=toy.endpoint("draft"), policy="fixed",
                                       num_speculative_tokens=1, verification=verification) as client:
         responses = []
@@ -364,7 +333,7 @@ class PairsDrafter:
 
 
 async def test_a_draft_with_another_tokenizer_keeps_greedy_exact():
-    toy = InProcessToy()
+    toy = InProcessToy("paths")
     async with AsyncSpeculativeOpenAI(target=toy.endpoint("target"), drafter=PairsDrafter(), policy="fixed",
                                       num_speculative_tokens=3, verification="echo") as client:
         accepted = 0
@@ -379,7 +348,7 @@ async def test_a_draft_with_another_tokenizer_keeps_greedy_exact():
 async def test_a_draft_with_another_tokenizer_keeps_the_targets_distribution():
     """No target token lines up with a two-character draft token, so every position is sampled from the
     target's own distribution; whatever the draft proposes, the output is the target's."""
-    toy = InProcessToy()
+    toy = InProcessToy("paths")
     async with AsyncSpeculativeOpenAI(target=toy.endpoint("target"), drafter=PairsDrafter(), policy="fixed",
                                       num_speculative_tokens=2, verification="echo") as client:
         responses = []

@@ -7,18 +7,16 @@ either way; nothing keeps running after a call returns; `pipeline=False` never p
 from __future__ import annotations
 
 import asyncio
-import json
-import math
 
 import httpx2
 import openai
 import pytest
-from scipy.stats import chisquare
 
 import specapi.probe
-from specapi import AsyncSpeculativeOpenAI, Endpoint
+from specapi import AsyncSpeculativeOpenAI
 from specapi.sim import LatencyProfile, ModelTiming, SimProvider, simulated_endpoints
-from toyserver import DRAFT, TARGET, ToyServer
+from toyclient import InProcessToy, chisquare_p
+from toyserver import DRAFT, TARGET
 
 COMPLETION_PROMPTS = ["def fibonacci(n):\n", "import os\nimport sys\n\n", "class Stack:\n    def __init__(self):\n"]
 CHAT_PROMPTS = ["Write a Python function that returns the sum of a list.", "List three colours."]
@@ -171,40 +169,11 @@ async def test_same_seed_same_sampled_output_with_pipelining():
     assert sum(map(pipelined_rounds, first)) > 0
 
 
-class InProcessToy:
-    """The toy server's request handling behind an httpx2 MockTransport: no sockets, same answers."""
-
-    def __init__(self) -> None:
-        self.toy = ToyServer()  # never started
-
-    def handler(self, request: httpx2.Request) -> httpx2.Response:
-        reply = self.toy.handle(request.method, request.url.path, json.loads(request.content), {})
-        return httpx2.Response(reply.status, json=reply.payload, headers=reply.headers)
-
-    def endpoint(self, model: str) -> Endpoint:
-        return Endpoint(model=model, base_url="http://toy.test/v1", api_key="x", name=f"toy {model} (pipeline)",
-                        http_client=httpx2.AsyncClient(transport=httpx2.MockTransport(self.handler)))
-
-
-def chisquare_p(counts: dict[str, int], exact: dict[str, float]) -> float:
-    n = sum(counts.values())
-    assert not set(counts) - set(exact), "an output impossible under the model"
-    big = [k for k in exact if exact[k] * n >= 5]
-    rest = [k for k in exact if exact[k] * n < 5]
-    observed = [counts.get(k, 0) for k in big]
-    expected = [exact[k] * n for k in big]
-    if rest:
-        observed.append(sum(counts.get(k, 0) for k in rest))
-        expected.append(sum(exact[k] for k in rest) * n)
-    expected[-1] += n - math.fsum(expected)
-    return float(chisquare(observed, expected).pvalue)
-
-
 SAMPLE_PROMPT, SAMPLE_TOKENS, SAMPLES = "cafe", 4, 600
 
 
 async def test_pipelined_sampling_follows_the_targets_distribution():
-    toy = InProcessToy()
+    toy = InProcessToy("pipeline")
     async with AsyncSpeculativeOpenAI(target=toy.endpoint("target"), draft=toy.endpoint("draft"), drafter="model",
                                       policy="fixed", num_speculative_tokens=1, pipeline=True) as client:
         responses = []

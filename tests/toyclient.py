@@ -1,0 +1,43 @@
+"""Test helpers around the toy server: in-process endpoints and a chi-square check (not a test module)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import httpx2
+from scipy.stats import chisquare
+
+from specapi import Endpoint
+from toyserver import ToyServer
+
+
+class InProcessToy:
+    """The toy server's request handling behind an httpx2 MockTransport: no sockets, same answers."""
+
+    def __init__(self, label: str = "toy") -> None:
+        self.toy = ToyServer()  # never started
+        self.label = label
+
+    def handler(self, request: httpx2.Request) -> httpx2.Response:
+        reply = self.toy.handle(request.method, request.url.path, json.loads(request.content), {})
+        return httpx2.Response(reply.status, json=reply.payload, headers=reply.headers)
+
+    def endpoint(self, model: str) -> Endpoint:
+        return Endpoint(model=model, base_url="http://toy.test/v1", api_key="x", name=f"toy {model} ({self.label})",
+                        http_client=httpx2.AsyncClient(transport=httpx2.MockTransport(self.handler)))
+
+
+def chisquare_p(counts: dict[str, int], exact: dict[str, float]) -> float:
+    """p-value of a chi-square goodness of fit; cells expecting fewer than 5 merged into one."""
+    n = sum(counts.values())
+    assert not set(counts) - set(exact), "an output impossible under the model"
+    big = [k for k in exact if exact[k] * n >= 5]
+    rest = [k for k in exact if exact[k] * n < 5]
+    observed = [counts.get(k, 0) for k in big]
+    expected = [exact[k] * n for k in big]
+    if rest:
+        observed.append(sum(counts.get(k, 0) for k in rest))
+        expected.append(sum(exact[k] for k in rest) * n)
+    expected[-1] += n - math.fsum(expected)
+    return float(chisquare(observed, expected).pvalue)
