@@ -15,3 +15,14 @@ httpx2.alias_httpx()
 _TESTS = str(pathlib.Path(__file__).resolve().parent)
 if _TESTS not in sys.path:
     sys.path.insert(0, _TESTS)
+
+
+import shutil  # noqa: E402
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture
+def curl_installed() -> None:
+    """`curl` checks need the command: .ci/run installs it; a missing one fails loudly, never skips."""
+    assert shutil.which("curl"), "the curl command is missing (apt-get install curl)"

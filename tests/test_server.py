@@ -7,7 +7,6 @@ Streams, disconnects and shutdown are in `test_server_stream.py`; pure helpers i
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from decimal import Decimal
 
@@ -359,7 +358,7 @@ def test_two_apps_keep_separate_metrics(upstream):
     assert first.state.metrics.registry is not second.state.metrics.registry
 
 
-@pytest.mark.skipif(shutil.which("curl") is None, reason="needs the curl command")
+@pytest.mark.usefixtures("curl_installed")
 def test_curl_gets_a_completion(proxy):
     body = json.dumps({"model": "target", "prompt": "ab", "max_tokens": 10, "temperature": 0})
     result = subprocess.run(

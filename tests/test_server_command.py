@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -101,7 +100,7 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-@pytest.mark.skipif(shutil.which("curl") is None, reason="needs the curl command")
+@pytest.mark.usefixtures("curl_installed")
 def test_specapi_serve_runs_answers_curl_and_stops_cleanly_on_sigterm():
     with ToyServer(api_key=UPSTREAM_KEY) as srv:
         port = _free_port()
