@@ -114,7 +114,8 @@ class _Runtime:
     def engine(self, chat: bool, prediction: str | None = None) -> Engine:
         drafter = self.drafter
         if prediction:
-            drafter = CombinedDrafter([PredictionDrafter(prediction=prediction), *([drafter] if drafter else [])])
+            others = list(getattr(drafter, "drafters", [drafter] if drafter else []))
+            drafter = CombinedDrafter([PredictionDrafter(prediction=prediction), *others])
         return Engine(
             target=self.target,
             paths=self.paths,
