@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from dataclasses import replace
 import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
@@ -110,15 +111,28 @@ class _Runtime:
         self.verification = verification
         self.clock = clock
         self.paths = PathResolver(self.target, verification)
+        # `model=` on a call names another model on the target's server: its own client view and
+        # path memory, sharing the connection pool.
+        self._by_model: dict[str, tuple[RoleClient, PathResolver]] = {}
 
-    def engine(self, chat: bool, prediction: str | None = None) -> Engine:
+    def target_for(self, model: str) -> tuple[RoleClient, PathResolver]:
+        if model == self.target.endpoint.model:
+            return self.target, self.paths
+        if model not in self._by_model:
+            role = RoleClient("target", replace(self.target.endpoint, model=model, name=None), sleep=self.target.sleep, clock=self.clock)
+            role._client = self.target.sdk
+            self._by_model[model] = (role, PathResolver(role, self.verification))
+        return self._by_model[model]
+
+    def engine(self, chat: bool, prediction: str | None = None, model: str | None = None) -> Engine:
+        target, paths = self.target_for(model or self.target.endpoint.model)
         drafter = self.drafter
         if prediction:
             others = list(getattr(drafter, "drafters", [drafter] if drafter else []))
             drafter = CombinedDrafter([PredictionDrafter(prediction=prediction), *others])
         return Engine(
-            target=self.target,
-            paths=self.paths,
+            target=target,
+            paths=paths,
             chat=chat,
             drafter=drafter,
             draft_meter_endpoint=self.draft,
@@ -304,12 +318,11 @@ class _Resource:
         raise RuntimeError("the engine ended without finishing")  # pragma: no cover
 
     async def _respond(
-        self, context: Context, limit: int, stop: tuple[str, ...], kwargs: Mapping[str, Any], stream: bool, include_usage: bool
+        self, context: Context, limit: int, stop: tuple[str, ...], kwargs: Mapping[str, Any], stream: bool, include_usage: bool, model: str
     ) -> Any:
         """Run the engine: a stream of chunks, or one response collected from it."""
         runtime = self._runtime
-        model = runtime.target.endpoint.model
-        engine = runtime.engine(chat=self.chat, prediction=_prediction_text(kwargs.get("prediction")))
+        engine = runtime.engine(chat=self.chat, prediction=_prediction_text(kwargs.get("prediction")), model=model)
         request = GenerationRequest(context=context, max_tokens=limit, stop=stop, stream=stream)
         if stream:
             events = self._events(engine, request)
@@ -413,12 +426,10 @@ class AsyncCompletions(_Resource):
                 return await self._passthrough("/completions", {"prompt": prompt, "model": model, "max_tokens": limit, **kwargs}, "a list prompt (batch or token ids) is served by the target alone")
             raise ConfigurationError(f"prompt must be a string, got {type(prompt).__name__}")
         reason = _unverifiable(kwargs, _COMPLETION_ARGS)
-        if reason is not None or model != target.model:
-            return await self._passthrough(
-                "/completions", {"prompt": prompt, "model": model, "max_tokens": limit, **kwargs}, reason or f"model {model!r} differs from the target endpoint's"
-            )
+        if reason is not None:
+            return await self._passthrough("/completions", {"prompt": prompt, "model": model, "max_tokens": limit, **kwargs}, reason)
         context = Context(prompt=prompt, sampling=sampling, seed=seed)
-        return await self._respond(context, limit, stop, kwargs, stream, include_usage)
+        return await self._respond(context, limit, stop, kwargs, stream, include_usage, model)
 
     @staticmethod
     def _choice(text: str, finish_reason: str) -> dict[str, Any]:
@@ -451,8 +462,6 @@ class AsyncChatCompletions(_Resource):
         stream, include_usage = _stream_options(kwargs)
         model = model or target.model
         reason = _unverifiable(kwargs, _CHAT_ARGS)
-        if reason is None and model != target.model:
-            reason = f"model {model!r} differs from the target endpoint's"
         if reason is None and not all(isinstance(m.get("content"), str) for m in messages):
             reason = "message content that is not plain text is served by the target alone"
         if reason is None and messages[-1].get("role") == "assistant":
@@ -463,7 +472,7 @@ class AsyncChatCompletions(_Resource):
                 body["max_tokens"] = max_tokens
             return await self._passthrough("/chat/completions", body, reason)
         context = Context(messages=tuple(dict(m) for m in messages), sampling=sampling, seed=seed)
-        return await self._respond(context, limit, stop, kwargs, stream, include_usage)
+        return await self._respond(context, limit, stop, kwargs, stream, include_usage, model)
 
     @staticmethod
     def _choice(text: str, finish_reason: str) -> dict[str, Any]:

@@ -84,3 +84,21 @@ async def test_greedy_text_is_the_targets_or_the_response_says_otherwise(profile
                 differing += 1
                 assert not spec.speculative.exact and spec.speculative.exact_reason, prompt
     assert differing < len(HONESTY_PROMPTS) // 2  # the flag is the exception, not the rule
+
+
+async def test_model_argument_overrides_the_target_model():
+    """`model=` names another model on the target's server: speculation verifies against it."""
+    provider = SimProvider(capabilities="vllm", latency="instant", seed=0)
+    target, draft = simulated_endpoints(provider=provider)
+    prompt = "def area(radius):\n"
+    async with AsyncSpeculativeOpenAI(target=target, draft=draft, policy="fixed") as client:
+        start = len(provider.calls)
+        resp = await client.completions.create(prompt=prompt, model="sim-target-clone", max_tokens=20, temperature=0)
+        sent = [c.body.get("model") for c in provider.calls[start:]]
+    alone_target, _ = simulated_endpoints(provider=provider)
+    async with AsyncSpeculativeOpenAI(target=alone_target, verification="none") as alone:
+        plain = await alone.completions.create(prompt=prompt, model="sim-target-clone", max_tokens=20, temperature=0)
+    assert resp.model == "sim-target-clone" and resp.speculative.speculated
+    assert resp.choices[0].text == plain.choices[0].text
+    assert "sim-target-clone" in sent and "sim-target" not in sent  # the configured target was never asked
+    assert resp.speculative.target.requests == sent.count("sim-target-clone")
