@@ -214,13 +214,51 @@ class AsyncSpeculativeOpenAI:
             sleep=sleep,
             clock=clock,
         )
+        self._owns_connections = True
+        self._options = {
+            "target": target,
+            "draft": draft,
+            "num_speculative_tokens": num_speculative_tokens,
+            "policy": policy,
+            "drafter": drafter,
+            "verification": verification,
+            "pipeline": pipeline,
+            "sleep": sleep,
+            "clock": clock,
+        }
         self.target = target
         self.draft = draft
         self.num_speculative_tokens = num_speculative_tokens
         self.completions = AsyncCompletions(self._runtime)
         self.chat = _AsyncChat(self._runtime)
 
+    def with_options(self, **changes: Any) -> AsyncSpeculativeOpenAI:
+        """A client with some options changed (as `openai.AsyncOpenAI.with_options`), e.g.
+        `client.with_options(policy="fixed", num_speculative_tokens=6).completions.create(...)`.
+
+        It shares this client's connections to the endpoints; a policy object passed as a string is
+        built anew (so a fixed-length copy does not disturb the adaptive policy's measurements).
+        """
+        unknown = set(changes) - set(self._options)
+        if unknown:
+            raise ConfigurationError(f"with_options does not take {', '.join(sorted(unknown))}")
+        options = {**self._options, **changes}
+        if "policy" not in changes and "num_speculative_tokens" not in changes:
+            options["policy"] = self._runtime.policy  # keep what the policy has learnt
+        copy = AsyncSpeculativeOpenAI(**options)
+        if changes.keys().isdisjoint({"target", "draft"}):
+            copy._owns_connections = False  # closing the copy leaves this client's connections open
+            copy._runtime.target._client = self._runtime.target.sdk
+            if copy._runtime.draft is not None and self._runtime.draft is not None:
+                copy._runtime.draft._client = self._runtime.draft.sdk
+            copy._runtime.paths.capabilities = self._runtime.paths.capabilities
+        return copy
+
+    copy = with_options
+
     async def close(self) -> None:
+        if not self._owns_connections:
+            return
         for role in (self._runtime.target, self._runtime.draft):
             if role is not None and role._client is not None and role.endpoint.client is None:
                 await role._client.close()

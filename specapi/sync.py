@@ -58,6 +58,17 @@ class SpeculativeOpenAI:
     def async_client(self) -> AsyncSpeculativeOpenAI:
         return self._async
 
+    def with_options(self, **changes: Any) -> SpeculativeOpenAI:
+        """A client with some options changed, sharing this one's connections and loop thread."""
+        copy = object.__new__(SpeculativeOpenAI)
+        copy._async = self._async.with_options(**changes)
+        copy._loop = self._loop
+        copy.completions = _Completions(copy)
+        copy.chat = _Chat(copy)
+        return copy
+
+    copy = with_options
+
     def close(self) -> None:
         if self._loop._loop is not None:
             self._loop.run(self._async.close())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+import specapi
 import specapi.probe
 from specapi import AsyncSpeculativeOpenAI
 from specapi.sim import SimProvider, encode_text, simulated_endpoints
@@ -102,3 +103,23 @@ async def test_model_argument_overrides_the_target_model():
     assert resp.choices[0].text == plain.choices[0].text
     assert "sim-target-clone" in sent and "sim-target" not in sent  # the configured target was never asked
     assert resp.speculative.target.requests == sent.count("sim-target-clone")
+
+
+async def test_with_options_changes_options_and_shares_connections():
+    provider = SimProvider(capabilities="vllm", latency="instant", seed=0)
+    target, draft = simulated_endpoints(provider=provider)
+    async with AsyncSpeculativeOpenAI(target=target, draft=draft, policy="fixed", num_speculative_tokens=2) as client:
+        longer = client.with_options(num_speculative_tokens=6)
+        baseline = client.with_options(verification="none")
+        short = await client.completions.create(prompt="def area(radius):\n", max_tokens=30, temperature=0)
+        long = await longer.completions.create(prompt="def area(radius):\n", max_tokens=30, temperature=0)
+        plain = await baseline.completions.create(prompt="def area(radius):\n", max_tokens=30, temperature=0)
+        await longer.close()  # a copy does not close the connections it shares
+        again = await client.completions.create(prompt="def area(radius):\n", max_tokens=30, temperature=0)
+    assert max(r.drafted for r in short.speculative.rounds) <= 2
+    assert max(r.drafted for r in long.speculative.rounds) > 2
+    assert not plain.speculative.speculated
+    assert short.choices[0].text == long.choices[0].text == plain.choices[0].text == again.choices[0].text
+    assert longer.target is target and longer._runtime.target.sdk is client._runtime.target.sdk
+    with pytest.raises(specapi.ConfigurationError):
+        client.with_options(temperature=0)
