@@ -3,11 +3,10 @@
 
 from __future__ import annotations
 
-import httpx2
-import openai
 import pytest
 
 import specapi.probe
+from simclient import target_alone, answer
 from specapi import AsyncSpeculativeOpenAI, ConfigurationError, Endpoint
 from specapi._calls import Meter, RoleClient
 from specapi.acceptance import SamplingParams
@@ -29,20 +28,8 @@ def sim(profile: str = "vllm") -> tuple[SimProvider, Endpoint, Endpoint]:
     return provider, target, draft
 
 
-async def target_alone(provider: SimProvider, *, prompt: str | None = None, messages: list | None = None,
-                       max_tokens: int) -> tuple[str, str]:
-    http = httpx2.AsyncClient(transport=provider.transport())
-    async with openai.AsyncOpenAI(base_url="http://sim/v1", api_key="x", http_client=http, max_retries=0) as sdk:
-        if messages is not None:
-            r = await sdk.chat.completions.create(model="sim-target", messages=messages, max_tokens=max_tokens, temperature=0)
-            return r.choices[0].message.content, r.choices[0].finish_reason
-        r = await sdk.completions.create(model="sim-target", prompt=prompt, max_tokens=max_tokens, temperature=0)
-        return r.choices[0].text, r.choices[0].finish_reason
 
 
-def answer(resp) -> tuple[str, str]:
-    choice = resp.choices[0]
-    return (choice.message.content if hasattr(choice, "message") else choice.text), choice.finish_reason
 
 
 # ----------------------------------------------------------------------------- lookup_continuation

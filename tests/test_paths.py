@@ -11,8 +11,6 @@ from __future__ import annotations
 import asyncio
 import math
 
-import httpx2
-import openai
 import pytest
 
 import specapi.probe
@@ -20,6 +18,7 @@ from specapi import AsyncSpeculativeOpenAI, Endpoint
 from specapi.paths import VERIFICATIONS
 from specapi.sim import EOS_TOKEN, SimProvider, encode_text, simulated_endpoints
 from toyclient import InProcessToy, chisquare_p
+from simclient import target_alone as _target_alone, answer
 from toyserver import DRAFT, TARGET
 
 COMPLETION_PROMPTS = [
@@ -50,22 +49,12 @@ def sim(profile: str) -> tuple[SimProvider, Endpoint, Endpoint]:
     return provider, target, draft
 
 
-async def target_alone(provider: SimProvider, *, prompt: str | None = None, messages: list | None = None,
-                       max_tokens: int = MAX_TOKENS) -> tuple[str, str]:
-    """The target's own greedy answer, from the openai SDK straight to the simulated provider."""
-    http = httpx2.AsyncClient(transport=provider.transport())
-    async with openai.AsyncOpenAI(base_url="http://sim/v1", api_key="x", http_client=http, max_retries=0) as sdk:
-        if messages is not None:
-            r = await sdk.chat.completions.create(model="sim-target", messages=messages, max_tokens=max_tokens, temperature=0)
-            return r.choices[0].message.content, r.choices[0].finish_reason
-        r = await sdk.completions.create(model="sim-target", prompt=prompt, max_tokens=max_tokens, temperature=0)
-        return r.choices[0].text, r.choices[0].finish_reason
 
 
-def answer(resp) -> tuple[str, str]:
-    choice = resp.choices[0]
-    text = choice.message.content if hasattr(choice, "message") else choice.text
-    return text, choice.finish_reason
+async def target_alone(provider, **kwargs):  # type: ignore[no-untyped-def]
+    return await _target_alone(provider, **{"max_tokens": MAX_TOKENS, **kwargs})
+
+
 
 
 async def check_greedy_exact(provider, client, *, chat: bool, path: str) -> list:

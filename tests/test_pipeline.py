@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import asyncio
 
-import httpx2
-import openai
 import pytest
 
 import specapi.probe
 from specapi import AsyncSpeculativeOpenAI
 from specapi.sim import LatencyProfile, ModelTiming, SimProvider, simulated_endpoints
 from toyclient import InProcessToy, chisquare_p
+from simclient import target_alone, answer
 from toyserver import DRAFT, TARGET
 
 COMPLETION_PROMPTS = ["def fibonacci(n):\n", "import os\nimport sys\n\n", "class Stack:\n    def __init__(self):\n"]
@@ -30,20 +29,8 @@ def fresh_probe_cache():
     specapi.probe._CACHE.clear()
 
 
-async def target_alone(provider: SimProvider, *, prompt: str | None = None, messages: list | None = None,
-                       max_tokens: int) -> tuple[str, str]:
-    http = httpx2.AsyncClient(transport=provider.transport())
-    async with openai.AsyncOpenAI(base_url="http://sim/v1", api_key="x", http_client=http, max_retries=0) as sdk:
-        if messages is not None:
-            r = await sdk.chat.completions.create(model="sim-target", messages=messages, max_tokens=max_tokens, temperature=0)
-            return r.choices[0].message.content, r.choices[0].finish_reason
-        r = await sdk.completions.create(model="sim-target", prompt=prompt, max_tokens=max_tokens, temperature=0)
-        return r.choices[0].text, r.choices[0].finish_reason
 
 
-def answer(resp) -> tuple[str, str]:
-    choice = resp.choices[0]
-    return (choice.message.content if hasattr(choice, "message") else choice.text), choice.finish_reason
 
 
 def pipelined_rounds(resp) -> int:

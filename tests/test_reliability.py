@@ -14,6 +14,7 @@ import openai
 import pytest
 
 import specapi.probe
+from simclient import answer
 from specapi import AsyncSpeculativeOpenAI, DraftError, Endpoint, MalformedResponseError, SpecAPIError, TargetError
 from specapi.sim import Faults, LatencyProfile, ModelTiming, SimProvider, simulated_endpoints
 
@@ -60,9 +61,6 @@ async def request(client, prompt: str, chat: bool, **options):
     return await client.completions.create(prompt=prompt, max_tokens=MAX_TOKENS, temperature=0, **options)
 
 
-def answer(resp) -> tuple[str, str]:
-    choice = resp.choices[0]
-    return (choice.message.content if hasattr(choice, "message") else choice.text), choice.finish_reason
 
 
 def check_error_names_role(exc: SpecAPIError, role: str, endpoint: Endpoint) -> None:
