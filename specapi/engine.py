@@ -223,6 +223,8 @@ class Engine:
                 yield event
             return
         self.verifier = path.verifier
+        if path.max_logprobs is not None:
+            run.top_k = min(run.top_k, path.max_logprobs)
         if path.raw_logprobs is not None and not request.context.sampling.greedy:
             sampling = replace(request.context.sampling, raw_logprobs=path.raw_logprobs)
             request = replace(request, context=replace(request.context, sampling=sampling))

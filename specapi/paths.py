@@ -32,6 +32,7 @@ class Path:
     raw_logprobs: bool | None = None
     note: str | None = None  # why this path (e.g. what auto found, or what was refused)
     prefill: Prefill = Prefill()
+    max_logprobs: int | None = None  # the longest top-k list the target accepted when probed
 
 
 class PathResolver:
@@ -53,7 +54,8 @@ class PathResolver:
 
     def _build(self, name: str, chat: bool) -> Path:
         path = self._build_path(name, chat)
-        return replace(path, prefill=self.prefill())
+        max_logprobs = self.capabilities.max_logprobs if self.capabilities and not chat else None
+        return replace(path, prefill=self.prefill(), max_logprobs=max_logprobs)
 
     def _build_path(self, name: str, chat: bool) -> Path:
         raw = self.capabilities.logprobs_raw if self.capabilities else None

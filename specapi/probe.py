@@ -31,6 +31,7 @@ class Capabilities:
 
     completions: bool = False
     completions_logprobs: int = 0  # largest top-k the completions endpoint returned (0 = none)
+    max_logprobs: int | None = None  # the largest `logprobs` the echo request was accepted with
     echo_logprobs: bool = False
     prompt_logprobs: bool = False  # vLLM's prompt_logprobs on chat (with prompt_token_ids)
     chat: bool = False
@@ -87,8 +88,15 @@ async def probe_endpoint(client: RoleClient, meter: Meter) -> Capabilities:
     notes: list[str] = []
     prompt = _PROBE_PROMPT
 
-    # Completions with echo + logprobs: scores supplied tokens in one call.
-    response = await _try(client, "/completions", {"prompt": prompt, "echo": True, "logprobs": 5, "max_tokens": 1, "temperature": 0}, meter)
+    # Completions with echo + logprobs: scores supplied tokens in one call. Ask for the longest lists
+    # the endpoint is configured for; a server with a lower cap (OpenAI's base models: 5) refuses.
+    response = None
+    for k in sorted({client.endpoint.max_logprobs, 5}, reverse=True):
+        body = {"prompt": prompt, "echo": True, "logprobs": k, "max_tokens": 1, "temperature": 0}
+        response = await _try(client, "/completions", body, meter)
+        if response is not None:
+            found["max_logprobs"] = k
+            break
     if response is not None:
         try:
             tokens = completion_tokens(response["choices"][0].get("logprobs"))

@@ -123,3 +123,19 @@ async def test_with_options_changes_options_and_shares_connections():
     assert longer.target is target and longer._runtime.target.sdk is client._runtime.target.sdk
     with pytest.raises(specapi.ConfigurationError):
         client.with_options(temperature=0)
+
+
+async def test_a_server_capping_logprobs_lower_still_speculates_when_sampling():
+    """An echo-capable server whose logprob lists stop at 5 (like OpenAI's base models): the probe finds
+    the cap, and sampled requests ask for no more, instead of being refused and giving up speculating."""
+    from toyserver import ToyServer
+
+    with ToyServer(max_logprobs=5) as srv:
+        target = specapi.Endpoint(base_url=srv.base_url, model="target", api_key="x", name="toy target (cap 5)")
+        draft = specapi.Endpoint(base_url=srv.base_url, model="draft", api_key="x", name="toy draft (cap 5)")
+        async with AsyncSpeculativeOpenAI(target=target, draft=draft, policy="fixed") as client:
+            resps = [await client.completions.create(prompt="cafe", max_tokens=6, temperature=1.0, seed=s) for s in range(3)]
+        verify_calls = [b for b in srv.requests_for("target", "/completions") if b.get("echo") and b.get("max_tokens") == 1]
+    assert all(r.speculative.speculated and r.speculative.verification == "echo" for r in resps)
+    assert max(b["logprobs"] for b in verify_calls[-3:]) == 5
+    assert all(r.speculative.fallback_reason is None for r in resps)
