@@ -63,6 +63,7 @@ class _Books:
     prompt_tokens: int | None = None
     ttft_s: float | None = None
     path_note: str | None = None
+    boundaries_checked: int = 0  # how many of the output's token starts a scored prompt has confirmed
 
 
 @dataclass
@@ -459,7 +460,11 @@ def _check_token_boundaries(verification: Verification, context: Context, draft:
         return
     accepted = len(context.accepted.encode("utf-8"))
     tail = len(draft.text.encode("utf-8"))
-    for start in token_starts:
+    # Boundaries checked in earlier rounds stay checked: appended text re-splits only the end of the
+    # text, so each round looks at the newest boundaries (and the last one already seen) only.
+    newest = token_starts[max(0, books.boundaries_checked - 1) :]
+    books.boundaries_checked = len(token_starts)
+    for start in newest:
         if start <= accepted and accepted - start + tail not in verification.starts_from_end:
             books.inexact_reason = (
                 "approximate: the target re-tokenized the text across a token boundary of its own output "

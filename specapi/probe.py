@@ -41,7 +41,7 @@ class Capabilities:
     prefill_echoes_prefix: bool = False  # llama-server returns the prefix inside content
     predicted_outputs: bool = False
     logprobs_raw: bool | None = None  # True: logprobs ignore temperature; None: unknown
-    offsets_from_prompt_start: bool | None = None
+    offsets_from_prompt_start: bool | None = None  # text_offset's convention (reported, never relied on)
     notes: tuple[str, ...] = field(default=())
 
     def to_dict(self) -> dict[str, Any]:
@@ -98,25 +98,23 @@ async def probe_endpoint(client: RoleClient, meter: Meter) -> Capabilities:
             found["max_logprobs"] = k
             break
     if response is not None:
-        try:
-            tokens = completion_tokens(response["choices"][0].get("logprobs"))
-            scored = [t for t in tokens if t.top]
-            found["echo_logprobs"] = len(tokens) >= 3 and len(scored) >= len(tokens) - 2
-            found["completions"] = True
-            found["completions_logprobs"] = max((len(t.top or {}) for t in tokens), default=0)
-        except (KeyError, IndexError, TypeError, WireError):
-            found["echo_logprobs"] = False
+        found["completions"] = True
+        tokens = _completion_tokens(response)
+        scored = [t for t in tokens if t.top]
+        found["echo_logprobs"] = len(tokens) >= 3 and len(scored) >= len(tokens) - 2
+        found["completions_logprobs"] = max((len(t.top or {}) for t in tokens), default=0)
+        found["offsets_from_prompt_start"] = _offsets_from_prompt_start(response, prompt, echo=True)
     notes.append("completions echo+logprobs: " + ("scores prompt tokens" if found.get("echo_logprobs") else "refused or no prompt logprobs"))
 
     if not found.get("completions"):
         response = await _try(client, "/completions", {"prompt": prompt, "logprobs": 5, "max_tokens": 1, "temperature": 0}, meter)
         if response is not None:
             found["completions"] = True
-            try:
-                tokens = completion_tokens(response["choices"][0].get("logprobs"))
-                found["completions_logprobs"] = max((len(t.top or {}) for t in tokens), default=0)
-            except (KeyError, IndexError, TypeError, WireError):
-                found["completions_logprobs"] = 0
+            found["completions_logprobs"] = max((len(t.top or {}) for t in _completion_tokens(response)), default=0)
+            found["offsets_from_prompt_start"] = _offsets_from_prompt_start(response, prompt, echo=False)
+    if found.get("offsets_from_prompt_start") is not None:
+        convention = "from the prompt's start" if found["offsets_from_prompt_start"] else "from the generated text"
+        notes.append(f"text_offset counts {convention} (specapi aligns on bytes and does not rely on it)")
     if found.get("completions") and not found.get("echo_logprobs"):
         notes.append(f"completions logprobs on generated tokens: top {found.get('completions_logprobs', 0)}")
 
@@ -180,6 +178,26 @@ async def probe_endpoint(client: RoleClient, meter: Meter) -> Capabilities:
         notes.append("Predicted Outputs: " + ("yes" if found.get("predicted_outputs") else "no"))
 
     return Capabilities(notes=tuple(notes), **found)
+
+
+def _completion_tokens(response: dict[str, Any]) -> list:
+    try:
+        return completion_tokens(response["choices"][0].get("logprobs"))
+    except (KeyError, IndexError, TypeError, WireError):
+        return []
+
+
+def _offsets_from_prompt_start(response: dict[str, Any], prompt: str, *, echo: bool) -> bool | None:
+    """Where the server counts `text_offset` from, seen at the first generated token; None when it
+    gives none (SGLang's -1, llama.cpp's chat-shaped logprobs)."""
+    try:
+        offsets = response["choices"][0]["logprobs"]["text_offset"]
+        first_generated = offsets[-1] if echo else offsets[0]
+    except (KeyError, IndexError, TypeError):
+        return None
+    if not isinstance(first_generated, int) or first_generated < 0:
+        return None
+    return first_generated == len(prompt)
 
 
 def _prompt_tokens(response: dict[str, Any] | None) -> int | None:

@@ -17,7 +17,7 @@ import specapi.probe
 from specapi import AsyncSpeculativeOpenAI, Endpoint
 from specapi.paths import VERIFICATIONS
 from specapi.sim import EOS_TOKEN, SimProvider, encode_text, simulated_endpoints
-from toyclient import InProcessToy, chisquare_p
+from toyclient import InProcessToy, chisquare_p, sample_texts
 from simclient import target_alone as _target_alone, answer
 from toyserver import DRAFT, TARGET
 
@@ -246,14 +246,7 @@ async def test_prefill_fanout_sampling_follows_the_targets_distribution():
     toy = InProcessToy("paths")
     async with AsyncSpeculativeOpenAI(target=toy.endpoint("target"), draft=toy.endpoint("draft"), policy="fixed",
                                       num_speculative_tokens=1, verification="prefill-fanout") as client:
-        responses = []
-        for start in range(0, SAMPLES, 100):
-            responses += await asyncio.gather(*(
-                client.completions.create(prompt=SAMPLE_PROMPT, max_tokens=SAMPLE_TOKENS, temperature=1.0, seed=seed)
-                for seed in range(start, start + 100)))
-    counts: dict[str, int] = {}
-    for r in responses:
-        counts[r.choices[0].text] = counts.get(r.choices[0].text, 0) + 1
+        responses, counts = await sample_texts(client, SAMPLE_PROMPT, SAMPLE_TOKENS, SAMPLES)
     assert {r.speculative.verification for r in responses if r.speculative.speculated} == {"prefill-fanout"}
     assert sum(r.speculative.drafted_tokens for r in responses) >= 0.9 * SAMPLES  # speculation really happened
     assert sum(r.speculative.accepted_tokens for r in responses) > 0
@@ -340,14 +333,7 @@ async def test_a_draft_with_another_tokenizer_keeps_the_targets_distribution():
     toy = InProcessToy("paths")
     async with AsyncSpeculativeOpenAI(target=toy.endpoint("target"), drafter=PairsDrafter(), policy="fixed",
                                       num_speculative_tokens=2, verification="echo") as client:
-        responses = []
-        for start in range(0, SAMPLES, 100):
-            responses += await asyncio.gather(*(
-                client.completions.create(prompt=SAMPLE_PROMPT, max_tokens=SAMPLE_TOKENS, temperature=1.0, seed=seed)
-                for seed in range(start, start + 100)))
-    counts: dict[str, int] = {}
-    for r in responses:
-        counts[r.choices[0].text] = counts.get(r.choices[0].text, 0) + 1
+        responses, counts = await sample_texts(client, SAMPLE_PROMPT, SAMPLE_TOKENS, SAMPLES)
     assert sum(r.speculative.rounds != () for r in responses) >= 0.9 * SAMPLES
     assert all(r.speculative.exact for r in responses)
     assert chisquare_p(counts, TARGET.sequence_probs(SAMPLE_PROMPT, SAMPLE_TOKENS)) > 1e-3

@@ -13,7 +13,7 @@ import pytest
 import specapi.probe
 from specapi import AsyncSpeculativeOpenAI
 from specapi.sim import LatencyProfile, ModelTiming, SimProvider, simulated_endpoints
-from toyclient import InProcessToy, chisquare_p
+from toyclient import InProcessToy, chisquare_p, sample_texts
 from simclient import target_alone, answer
 from toyserver import DRAFT, TARGET
 
@@ -163,14 +163,7 @@ async def test_pipelined_sampling_follows_the_targets_distribution():
     toy = InProcessToy("pipeline")
     async with AsyncSpeculativeOpenAI(target=toy.endpoint("target"), draft=toy.endpoint("draft"), drafter="model",
                                       policy="fixed", num_speculative_tokens=1, pipeline=True) as client:
-        responses = []
-        for start in range(0, SAMPLES, 100):
-            responses += await asyncio.gather(*(
-                client.completions.create(prompt=SAMPLE_PROMPT, max_tokens=SAMPLE_TOKENS, temperature=1.0, seed=seed)
-                for seed in range(start, start + 100)))
-    counts: dict[str, int] = {}
-    for r in responses:
-        counts[r.choices[0].text] = counts.get(r.choices[0].text, 0) + 1
+        responses, counts = await sample_texts(client, SAMPLE_PROMPT, SAMPLE_TOKENS, SAMPLES)
     assert sum(map(pipelined_rounds, responses)) >= 40, "too few prefetched rounds to say anything about them"
     p_target = chisquare_p(counts, TARGET.sequence_probs(SAMPLE_PROMPT, SAMPLE_TOKENS))
     p_draft = chisquare_p(counts, DRAFT.sequence_probs(SAMPLE_PROMPT, SAMPLE_TOKENS))

@@ -41,3 +41,19 @@ def chisquare_p(counts: dict[str, int], exact: dict[str, float]) -> float:
         expected.append(sum(exact[k] for k in rest) * n)
     expected[-1] += n - math.fsum(expected)
     return float(chisquare(observed, expected).pvalue)
+
+
+async def sample_texts(client, prompt: str, max_tokens: int, n: int, *, batch: int = 100):  # type: ignore[no-untyped-def]
+    """`n` seeded temperature-1 completions (seeds 0..n-1, `batch` at a time): the responses and a
+    count of each output text."""
+    import asyncio
+
+    responses = []
+    for start in range(0, n, batch):
+        responses += await asyncio.gather(*(
+            client.completions.create(prompt=prompt, max_tokens=max_tokens, temperature=1.0, seed=seed)
+            for seed in range(start, min(n, start + batch))))
+    counts: dict[str, int] = {}
+    for r in responses:
+        counts[r.choices[0].text] = counts.get(r.choices[0].text, 0) + 1
+    return responses, counts
