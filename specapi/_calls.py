@@ -147,8 +147,12 @@ class RoleClient:
         merged.setdefault("model", self.endpoint.model)
         return merged
 
-    async def post(self, path: str, body: Mapping[str, Any], meter: Meter, *, retries: int | None = None) -> dict[str, Any]:
-        """POST `body` (plus the endpoint's extras) and return the JSON; retry transient failures."""
+    async def post(
+        self, path: str, body: Mapping[str, Any], meter: Meter, *, retries: int | None = None, options: Mapping[str, Any] | None = None
+    ) -> dict[str, Any]:
+        """POST `body` (plus the endpoint's extras) and return the JSON; retry transient failures.
+
+        `options` are the SDK's per-request options (`headers`, `params`, `timeout`)."""
         payload = self._body(body)
         attempts = 1 + (self.endpoint.max_retries if retries is None else retries)
         retrying = AsyncRetrying(
@@ -161,7 +165,7 @@ class RoleClient:
         try:
             async for attempt in retrying:
                 with attempt:
-                    result = await self._post_once(path, payload, meter)
+                    result = await self._post_once(path, payload, meter, options)
         except openai.APIStatusError as exc:
             raise self.error(f"HTTP {exc.status_code}: {exc.message}", status_code=exc.status_code) from exc
         except openai.APIError as exc:
@@ -173,17 +177,19 @@ class RoleClient:
         meter.record_usage(result.get("usage"))
         return result
 
-    async def _post_once(self, path: str, payload: dict[str, Any], meter: Meter) -> Any:
+    async def _post_once(self, path: str, payload: dict[str, Any], meter: Meter, options: Mapping[str, Any] | None) -> Any:
         started = self.clock()
         try:
-            result = await self.sdk.post(path, body=payload, cast_to=object)
+            result = await self.sdk.post(path, body=payload, cast_to=object, options=dict(options or {}))
         except BaseException:
             meter.record_attempt(self.clock() - started, failed=True)
             raise
         meter.record_attempt(self.clock() - started, failed=False)
         return result
 
-    async def stream(self, path: str, body: Mapping[str, Any], meter: Meter) -> AsyncIterator[dict[str, Any]]:
+    async def stream(
+        self, path: str, body: Mapping[str, Any], meter: Meter, *, options: Mapping[str, Any] | None = None
+    ) -> AsyncIterator[dict[str, Any]]:
         """POST with `stream: true` and yield each JSON chunk.
 
         Opening the stream is retried like `post`; once a chunk has arrived nothing is retried (the
@@ -204,7 +210,9 @@ class RoleClient:
                 with attempt:
                     started = self.clock()
                     try:
-                        stream = await self.sdk.post(path, body=payload, cast_to=object, stream=True, stream_cls=openai.AsyncStream[object])
+                        stream = await self.sdk.post(
+                            path, body=payload, cast_to=object, stream=True, stream_cls=openai.AsyncStream[object], options=dict(options or {})
+                        )
                     except BaseException:
                         meter.record_attempt(self.clock() - started, failed=True)
                         raise

@@ -14,6 +14,18 @@ class WireError(ValueError):
     """A payload lacks or contradicts the fields verification needs."""
 
 
+def _spelling(item: Mapping[str, Any]) -> str:
+    """A token as specapi spells it: its text, or "bytes:\\x.." where the server's `bytes` show it
+    holds part of a character (its text is then "", U+FFFD or another lossy rendering)."""
+    token = str(item["token"])
+    raw = item.get("bytes")
+    if isinstance(raw, list) and raw and all(isinstance(b, int) and 0 <= b < 256 for b in raw):
+        data = bytes(raw)
+        if data != token.encode("utf-8"):
+            return "bytes:" + "".join(f"\\x{b:02x}" for b in data)
+    return token
+
+
 def _top_from_list(items: Any) -> dict[str, float] | None:
     if items is None:
         return None
@@ -22,7 +34,7 @@ def _top_from_list(items: Any) -> dict[str, float] | None:
     result: dict[str, float] = {}
     for item in items:
         if isinstance(item, Mapping) and "token" in item and item.get("logprob") is not None:
-            result.setdefault(str(item["token"]), float(item["logprob"]))
+            result.setdefault(_spelling(item), float(item["logprob"]))
     return result
 
 
@@ -37,7 +49,7 @@ def chat_tokens(content: Any) -> list[ScoredToken]:
         logprob = item.get("logprob")
         tokens.append(
             ScoredToken(
-                text=str(item["token"]),
+                text=_spelling(item),
                 logprob=None if logprob is None else float(logprob),
                 top=_top_from_list(item.get("top_logprobs")),
             )

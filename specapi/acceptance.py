@@ -32,6 +32,9 @@ class SamplingParams:
     top_p: float = 1.0
     raw_logprobs: bool = True  # the target's logprobs ignore temperature
     draft_raw_logprobs: bool = True  # the draft's do
+    #: The caller's sampler truncates (top_k, min_p, ...) in a way logprob lists cannot show: only a
+    #: path where the target draws its own tokens reproduces it.
+    target_sampler_only: bool = False
 
     @property
     def greedy(self) -> bool:
@@ -49,6 +52,7 @@ class Emitted:
     top: dict[str, float] | None = None
     eos: bool = False
     count: int = 1  # how many target tokens `data` stands for (a plain target step returns many at once)
+    finish_reason: str = "stop"  # with `eos`: why the text ended ("length": the server's own limit)
 
 
 @dataclass(frozen=True)
@@ -59,6 +63,8 @@ class RoundDecision:
     all_accepted: bool
     stalled: bool = False
     gap: float = 0.0
+    #: The next position could not be decided exactly from the lists: the target alone must decide it.
+    handover: bool = False
 
 
 def _emit(token: str, position: ScoredToken, eos_tokens: Collection[str]) -> Emitted | None:
@@ -107,6 +113,7 @@ def decide_round(
     accepted_bytes = 0
     all_accepted = True
     stalled = False
+    handover = False
 
     for index, (position, span) in enumerate(zip(positions, target_spans)):
         if index == 0 and straddle:
@@ -126,15 +133,30 @@ def decide_round(
             choice = argmax_token(dist, prefer=position.text)
             keep = choice == position.text
         else:
-            p = TokenDist.from_logprobs(dist, temperature=params.temperature, top_p=params.top_p, raw=params.raw_logprobs)
+            p = TokenDist.from_logprobs(
+                position.listed(), extra=position.scored(), temperature=params.temperature, top_p=params.top_p, raw=params.raw_logprobs
+            )
             drafted = draft_by_span.get(span)
+            q = None
             if drafted is not None and drafted.text == position.text:
                 q = _without_eos(
                     TokenDist.from_logprobs(
-                        drafted.distribution(), temperature=params.temperature, top_p=params.top_p, raw=params.draft_raw_logprobs
+                        drafted.listed(),
+                        extra=drafted.scored(),
+                        temperature=params.temperature,
+                        top_p=params.top_p,
+                        raw=params.draft_raw_logprobs,
                     ),
                     eos_tokens,
                 )
+            if not p.exact or (q is not None and not _residual_exact(p, q, params)):
+                # The lists cannot decide this position exactly (mass unseen, a nucleus reaching past
+                # the list). Decided before anything is drawn here, so handing the position to the
+                # target alone keeps the output exact.
+                all_accepted = False
+                handover = True
+                break
+            if q is not None:
                 gap = max(gap, p.gap, q.gap)
                 keep = rng.random() < acceptance_probability(p.get(position.text), q.get(position.text))
                 choice = position.text if keep else sample_token(residual(p, q), rng)
@@ -163,4 +185,17 @@ def decide_round(
         all_accepted=all_accepted,
         stalled=stalled,
         gap=gap,
+        handover=handover,
     )
+
+
+def _residual_exact(p: TokenDist, q: TokenDist, params: SamplingParams) -> bool:
+    """Whether min(1, p/q) and the residual max(0, p - q) are known exactly.
+
+    A draft list that leaves mass unseen still gives exact values for the tokens it lists, unless
+    tempering needs its normaliser: then it is enough that q is known wherever p has mass.
+    """
+    if q.exact:
+        return True
+    tempered = params.draft_raw_logprobs and params.temperature != 1.0
+    return not tempered and all(token in q.probs for token in p.probs)

@@ -52,6 +52,14 @@ class ScoredToken:
             listed.setdefault(self.text, self.logprob)
         return listed
 
+    def listed(self) -> dict[str, float]:
+        """The server's top list alone: the head of the distribution (nothing unseen is likelier)."""
+        return dict(self.top or {})
+
+    def scored(self) -> dict[str, float]:
+        """The token itself with its own logprob, which may lie outside the list."""
+        return {} if self.logprob is None else {self.text: self.logprob}
+
 
 def locate_suffix(tokens: Sequence[ScoredToken], suffix: bytes) -> tuple[int, int] | None:
     """Find the tokens that cover the last `len(suffix)` bytes.

@@ -36,15 +36,18 @@ from .paths import PathResolver
 
 __all__ = ["AsyncSpeculativeOpenAI", "AsyncCompletions", "AsyncChatCompletions"]
 
-#: When a chat request gives no max_tokens, generation still needs a bound.
-DEFAULT_CHAT_MAX_TOKENS = 4096
-
 #: Arguments the engine reproduces exactly.
-_COMPLETION_ARGS = {"prompt", "model", "max_tokens", "temperature", "top_p", "seed", "stop", "n", "stream", "user", "extra_body", "stream_options", "prediction"}
-_CHAT_ARGS = {"messages", "model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop", "n", "stream", "user", "extra_body", "stream_options", "metadata", "store", "prediction"}
+_TRANSPORT_ARGS = {"extra_headers", "extra_query", "timeout"}
+_COMPLETION_ARGS = {"prompt", "model", "max_tokens", "temperature", "top_p", "seed", "stop", "n", "stream", "user", "extra_body", "stream_options", "prediction"} | _TRANSPORT_ARGS
+_CHAT_ARGS = {"messages", "model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop", "n", "stream", "user", "extra_body", "stream_options", "metadata", "store", "prediction"} | _TRANSPORT_ARGS
 #: Sampling extras whose value changes nothing (forwarded, speculation still exact).
 _NEUTRAL_EXTRAS = {"repeat_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "min_p": 0.0, "top_k": -1, "repetition_penalty": 1.0}
 _HARMLESS_EXTRAS = {"user", "metadata", "store", "service_tier", "request_id"}
+#: Sampler truncations that never change the most likely token: exact when greedy; when sampling,
+#: only a path where the target draws its own tokens (fan-out) reproduces them.
+_TRUNCATIONS = {"top_k", "min_p", "typical_p"}
+#: Fields the engine sends itself; everything else the caller sent goes to the target as it is.
+_ENGINE_FIELDS = {"prompt", "messages", "model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop", "n", "stream", "stream_options", "prediction", "extra_body"} | _TRANSPORT_ARGS
 
 
 def _check_number(name: str, value: Any, low: float, high: float, *, low_open: bool = False) -> float:
@@ -73,7 +76,7 @@ def _unverifiable(kwargs: Mapping[str, Any], allowed: set[str]) -> str | None:
             continue
         if name in ("presence_penalty", "frequency_penalty") and value == 0:
             continue
-        if name == "logprobs" and value in (False, 0):
+        if name == "logprobs" and value is False:
             continue
         if name == "echo" and value is False:
             continue
@@ -81,11 +84,30 @@ def _unverifiable(kwargs: Mapping[str, Any], allowed: set[str]) -> str | None:
     if kwargs.get("n") not in (None, 1):
         return "n > 1 is served by the target alone"
     extra = kwargs.get("extra_body") or {}
+    greedy = kwargs.get("temperature") == 0
     for name, value in extra.items():
         if name in _HARMLESS_EXTRAS or (name in _NEUTRAL_EXTRAS and value == _NEUTRAL_EXTRAS[name]):
             continue
+        if name in _TRUNCATIONS and (greedy or isinstance(value, (int, float))):
+            continue  # greedy: the most likely token survives any truncation; sampling: see _request_fields
         return f"extra_body field {name!r} changes sampling in a way verification cannot reproduce"
     return None
+
+
+def _request_fields(kwargs: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any], bool]:
+    """The caller's fields that every target request carries, the SDK options for every upstream
+    request, and whether the caller's sampler truncates in a way logprob lists cannot show."""
+    extras = {k: v for k, v in kwargs.items() if k not in _ENGINE_FIELDS and v is not None}
+    extras.update(kwargs.get("extra_body") or {})
+    options: dict[str, Any] = {}
+    if kwargs.get("extra_headers"):
+        options["headers"] = dict(kwargs["extra_headers"])
+    if kwargs.get("extra_query"):
+        options["params"] = dict(kwargs["extra_query"])
+    if kwargs.get("timeout") is not None:
+        options["timeout"] = kwargs["timeout"]
+    truncated = any(name in _TRUNCATIONS and value != _NEUTRAL_EXTRAS.get(name) for name, value in extras.items())
+    return extras, options, truncated
 
 
 class _Runtime:
@@ -286,7 +308,7 @@ def _validated_sampling(kwargs: Mapping[str, Any], target: Endpoint, draft: Endp
     )
 
 
-def _validated_max_tokens(value: Any, default: int) -> int:
+def _validated_max_tokens(value: Any, default: int | None) -> int | None:
     if value is None:
         return default
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -312,12 +334,13 @@ class _Resource:
         runtime = self._runtime
         meter = Meter(runtime.target.endpoint)
         started = runtime.clock()
-        body = {k: v for k, v in kwargs.items() if k != "extra_body" and v is not None}
+        body = {k: v for k, v in kwargs.items() if k != "extra_body" and k not in _TRANSPORT_ARGS and v is not None}
         body.update(kwargs.get("extra_body") or {})
+        options = _request_fields(kwargs)[1]
         if body.get("stream"):
-            chunks = _passthrough_chunks(runtime, path, body, meter, reason, started)
+            chunks = _passthrough_chunks(runtime, path, body, meter, reason, started, options)
             return SpeculativeStream(chunks, parse_chat_chunk if self.chat else parse_completion)
-        data = await runtime.target.post(path, body, meter)
+        data = await runtime.target.post(path, body, meter, options=options)
         stats = SpeculativeStats(
             target=meter.snapshot(),
             draft=RoleUsage(),
@@ -356,7 +379,7 @@ class _Resource:
         raise RuntimeError("the engine ended without finishing")  # pragma: no cover
 
     async def _respond(
-        self, context: Context, limit: int, stop: tuple[str, ...], kwargs: Mapping[str, Any], stream: bool, include_usage: bool, model: str
+        self, context: Context, limit: int | None, stop: tuple[str, ...], kwargs: Mapping[str, Any], stream: bool, include_usage: bool, model: str
     ) -> Any:
         """Run the engine: a stream of chunks, or one response collected from it."""
         runtime = self._runtime
@@ -414,7 +437,7 @@ def _stream_options(kwargs: Mapping[str, Any]) -> tuple[bool, bool]:
 
 
 async def _passthrough_chunks(
-    runtime: _Runtime, path: str, body: dict[str, Any], meter: Meter, reason: str, started: float
+    runtime: _Runtime, path: str, body: dict[str, Any], meter: Meter, reason: str, started: float, options: Mapping[str, Any]
 ) -> AsyncIterator[dict[str, Any]]:
     """The target's own stream, one chunk behind, so the last chunk can carry the statistics.
 
@@ -424,7 +447,7 @@ async def _passthrough_chunks(
     wanted_usage = bool((body.get("stream_options") or {}).get("include_usage"))
     body = {**body, "stream_options": {**(body.get("stream_options") or {}), "include_usage": True}}
     previous: dict[str, Any] | None = None
-    async with contextlib.aclosing(runtime.target.stream(path, body, meter)) as chunks:
+    async with contextlib.aclosing(runtime.target.stream(path, body, meter, options=options)) as chunks:
         async for chunk in chunks:
             if chunk.get("usage") and not chunk.get("choices") and not wanted_usage:
                 continue
@@ -466,7 +489,9 @@ class AsyncCompletions(_Resource):
         reason = _unverifiable(kwargs, _COMPLETION_ARGS)
         if reason is not None:
             return await self._passthrough("/completions", {"prompt": prompt, "model": model, "max_tokens": limit, **kwargs}, reason)
-        context = Context(prompt=prompt, sampling=sampling, seed=seed)
+        extras, options, truncated = _request_fields(kwargs)
+        sampling = replace(sampling, target_sampler_only=truncated and not sampling.greedy)
+        context = Context(prompt=prompt, sampling=sampling, seed=seed, extras=extras, options=options)
         return await self._respond(context, limit, stop, kwargs, stream, include_usage, model)
 
     @staticmethod
@@ -494,7 +519,7 @@ class AsyncChatCompletions(_Resource):
         else:
             kwargs.pop("max_completion_tokens", None)
         sampling = _validated_sampling(kwargs, target, runtime.draft.endpoint if runtime.draft else None)
-        limit = _validated_max_tokens(max_tokens, DEFAULT_CHAT_MAX_TOKENS)
+        limit = _validated_max_tokens(max_tokens, None)
         seed = _validated_seed(kwargs.get("seed"))
         stop = _stops(kwargs.get("stop"))
         stream, include_usage = _stream_options(kwargs)
@@ -509,7 +534,9 @@ class AsyncChatCompletions(_Resource):
             if max_tokens is not None:
                 body["max_tokens"] = max_tokens
             return await self._passthrough("/chat/completions", body, reason)
-        context = Context(messages=tuple(dict(m) for m in messages), sampling=sampling, seed=seed)
+        extras, options, truncated = _request_fields(kwargs)
+        sampling = replace(sampling, target_sampler_only=truncated and not sampling.greedy)
+        context = Context(messages=tuple(dict(m) for m in messages), sampling=sampling, seed=seed, extras=extras, options=options)
         return await self._respond(context, limit, stop, kwargs, stream, include_usage, model)
 
     @staticmethod

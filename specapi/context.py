@@ -46,6 +46,11 @@ class Context:
     accepted: str = ""
     sampling: SamplingParams = field(default_factory=SamplingParams)
     seed: int | None = None
+    #: The caller's other request fields (`extra_body` included): sent on every target request, so the
+    #: target samples exactly as it would for the caller's own request.
+    extras: Mapping[str, Any] = field(default_factory=dict)
+    #: Per-call transport options (`extra_headers`, `extra_query`, `timeout`) for every upstream request.
+    options: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def is_chat(self) -> bool:
@@ -64,8 +69,11 @@ class Context:
             messages.append({"role": "assistant", "content": prefix})
         return messages
 
-    def sampling_body(self, seed: int | None) -> dict[str, Any]:
-        body: dict[str, Any] = {"temperature": self.sampling.temperature}
+    def sampling_body(self, seed: int | None, *, target: bool = True) -> dict[str, Any]:
+        """The sampling fields of a request: the target also gets every extra field of the caller's
+        request; the draft (another server, maybe of another kind) only temperature, top_p and seed."""
+        body: dict[str, Any] = dict(self.extras) if target else {}
+        body["temperature"] = self.sampling.temperature
         if self.sampling.top_p < 1.0:
             body["top_p"] = self.sampling.top_p
         if seed is not None:

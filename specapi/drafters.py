@@ -73,15 +73,15 @@ class ModelDrafter:
     def _top_k(self, context: Context) -> int:
         return 1 if context.sampling.greedy else self._logprobs_cap
 
-    async def _post_lowering_logprobs(self, path: str, body: dict, field: str, meter: Meter) -> dict:
+    async def _post_lowering_logprobs(self, path: str, body: dict, field: str, meter: Meter, context: Context) -> dict:
         """Post; a 400 on a list longer than 5 is retried once with 5 (OpenAI's cap), and remembered."""
         try:
-            return await self.client.post(path, body, meter)
+            return await self.client.post(path, body, meter, options=context.options)
         except Exception as exc:
             if getattr(exc, "status_code", None) != 400 or not isinstance(body.get(field), int) or body[field] <= 5:
                 raise
             self._logprobs_cap = 5
-            return await self.client.post(path, {**body, field: 5}, meter)
+            return await self.client.post(path, {**body, field: 5}, meter, options=context.options)
 
     async def draft(self, context: Context, k: int, meter: Meter, seed: int | None) -> Draft:
         started = self.client.clock()
@@ -90,10 +90,10 @@ class ModelDrafter:
                 "prompt": context.completion_prompt(),
                 "max_tokens": k,
                 "logprobs": self._top_k(context),
-                **context.sampling_body(seed),
+                **context.sampling_body(seed, target=False),
             }
             try:
-                response = await self._post_lowering_logprobs("/completions", body, "logprobs", meter)
+                response = await self._post_lowering_logprobs("/completions", body, "logprobs", meter, context)
             except Exception as exc:
                 status = getattr(exc, "status_code", None)
                 if status in (400, 404, 405, 422):
@@ -108,18 +108,18 @@ class ModelDrafter:
             "max_tokens": k,
             "logprobs": True,
             "top_logprobs": self._top_k(context),
-            **context.sampling_body(seed),
+            **context.sampling_body(seed, target=False),
         }
         body.update(self._prefill.fields(bool(context.accepted) or not context.is_chat))
         try:
-            response = await self._post_lowering_logprobs("/chat/completions", body, "top_logprobs", meter)
+            response = await self._post_lowering_logprobs("/chat/completions", body, "top_logprobs", meter, context)
         except Exception as exc:
             if getattr(exc, "status_code", None) != 400 or self._prefill.style != "continue_final_message":
                 raise
             # A server that refuses vLLM's flags: rely on it continuing a trailing assistant message.
             self._prefill = Prefill(style="trailing")
             body = {k: v for k, v in body.items() if k not in ("continue_final_message", "add_generation_prompt")}
-            response = await self._post_lowering_logprobs("/chat/completions", body, "top_logprobs", meter)
+            response = await self._post_lowering_logprobs("/chat/completions", body, "top_logprobs", meter, context)
         tokens = self._parse(response, chat=True)
         return Draft(tokens=tokens, latency_s=self.client.clock() - started, drafter=self.name)
 

@@ -8,6 +8,7 @@ functions (`acceptance.decide_round`); this module only sequences the calls and 
 from __future__ import annotations
 
 import asyncio
+import codecs
 import contextlib
 import random
 import time
@@ -19,9 +20,8 @@ from ._exceptions import DraftError, EndpointError, MalformedResponseError
 from .acceptance import Emitted, decide_round
 from .alignment import complete_utf8_prefix, token_bytes
 from .context import Context, Prefill
-from .drafters import Draft, Drafter, ModelDrafter
+from .drafters import Draft, Drafter, ModelDrafter, usable_prefix
 from .policy import RECHECK, TARGET_ALONE, DraftLengthPolicy, PolicyState
-from .sampling import COVERAGE_TOLERANCE
 from .stats import RoleUsage, RoundRecord, SpeculativeStats
 from .paths import Path, PathResolver
 from .verifiers import Verification, Verifier, plain_step, plain_stream
@@ -32,7 +32,7 @@ __all__ = ["GenerationRequest", "Piece", "Finished", "Engine"]
 @dataclass(frozen=True)
 class GenerationRequest:
     context: Context
-    max_tokens: int
+    max_tokens: int | None  # None: the caller set none, so the server's own limit applies
     stop: tuple[str, ...] = ()
     stream: bool = False  # the caller streams: a final target-alone step is streamed too
 
@@ -64,13 +64,15 @@ class _Books:
     ttft_s: float | None = None
     path_note: str | None = None
     boundaries_checked: int = 0  # how many of the output's token starts a scored prompt has confirmed
+    discarded_draft_tokens: int = 0
 
 
 @dataclass
 class _Output:
     """The text so far: applies new tokens (end of text, max_tokens, stop strings) and says what may
-    be handed out. A tail that could still grow into a stop string is held back, so nothing that may
-    be cut is ever sent."""
+    be handed out. Tokens are bytes: text is decoded only up to the last whole character, so a token
+    holding part of a character waits for the rest. A tail that could still grow into a stop string
+    is held back, so nothing that may be cut is ever sent."""
 
     request: GenerationRequest
     context: Context
@@ -81,32 +83,48 @@ class _Output:
     ended: bool = False
     #: Byte offsets in the generated text where a single target token began (0: the prompt's end).
     token_starts: list[int] = field(default_factory=lambda: [0])
-    generated_bytes: int = 0
+    data: bytearray = field(default_factory=bytearray)
+    #: Holds back the bytes of an unfinished character; bytes that can never be UTF-8 become U+FFFD.
+    decoder: codecs.IncrementalDecoder = field(default_factory=lambda: codecs.getincrementaldecoder("utf-8")(errors="replace"))
+    #: The text so far holds U+FFFD for bytes that are not UTF-8: a text API cannot send them back.
+    invalid_bytes: bool = False
+
+    @property
+    def remaining(self) -> int | None:
+        limit = self.request.max_tokens
+        return None if limit is None else limit - self.produced
 
     def add(self, new: list[Emitted]) -> str:
         request = self.request
         before = len(self.text)
+        limit = request.max_tokens
         for index, token in enumerate(new):
             if token.eos:
-                self.finish_reason, self.ended = "stop", True
+                self.finish_reason, self.ended = token.finish_reason, True
                 break
             if token.data:
-                if token.count == 1 and self.token_starts[-1] != self.generated_bytes:
-                    self.token_starts.append(self.generated_bytes)
-                self.generated_bytes += len(token.data)
+                if token.count == 1 and self.token_starts[-1] != len(self.data):
+                    self.token_starts.append(len(self.data))
+                self.data += token.data
+                added = self.decoder.decode(token.data)
+                self.invalid_bytes = self.invalid_bytes or added.count("\ufffd") > token.data.count(b"\xef\xbf\xbd")
+                self.text += added
             self.produced += token.count
-            self.text += token.data.decode("utf-8")
-            if self.produced >= request.max_tokens:
+            if limit is not None and self.produced >= limit:
                 # The end of text right after the last allowed token still counts as a stop.
                 if any(t.eos for t in new[index + 1 : index + 2]):
                     self.finish_reason, self.ended = "stop", True
                 break
+        done = self.ended or (limit is not None and self.produced >= limit)
+        if done:
+            # Only a server's own final text can end inside a character, and it says how (U+FFFD).
+            self.text += self.decoder.decode(b"", final=True)
         cut = _find_stop(self.text, request.stop, before)
         if cut is not None:
             self.text = self.text[:cut]
             self.finish_reason, self.ended = "stop", True
+            done = True
         self.context = self.context.advanced(self.text[before:])
-        done = self.ended or self.produced >= request.max_tokens
         safe = len(self.text) if done else len(self.text) - _stop_prefix_len(self.text, request.stop)
         if safe <= self.sent:
             return ""
@@ -125,6 +143,8 @@ class _Run:
     draft_meter: Meter | None
     books: _Books
     top_k: int
+    #: Pipelined drafts that turned out stale: not verified, but billed once the server answers.
+    stale: list[asyncio.Task[Draft]] = field(default_factory=list)
 
     def seed(self) -> int | None:
         """A seed for the next call, drawn from the request's seed so that runs repeat."""
@@ -144,10 +164,13 @@ class _Prefetch:
         task = asyncio.ensure_future(drafter.draft(context, k, run.draft_meter, run.seed()))
         return cls(task=task, assumed=context.accepted)
 
-    def take(self, context: Context, k: int, clock: Clock) -> Awaitable[Draft | None] | None:
-        """The prefetched draft minus the tokens the round already produced, if the guess held."""
+    def take(self, context: Context, k: int, clock: Clock, run: _Run) -> Awaitable[Draft | None] | None:
+        """The prefetched draft minus the tokens the round already produced, if the guess held.
+
+        A stale guess is not cancelled: the server may have processed it already, and what it bills
+        is counted when the request ends."""
         if not context.accepted.startswith(self.assumed):
-            self.task.cancel()
+            run.stale.append(self.task)
             return None
         produced = context.accepted[len(self.assumed) :].encode("utf-8")
 
@@ -163,18 +186,25 @@ class _Prefetch:
                 skipped += 1
             if draft.text.encode("utf-8")[: len(produced)] != produced or offset != len(produced):
                 return None
-            rest = draft.tokens[skipped : skipped + k]
+            rest = usable_prefix(draft.tokens[skipped : skipped + k])  # cut at a whole character
+            run.books.discarded_draft_tokens += len(draft.tokens) - skipped - len(rest)
             return Draft(tokens=rest, latency_s=clock() - started, drafter=draft.drafter + "+pipelined") if rest else None
 
         return usable()
 
-    async def cancel(self) -> None:
-        if not self.task.done():
-            self.task.cancel()
-        try:
-            await self.task
-        except BaseException:
-            pass
+
+
+async def _settle(run: _Run) -> None:
+    """Wait for the stale prefetches (their usage reaches the draft meter) and count their tokens."""
+    if not run.stale:
+        return
+    results = await asyncio.gather(*run.stale, return_exceptions=True)
+    run.books.discarded_draft_tokens += sum(len(r.tokens) for r in results if isinstance(r, Draft))
+    run.stale.clear()
+
+
+#: The policy's budget when the caller set no max_tokens (the server's own limit applies).
+_UNBOUNDED = 1 << 20
 
 
 class Engine:
@@ -231,28 +261,38 @@ class Engine:
             request = replace(request, context=replace(request.context, sampling=sampling))
             run.request = request
         speculate = self.verifier is not None and self.drafter is not None and unverifiable_reason is None
+        if speculate and request.context.sampling.target_sampler_only and not getattr(self.verifier, "draws_target_tokens", False):
+            speculate = False
+            run.books.fallback_reason = (
+                f"the request's sampler (top_k, min_p, ...) cannot be reproduced from the logprob lists of the "
+                f"{getattr(self.verifier, 'name', '')} path: the target alone generates"
+            )
         mode = self.policy.start_request() if speculate else TARGET_ALONE
         if speculate and mode == TARGET_ALONE:
             speculate = False
             run.books.fallback_reason = getattr(self.policy, "reason", "") or "the draft-length policy chose the target alone"
         out = _Output(request=request, context=request.context)
         prefetch: _Prefetch | None = None
+        target_decides = False  # the previous round handed the next position to the target alone
+        finished_normally = False
         try:
-            while not out.ended and out.produced < request.max_tokens:
-                remaining = request.max_tokens - out.produced
+            while not out.ended and (out.remaining is None or out.remaining > 0):
+                remaining = out.remaining
                 context = out.context
                 k = 0
-                if speculate:
-                    chosen = self.policy.choose(PolicyState(remaining, len(run.books.rounds), recheck=mode == RECHECK))
+                if speculate and not target_decides:
+                    budget = remaining if remaining is not None else _UNBOUNDED
+                    chosen = self.policy.choose(PolicyState(budget, len(run.books.rounds), recheck=mode == RECHECK))
                     if chosen <= 0:
                         speculate = False  # the policy predicts the target alone is faster from here
                         run.books.fallback_reason = run.books.fallback_reason or (
                             getattr(self.policy, "reason", "") or "the draft-length policy turned speculation off"
                         )
-                    k = min(chosen, remaining - 1)
+                    k = min(chosen, budget - 1)
+                target_decides = False
                 new: list[Emitted] = []
                 if k > 0:
-                    draft = prefetch.take(context, k, self.clock) if prefetch is not None else None
+                    draft = prefetch.take(context, k, self.clock, run) if prefetch is not None else None
                     if draft is not None:
                         draft = await draft
                     prefetch = None
@@ -266,11 +306,11 @@ class Engine:
                         if self.pipeline and model is not None and run.draft_meter is not None:
                             # Guess that every draft token is kept, and draft the next round meanwhile.
                             prefetch = _Prefetch.start(model, context.advanced(draft.text), k + 1, run)
-                        outcome = await self._round(context, draft, run, out.token_starts, out.produced)
+                        outcome = await self._round(context, draft, run, out)
                         if outcome is None:
                             speculate = False
                             continue
-                        new = outcome
+                        new, target_decides = outcome
                 if not new and not speculate and request.stream and self._can_stream(context):
                     # The target alone finishes the text: stream it, so that text arrives as it is made.
                     async for tokens in self._plain_stream(context, remaining, run):
@@ -280,15 +320,27 @@ class Engine:
                             yield Piece(text=piece)
                     out.ended = True
                     continue
-                if not new:
-                    new = await self._plain(context, 1 if speculate else remaining, remaining, run)
+                if not new and not target_decides:
+                    new = await self._plain(context, 1 if speculate else remaining, out, run)
                 piece = out.add(new)
+                if out.invalid_bytes and not out.ended and run.books.inexact_reason is None:
+                    run.books.inexact_reason = (
+                        "approximate: the target generated bytes that are not UTF-8, which a text API cannot send back to it"
+                    )
                 if piece:
                     run.books.ttft_s = run.books.ttft_s if run.books.ttft_s is not None else self.clock() - started
                     yield Piece(text=piece)
+            finished_normally = True
         finally:
             if prefetch is not None:
-                await prefetch.cancel()
+                run.stale.append(prefetch.task)
+            if finished_normally:
+                # A draft call the server has answered is billed: wait for stale prefetches and count them.
+                await _settle(run)
+            else:
+                for task in run.stale:
+                    task.cancel()
+                await asyncio.gather(*run.stale, return_exceptions=True)
 
         yield self._finished(run, started, out.finish_reason, out.produced)
 
@@ -309,6 +361,7 @@ class Engine:
             wall_s=self.clock() - started,
             ttft_s=books.ttft_s,
             max_coverage_gap=books.max_gap,
+            discarded_draft_tokens=books.discarded_draft_tokens,
         )
         return Finished(finish_reason=finish_reason, stats=stats, prompt_tokens=books.prompt_tokens, completion_tokens=produced)
 
@@ -336,11 +389,12 @@ class Engine:
         """Streaming the last step needs no prefix handling the stream could get wrong."""
         return self.stream_plain and not (context.is_chat and context.accepted and self.prefill.echoes_prefix)
 
-    async def _plain_stream(self, context: Context, remaining: int, run: _Run) -> AsyncIterator[list[Emitted]]:
+    async def _plain_stream(self, context: Context, remaining: int | None, run: _Run) -> AsyncIterator[list[Emitted]]:
         """The target alone generates the rest as a stream. A chunk's text counts as one token (servers
         stream token by token); when the server stops at the limit, the count is settled to it."""
+        usage: dict = {}
         pieces = plain_stream(
-            self.target, context, remaining, run.target_meter, run.seed(), list(run.request.stop) or None, prefill=self.prefill
+            self.target, context, remaining, run.target_meter, run.seed(), list(run.request.stop) or None, prefill=self.prefill, usage=usage
         )
         chunks = 0
         started = self.clock()
@@ -350,40 +404,61 @@ class Engine:
                 if text:
                     chunks += 1
                     new.append(Emitted(token=text, data=text.encode("utf-8")))
-                if finish_reason == "length":
+                if finish_reason == "length" and remaining is not None:
                     new.append(Emitted(token="", data=b"", count=max(0, remaining - chunks)))
                 elif finish_reason is not None:
-                    new.append(Emitted(token="", data=b"", eos=True))
+                    new.append(Emitted(token="", data=b"", eos=True, finish_reason=finish_reason))
                 if finish_reason is not None:
                     # What the target alone costs is what the policy compares speculation with.
-                    self.policy.observe_plain(remaining if finish_reason == "length" else chunks, self.clock() - started)
+                    self.policy.observe_plain(remaining if finish_reason == "length" and remaining else chunks, self.clock() - started)
                 if new:
                     yield new
+        prompt_tokens = usage.get("prompt_tokens")
+        if not context.accepted and run.books.prompt_tokens is None and isinstance(prompt_tokens, int):
+            run.books.prompt_tokens = prompt_tokens
 
-    async def _plain(self, context: Context, step_tokens: int, remaining: int, run: _Run) -> list[Emitted]:
-        """The target alone generates: one token while speculating, everything that remains otherwise."""
+    async def _plain(self, context: Context, step_tokens: int | None, out: _Output, run: _Run) -> list[Emitted]:
+        """The target alone generates: one token while speculating, everything that remains otherwise.
+
+        A step that stops inside a character (its text empty or ending in U+FFFD, depending on the
+        server) is asked again for one more token with the same seed, until the text ends on a whole
+        character or reaches the caller's limit, where the server's own rendering is the answer.
+        """
+        remaining = out.remaining
         counting = getattr(self.verifier, "name", "") in ("echo", "prompt-logprobs")
-        step = await plain_step(
-            self.target,
-            context,
-            step_tokens,
-            run.target_meter,
-            run.seed(),
-            list(run.request.stop) or None,
-            count_tokens=counting,
-            prefill=self.prefill,
-        )
-        if run.books.prompt_tokens is None and not context.accepted and step.prompt_tokens is not None:
-            run.books.prompt_tokens = step.prompt_tokens
+        seed = run.seed()
+        if seed is None and not context.sampling.greedy and step_tokens is not None and step_tokens != remaining:
+            seed = run.rng.randrange(2**31)  # a repeated step must draw the same tokens again
+        while True:
+            step = await plain_step(
+                self.target,
+                context,
+                step_tokens,
+                run.target_meter,
+                seed,
+                list(run.request.stop) or None,
+                count_tokens=counting,
+                prefill=self.prefill,
+            )
+            partial = step.finish_reason == "length" and (not step.text or step.text.endswith("\ufffd"))
+            if not partial or step_tokens is None or (remaining is not None and step_tokens >= remaining) or step_tokens >= 8:
+                break
+            step_tokens += 1
+        books = run.books
+        if books.prompt_tokens is None and not context.accepted and step.prompt_tokens is not None:
+            books.prompt_tokens = step.prompt_tokens
+        _check_prompt_count(step.prompt_tokens, 0, context, out.produced, books)
         self.policy.observe_plain(step.completion_tokens, step.latency_s)
         new: list[Emitted] = []
-        if step.text:
-            count = step.completion_tokens or 1
-            if step.finish_reason == "length":
-                count = step_tokens  # the server stopped at exactly the tokens it was allowed
-            new.append(Emitted(token=step.text, data=step.text.encode("utf-8"), count=min(count, remaining)))
-        if step.finish_reason != "length" or not step.text:
-            new.append(Emitted(token="", data=b"", eos=True))
+        count = step.completion_tokens or (1 if step.text else 0)
+        if step.finish_reason == "length" and step_tokens is not None:
+            count = step_tokens  # the server stopped at exactly the tokens it was allowed
+        if remaining is not None:
+            count = min(count, remaining)
+        if step.text or (step.finish_reason == "length" and count):
+            new.append(Emitted(token=step.text, data=step.text.encode("utf-8"), count=max(count, 1)))
+        if step.finish_reason != "length" or step_tokens is None:
+            new.append(Emitted(token="", data=b"", eos=True, finish_reason=step.finish_reason or "stop"))
         return new
 
     async def _draft(self, context: Context, k: int, run: _Run) -> Draft | None:
@@ -395,7 +470,9 @@ class Engine:
             run.books.fallback_reason = f"draft failed, continued with the target alone: {exc}"
             return None
 
-    async def _round(self, context: Context, draft: Draft, run: _Run, token_starts: list[int], produced: int) -> list[Emitted] | None:
+    async def _round(self, context: Context, draft: Draft, run: _Run, out: _Output) -> tuple[list[Emitted], bool] | None:
+        """One draft-then-verify round: the target tokens it adds, and whether the next position must
+        be decided by the target alone (None: verification failed, continue without speculating)."""
         assert self.verifier is not None
         books, top_k = run.books, run.top_k
         try:
@@ -415,9 +492,9 @@ class Engine:
         self.paths.succeeded(self.chat)
         if books.prompt_tokens is None and not context.accepted and verification.prompt_tokens is not None:
             books.prompt_tokens = verification.prompt_tokens
-        _check_token_boundaries(verification, context, draft, token_starts, books)
-        _check_token_count(verification, context, produced, books)
+        _check_token_boundaries(verification, context, draft, out.token_starts, books)
         decision = decide_round(verification.positions, verification.straddle, draft.tokens, context.sampling, run.rng)
+        _check_token_counts(verification, decision.accepted, context, out.produced, books)
         new = list(decision.emitted)
         if decision.all_accepted and not decision.stalled:
             if verification.bonus is not None:
@@ -427,11 +504,7 @@ class Engine:
                 new.append(Emitted(token="", data=b"", eos=True))
         if not context.sampling.greedy:
             books.max_gap = max(books.max_gap, decision.gap)
-            if decision.gap > COVERAGE_TOLERANCE and books.inexact_reason is None:
-                books.inexact_reason = (
-                    f"approximate: the top-{top_k} logprob lists left up to {decision.gap:.2%} of the probability mass unseen"
-                )
-        new = _whole_characters(new, context.sampling.greedy, books)
+        new = _whole_characters(_within_limit(new, out.remaining), context.sampling.greedy, books)
         record = RoundRecord(
             drafted=len(draft.tokens),
             accepted=decision.accepted,
@@ -446,7 +519,7 @@ class Engine:
         observe = getattr(self.drafter, "record", None)
         if observe is not None:
             observe(draft.drafter, record.drafted, record.accepted)
-        return new
+        return new, decision.handover or (decision.stalled and not new)
 
 
 def _check_token_boundaries(verification: Verification, context: Context, draft: Draft, token_starts: list[int], books: _Books) -> None:
@@ -464,8 +537,10 @@ def _check_token_boundaries(verification: Verification, context: Context, draft:
     # text, so each round looks at the newest boundaries (and the last one already seen) only.
     newest = token_starts[max(0, books.boundaries_checked - 1) :]
     books.boundaries_checked = len(token_starts)
+    covered = max(verification.starts_from_end, default=0)  # tokens whose bytes the server showed
     for start in newest:
-        if start <= accepted and accepted - start + tail not in verification.starts_from_end:
+        back = accepted - start + tail
+        if start <= accepted and back <= covered and back not in verification.starts_from_end:
             books.inexact_reason = (
                 "approximate: the target re-tokenized the text across a token boundary of its own output "
                 f"({accepted - start} bytes before the newest text), so it saw the context split differently "
@@ -474,19 +549,46 @@ def _check_token_boundaries(verification: Verification, context: Context, draft:
             return
 
 
-def _check_token_count(verification: Verification, context: Context, produced: int, books: _Books) -> None:
-    """The same guard where no scored prompt is returned (fan-out): the target billed the context as
-    more or fewer tokens than the prompt plus the tokens it generated, so it split the text differently."""
-    if context.is_chat or not context.accepted or books.inexact_reason is not None:
+def _check_token_counts(verification: Verification, accepted: int, context: Context, produced: int, books: _Books) -> None:
+    """The same guard where no scored prompt is returned (fan-out): each call whose pick was used
+    continued the text so far plus `j` draft tokens, each one a target token, so it must have been
+    billed the prompt plus `produced + j` tokens; any other count means the target split the text
+    differently than its own generation did."""
+    counts = verification.prompt_counts
+    for j, count in enumerate(counts[: accepted + 1]):
+        if context.accepted or j:
+            _check_prompt_count(count, j, context, produced, books)
+
+
+def _check_prompt_count(count: int | None, extra: int, context: Context, produced: int, books: _Books) -> None:
+    """Say so when a call on the text so far (plus `extra` target tokens) was billed another count
+    than the prompt plus the tokens the target generated: it re-tokenized its own output."""
+    if books.inexact_reason is not None or books.prompt_tokens is None or count is None:
         return
-    if books.prompt_tokens is None or verification.prompt_tokens is None:
+    if not context.accepted and not extra:
         return
-    if verification.prompt_tokens != books.prompt_tokens + produced:
+    expected = books.prompt_tokens + produced + extra
+    if count != expected:
         books.inexact_reason = (
-            "approximate: the target re-tokenized the text so far into "
-            f"{verification.prompt_tokens} tokens instead of {books.prompt_tokens + produced} (prompt plus its own output), "
-            "so it saw the context split differently than a single call would have"
+            f"approximate: the target re-tokenized the text so far into {count} tokens instead of {expected} "
+            "(prompt plus its own output), so it saw the context split differently than a single call would have"
         )
+
+
+def _within_limit(tokens: list[Emitted], remaining: int | None) -> list[Emitted]:
+    """The tokens up to the caller's limit (an end of text right after it is kept: it counts as a stop)."""
+    if remaining is None:
+        return tokens
+    kept: list[Emitted] = []
+    used = 0
+    for token in tokens:
+        if used >= remaining and not token.eos:
+            break
+        kept.append(token)
+        used += 0 if token.eos else token.count
+        if token.eos:
+            break
+    return kept
 
 
 def _model_drafter(drafter: Drafter | None, draft: Draft) -> ModelDrafter | None:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from ._calls import Meter, RoleClient
 from ._wire import chat_tokens, completion_tokens
 from .acceptance import DEFAULT_EOS_TOKENS
-from .alignment import ScoredToken
+from .alignment import ScoredToken, complete_utf8_prefix, token_bytes
 from .context import Context, Prefill
 from .verifiers import SeedSource, Verification
 
@@ -33,41 +33,60 @@ class PrefillFanoutVerifier:
     client: RoleClient
     name: str = "prefill-fanout"
     prefill: Prefill = Prefill()
+    #: Every kept token is one the target drew itself, so any sampler settings are reproduced.
+    draws_target_tokens: bool = True
 
     async def verify(self, context: Context, draft: Sequence[ScoredToken], meter: Meter, next_seed: SeedSource, top_k: int) -> Verification:
         seeds = [next_seed() for _ in range(len(draft) + 1)]
-        prefixes = [""]
+        # Each prefix is sent as text, so it may only end on a whole character: a draft token that
+        # ends inside one is scored only together with the token that completes it.
+        prefixes: list[str | None] = [""]
+        data = b""
         for token in draft:
-            prefixes.append(prefixes[-1] + token.data.decode("utf-8", errors="strict"))
+            data += token.data
+            whole = complete_utf8_prefix(data)
+            prefixes.append(data.decode("utf-8") if whole == data else None)
         started = self.client.clock()
         answers = await asyncio.gather(*(self._pick(context, prefix, meter, seed, top_k) for prefix, seed in zip(prefixes, seeds)))
         latency = self.client.clock() - started
         picks = [pick for pick, _ in answers]
         positions = []
         for token, pick in zip(draft, picks):
-            positions.append(ScoredToken(text=token.text, logprob=0.0 if pick == token.text else None, top={pick: 0.0}))
+            if pick is None:
+                positions.append(ScoredToken(text=token.text))  # no pick here: the round ends before it
+            elif pick != END_OF_TEXT and token_bytes(pick) == token.data:
+                positions.append(ScoredToken(text=token.text, logprob=0.0, top={token.text: 0.0}))
+            else:
+                positions.append(ScoredToken(text=token.text, logprob=None, top={pick: 0.0}))
         bonus_pick = picks[len(draft)]
-        bonus = None if bonus_pick == END_OF_TEXT else ScoredToken(text=bonus_pick, logprob=0.0, top={bonus_pick: 0.0})
+        if bonus_pick is None:
+            bonus = None
+        else:
+            bonus = None if bonus_pick == END_OF_TEXT else ScoredToken(text=bonus_pick, logprob=0.0, top={bonus_pick: 0.0})
         return Verification(
             positions=tuple(positions),
             straddle=0,
             bonus=bonus,
-            finish_reason="stop" if bonus is None else "length",
+            finish_reason="stop" if bonus_pick == END_OF_TEXT else "length",
             latency_s=latency,
             prompt_tokens=answers[0][1],  # the context alone, as the target tokenized it
+            prompt_counts=tuple(count for _, count in answers),
         )
 
-    async def _pick(self, context: Context, prefix: str, meter: Meter, seed: int | None, top_k: int) -> tuple[str, int | None]:
-        """The target's next token after `accepted + prefix` (END_OF_TEXT when it ends the text), and
-        the prompt tokens it was billed."""
+    async def _pick(self, context: Context, prefix: str | None, meter: Meter, seed: int | None, top_k: int) -> tuple[str | None, int | None]:
+        """The target's next token after `accepted + prefix` (END_OF_TEXT when it ends the text, None
+        when it cannot be known: no whole-character prefix, or a partial character with no bytes
+        shown), and the prompt tokens it was billed."""
+        if prefix is None:
+            return None, None
         body = {"max_tokens": 1, **context.sampling_body(seed)}
         if context.is_chat:
             body.update({"messages": context.chat_messages(prefix), "logprobs": True, "top_logprobs": min(top_k, 20)})
             body.update(self.prefill.fields(bool(context.accepted or prefix)))
-            response = await self.client.post("/chat/completions", body, meter)
+            response = await self.client.post("/chat/completions", body, meter, options=context.options)
         else:
             body.update({"prompt": context.completion_prompt(prefix), "logprobs": min(top_k, 5)})
-            response = await self.client.post("/completions", body, meter)
+            response = await self.client.post("/completions", body, meter, options=context.options)
         try:
             choice = response["choices"][0]
             if context.is_chat:
@@ -81,10 +100,17 @@ class PrefillFanoutVerifier:
         real = [t for t in tokens if t.text not in DEFAULT_EOS_TOKENS]
         prompt_tokens = (response.get("usage") or {}).get("prompt_tokens")
         prompt_tokens = prompt_tokens if isinstance(prompt_tokens, int) else None
+        finish = choice.get("finish_reason")
+        if len(real) == 1 and token_bytes(real[0].text):
+            token = real[0].text
+            if text.encode("utf-8") == token_bytes(token) or (finish == "length" and text in ("", "\ufffd")):
+                return token, prompt_tokens  # the token as the server spelled it (its bytes, if partial)
         if not text:
-            if choice.get("finish_reason") == "stop":
+            if finish == "stop":
                 return END_OF_TEXT, prompt_tokens
+            if finish == "length":
+                return None, prompt_tokens  # part of a character, and no logprobs show which bytes
             raise self.client.error("fan-out response generated nothing and did not stop", malformed=True)
-        if real and real[-1].text and text.endswith(real[-1].text):
-            return real[-1].text, prompt_tokens  # the token as the server spelled it
+        if text.endswith("\ufffd") and finish == "length":
+            return None, prompt_tokens
         return text, prompt_tokens

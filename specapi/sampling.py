@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 __all__ = [
@@ -60,25 +60,31 @@ class TokenDist:
         temperature: float = 1.0,
         top_p: float = 1.0,
         raw: bool = True,
+        extra: Mapping[str, float | None] | None = None,
     ) -> TokenDist:
         """Build the distribution a sampler uses at `temperature`/`top_p` from a top-k logprob list.
 
-        `raw=True` means the server reported temperature-1 logprobs (vLLM's default, OpenAI) and the
-        temperature must be applied here; `raw=False` means they already include the temperature.
+        `logprobs` is the server's list: the k most likely tokens, so every token it leaves out is
+        at most as likely as its least likely entry. `extra` holds tokens whose logprob is known but
+        that may lie outside the list (the token a server scored): their own values are exact, but
+        they say nothing about the unseen mass. `raw=True` means the server reported temperature-1
+        logprobs (vLLM's default, OpenAI) and the temperature must be applied here; `raw=False`
+        means they already include the temperature. All arithmetic on tempered values is in log space.
         """
         if temperature <= 0:
             raise ValueError("temperature must be > 0 for a sampling distribution; use argmax_token for greedy")
-        known = _clean(logprobs)
+        listed = _clean(logprobs)
+        known = dict(listed)
+        for token, lp in _clean(extra or {}).items():
+            known.setdefault(token, lp)
         if not known:
             return cls(probs={}, gap=1.0)
-        missing_raw = max(0.0, 1.0 - sum(math.exp(lp) for lp in known.values()))
+        missing_raw = max(0.0, 1.0 - math.fsum(math.exp(lp) for lp in known.values()))
         if raw and temperature != 1.0:
             # The normaliser of p^(1/T) needs the whole distribution: estimate it from the known tokens.
             scaled = {t: lp / temperature for t, lp in known.items()}
-            top = max(scaled.values())
-            weights = {t: math.exp(v - top) for t, v in scaled.items()}
-            total = sum(weights.values())
-            probs = {t: w / total for t, w in weights.items()}
+            log_total = _logsumexp(scaled.values())
+            probs = {t: math.exp(v - log_total) for t, v in scaled.items()}
         else:
             # The logprobs are the sampling distribution itself: each listed value is exact even when the
             # list is short, so keep them as they are (rounding may push the sum a hair over 1).
@@ -86,50 +92,63 @@ class TokenDist:
             total = sum(probs.values())
             if total > 1.0:
                 probs = {t: v / total for t, v in probs.items()}
-        gap = _tempered_gap(missing_raw, min(known.values()), temperature if raw else 1.0, known)
+        if not listed:
+            gap = 1.0 if missing_raw > COVERAGE_TOLERANCE / 10 else 0.0  # no list: nothing bounds the unseen tokens
+        else:
+            gap = _tempered_gap(missing_raw, min(listed.values()), temperature if raw else 1.0, known)
         if top_p < 1.0:
-            probs, gap = _nucleus(probs, top_p, gap)
+            probs, gap = _nucleus(probs, set(listed), top_p, gap)
         return cls(probs=probs, gap=gap)
 
 
+def _logsumexp(values: Iterable[float]) -> float:
+    values = list(values)
+    top = max(values)
+    return top + math.log(math.fsum(math.exp(v - top) for v in values))
+
+
 def _tempered_gap(missing_raw: float, min_logprob: float, temperature: float, known: Mapping[str, float]) -> float:
-    """An upper bound on the share of the tempered distribution held by unseen tokens."""
+    """An upper bound on the share of the tempered distribution held by unseen tokens (log space, so
+    that a temperature near 0 neither underflows nor divides by zero)."""
     if missing_raw <= COVERAGE_TOLERANCE / 10:
         return 0.0
     if temperature == 1.0:
         return min(1.0, missing_raw)
-    z_known = sum(math.exp(lp / temperature) for lp in known.values())
-    if temperature < 1.0:
-        # Each unseen token has p <= p_min, so sum p^(1/T) <= p_min^(1/T - 1) * missing.
-        unseen = math.exp(min_logprob * (1.0 / temperature - 1.0)) * missing_raw
-    else:
+    if temperature > 1.0:
         # Above T = 1, spreading the missing mass over more tokens makes it weigh more once tempered:
         # without the vocabulary size there is no bound below 1.
         return 1.0
-    return min(1.0, unseen / (z_known + unseen))
+    # Each unseen token has p <= p_min, so sum p^(1/T) <= p_min^(1/T - 1) * missing.
+    log_unseen = min_logprob * (1.0 / temperature - 1.0) + math.log(missing_raw)
+    log_known = _logsumexp([lp / temperature for lp in known.values()])
+    difference = log_known - log_unseen
+    if difference > 700:
+        return 0.0
+    return min(1.0, 1.0 / (1.0 + math.exp(difference)))
 
 
-def _nucleus(probs: Mapping[str, float], top_p: float, gap: float) -> tuple[dict[str, float], float]:
+def _nucleus(probs: Mapping[str, float], listed: set[str], top_p: float, gap: float) -> tuple[dict[str, float], float]:
     """Keep the smallest set of most likely tokens whose mass reaches top_p, renormalised.
 
-    Unseen tokens are never more likely than the listed ones (each unseen logprob is below the list's
-    minimum, and tempering keeps the order), so the listed tokens are the head of the distribution.
-    The true share of a listed token is at least its estimate times (1 - gap) when `probs` was
+    Only the server's list is the head of the distribution (an unseen token is never more likely than
+    a listed one, and tempering keeps the order); a known token outside the list can be anywhere below
+    it. The true share of a listed token is at least its estimate times (1 - gap) when `probs` was
     normalised, or exactly its value when it was not (sum below 1): if even the lower bound of the
-    cumulative mass reaches top_p, the cut is exact.
+    cumulative mass of listed tokens reaches top_p, the cut is exact and every token outside the list
+    is outside the nucleus. Otherwise the nucleus reaches past the list and the result is not exact.
     """
     total = sum(probs.values())
     normalised = total > 1.0 - 1e-9
     kept: dict[str, float] = {}
     lower = 0.0
-    for token, p in sorted(probs.items(), key=lambda kv: (-kv[1], kv[0])):
+    for token, p in sorted(((t, v) for t, v in probs.items() if t in listed), key=lambda kv: (-kv[1], kv[0])):
         kept[token] = p
         lower += p * (1.0 - gap) if normalised else p
         if lower >= top_p:
             mass = sum(kept.values())
             return {t: v / mass for t, v in kept.items()}, 0.0
-    mass = sum(kept.values())
-    return {t: v / mass for t, v in kept.items()}, gap
+    mass = sum(probs.values())
+    return {t: v / mass for t, v in probs.items()}, max(gap, COVERAGE_TOLERANCE * 10)
 
 
 def argmax_token(logprobs: Mapping[str, float | None], prefer: str | None = None) -> str | None:

@@ -88,6 +88,8 @@ class SpeculativeStats:
     wall_s: float = 0.0
     ttft_s: float | None = None
     max_coverage_gap: float = 0.0
+    #: Draft tokens the draft was billed for that never reached verification (stale pipelined drafts).
+    discarded_draft_tokens: int = 0
 
     @property
     def num_rounds(self) -> int:

@@ -15,7 +15,7 @@ from typing import Protocol
 from ._calls import Meter, RoleClient
 from ._wire import WireError, chat_tokens, completion_tokens, prompt_logprob_tokens
 from .acceptance import DEFAULT_EOS_TOKENS
-from .alignment import ScoredToken, locate_suffix, token_bytes
+from .alignment import ScoredToken, complete_utf8_prefix, locate_suffix, token_bytes
 from .context import Context, Prefill
 
 __all__ = [
@@ -43,6 +43,8 @@ class Verification:
     prompt_tokens: int | None = None
     #: Where the scored text's tokens start, in bytes counted back from its end (None: not known).
     starts_from_end: frozenset[int] | None = None
+    #: Fan-out: the prompt tokens billed for the call that continued the context plus j draft tokens.
+    prompt_counts: tuple[int | None, ...] = ()
 
 
 SeedSource = Callable[[], "int | None"]
@@ -63,7 +65,10 @@ def _bonus(tokens: list[ScoredToken], generated_text: str, finish_reason: str | 
     real = [t for t in tokens if t.text not in DEFAULT_EOS_TOKENS and token_bytes(t.text)]
     if not real:
         return None
-    if len(real) > 1 or token_bytes(real[0].text) != generated_text.encode("utf-8"):
+    data = token_bytes(real[0].text) or b""
+    # A token holding part of a character shows in the text as nothing or U+FFFD, by server.
+    partial = complete_utf8_prefix(data) != data and generated_text in ("", "\ufffd")
+    if len(real) > 1 or (data != generated_text.encode("utf-8") and not partial):
         raise WireError(f"generated token {real[0].text!r} does not match generated text {generated_text!r}")
     return real[0]
 
@@ -101,7 +106,7 @@ class EchoVerifier:
         prompt = context.completion_prompt(draft_text)
         body = {"prompt": prompt, "echo": True, "logprobs": top_k, "max_tokens": 1, **context.sampling_body(next_seed())}
         started = self.client.clock()
-        response = await self.client.post("/completions", body, meter)
+        response = await self.client.post("/completions", body, meter, options=context.options)
         latency = self.client.clock() - started
         try:
             return self._read(response, prompt, draft_text, latency)
@@ -154,7 +159,7 @@ class ChatPromptLogprobsVerifier:
         if context.accepted or draft_text:
             body.update({"continue_final_message": True, "add_generation_prompt": False})
         started = self.client.clock()
-        response = await self.client.post("/chat/completions", body, meter)
+        response = await self.client.post("/chat/completions", body, meter, options=context.options)
         latency = self.client.clock() - started
         try:
             choice = response["choices"][0]
@@ -173,10 +178,13 @@ class ChatPromptLogprobsVerifier:
 
 
 def generation_request(
-    context: Context, max_tokens: int, seed: int | None, stop: list[str] | None, prefill: Prefill = Prefill()
+    context: Context, max_tokens: int | None, seed: int | None, stop: list[str] | None, prefill: Prefill = Prefill()
 ) -> tuple[str, dict]:
-    """The path and body of a request in which the target generates from the context by itself."""
-    body: dict = {"max_tokens": max_tokens, **context.sampling_body(seed)}
+    """The path and body of a request in which the target generates from the context by itself
+    (`max_tokens` None: none is sent, and the server's own limit applies)."""
+    body: dict = {**context.sampling_body(seed)}
+    if max_tokens is not None:
+        body["max_tokens"] = max_tokens
     if stop:
         body["stop"] = stop
     if context.is_chat:
@@ -199,7 +207,7 @@ class PlainStep:
 async def plain_step(
     client: RoleClient,
     context: Context,
-    max_tokens: int,
+    max_tokens: int | None,
     meter: Meter,
     seed: int | None,
     stop: list[str] | None,
@@ -213,10 +221,10 @@ async def plain_step(
     an end-of-text token too, on most servers).
     """
     path, body = generation_request(context, max_tokens, seed, stop, prefill)
-    if count_tokens and max_tokens > 1:
+    if count_tokens and max_tokens != 1:
         body.update({"logprobs": True} if context.is_chat else {"logprobs": 1})
     started = client.clock()
-    response = await client.post(path, body, meter)
+    response = await client.post(path, body, meter, options=context.options)
     latency = client.clock() - started
     try:
         choice = response["choices"][0]
@@ -251,19 +259,23 @@ async def plain_step(
 async def plain_stream(
     client: RoleClient,
     context: Context,
-    max_tokens: int,
+    max_tokens: int | None,
     meter: Meter,
     seed: int | None,
     stop: list[str] | None,
     *,
     prefill: Prefill = Prefill(),
+    usage: dict | None = None,
 ) -> AsyncIterator[tuple[str, str | None]]:
-    """Like `plain_step`, streamed: yields `(text, finish_reason)` per chunk (finish_reason None until the end)."""
+    """Like `plain_step`, streamed: yields `(text, finish_reason)` per chunk (finish_reason None until
+    the end). The billed usage, when the server sends it, is copied into `usage`."""
     path, body = generation_request(context, max_tokens, seed, stop, prefill)
     body["stream_options"] = {"include_usage": True}
     finished = False
-    async with contextlib.aclosing(client.stream(path, body, meter)) as chunks:
+    async with contextlib.aclosing(client.stream(path, body, meter, options=context.options)) as chunks:
         async for chunk in chunks:
+            if usage is not None and isinstance(chunk.get("usage"), dict):
+                usage.update(chunk["usage"])
             for choice in chunk.get("choices") or []:
                 if choice.get("index", 0) != 0:
                     continue

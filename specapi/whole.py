@@ -20,6 +20,9 @@ from .verifiers import generation_request
 
 __all__ = ["WholeResult", "PredictedOutputsPath", "PrefixMatchPath"]
 
+#: How much the draft proposes when the caller set no max_tokens.
+_PREDICTION_TOKENS = 256
+
 
 @dataclass(frozen=True)
 class WholeResult:
@@ -42,16 +45,16 @@ class PredictedOutputsPath:
     name: str = "predicted-outputs"
 
     async def run(
-        self, context: Context, drafter: Drafter, draft_meter: Meter, target_meter: Meter, max_tokens: int, seeds: tuple[int | None, int | None], stop: list[str] | None
+        self, context: Context, drafter: Drafter, draft_meter: Meter, target_meter: Meter, max_tokens: int | None, seeds: tuple[int | None, int | None], stop: list[str] | None
     ) -> WholeResult:
         started = self.target.clock()
-        draft = await drafter.draft(context, max_tokens, draft_meter, seeds[0])
+        draft = await drafter.draft(context, max_tokens or _PREDICTION_TOKENS, draft_meter, seeds[0])
         draft_latency = self.target.clock() - started
         path, body = generation_request(context, max_tokens, seeds[1], stop)
         if draft.text:
             body["prediction"] = {"type": "content", "content": draft.text}
         started = self.target.clock()
-        response = await self.target.post(path, body, target_meter)
+        response = await self.target.post(path, body, target_meter, options=context.options)
         try:
             text, finish, usage = _read(response, context.is_chat)
         except (KeyError, IndexError, TypeError) as exc:
@@ -81,13 +84,13 @@ class PrefixMatchPath:
     name: str = "prefix-match"
 
     async def run(
-        self, context: Context, drafter: Drafter, draft_meter: Meter, target_meter: Meter, max_tokens: int, seeds: tuple[int | None, int | None], stop: list[str] | None
+        self, context: Context, drafter: Drafter, draft_meter: Meter, target_meter: Meter, max_tokens: int | None, seeds: tuple[int | None, int | None], stop: list[str] | None
     ) -> WholeResult:
         path, body = generation_request(context, max_tokens, seeds[1], stop)
         started = self.target.clock()
-        draft_task = asyncio.ensure_future(self._timed_draft(drafter, context, max_tokens, draft_meter, seeds[0], self.target.clock))
+        draft_task = asyncio.ensure_future(self._timed_draft(drafter, context, max_tokens or _PREDICTION_TOKENS, draft_meter, seeds[0], self.target.clock))
         try:
-            response = await self.target.post(path, body, target_meter)
+            response = await self.target.post(path, body, target_meter, options=context.options)
         except BaseException:
             draft_task.cancel()
             raise

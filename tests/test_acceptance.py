@@ -197,7 +197,7 @@ def test_sampled_straddling_token_without_aligned_draft_stalls():
     assert d.stalled and d.emitted == ()
 
 
-def test_sampled_round_reports_the_coverage_gap_of_short_lists():
+def test_sampled_position_that_short_lists_cannot_decide_goes_to_the_target():
     p_top = {"a": math.log(0.5), "b": math.log(0.3)}  # 0.2 of the target's mass unseen
     q_top = {"a": math.log(0.9), "b": math.log(0.1)}
     d = decide_round(
@@ -207,7 +207,53 @@ def test_sampled_round_reports_the_coverage_gap_of_short_lists():
         T1,
         random.Random(0),
     )
-    assert d.gap == pytest.approx(0.2)
+    assert d.handover and d.emitted == () and not d.all_accepted
+
+
+def test_positions_before_an_undecidable_one_are_still_decided():
+    full = {"a": math.log(0.7), "b": math.log(0.3)}
+    short = {"a": math.log(0.5), "b": math.log(0.3)}
+    point = {"a": 0.0}
+    d = decide_round(
+        [ScoredToken(text="a", logprob=full["a"], top=full), ScoredToken(text="a", logprob=short["a"], top=short)],
+        0,
+        [ScoredToken(text="a", logprob=0.0, top=point), ScoredToken(text="a", logprob=0.0, top=point)],
+        T1,
+        random.Random(3),  # the first uniform is below 0.7: the first token is kept
+    )
+    assert d.handover and [e.token for e in d.emitted] == ["a"] and d.accepted == 1
+
+
+def test_scored_token_outside_a_truncated_list_is_outside_the_nucleus():
+    # Top-2 list holds 0.9 of the mass; with top_p 0.8 the nucleus is {"a", "b"}: the scored draft
+    # token "z" (outside the list, logprob known) must never be kept, whatever the draft's q.
+    p_top = {"a": math.log(0.6), "b": math.log(0.3)}
+    params = SamplingParams(temperature=1.0, top_p=0.8)
+    kept = 0
+    for seed in range(300):
+        d = decide_round(
+            [ScoredToken(text="z", logprob=math.log(0.05), top=p_top)],
+            0,
+            [ScoredToken(text="z", logprob=0.0, top={"z": 0.0})],
+            params,
+            random.Random(seed),
+        )
+        assert not d.handover
+        kept += d.accepted
+        assert d.emitted[0].token in ("a", "b")
+    assert kept == 0
+
+
+def test_a_temperature_near_zero_is_stable():
+    p_top = {"a": math.log(0.6), "b": math.log(0.3)}
+    d = decide_round(
+        [ScoredToken(text="a", logprob=p_top["a"], top=p_top)],
+        0,
+        [ScoredToken(text="a", logprob=0.0, top={"a": 0.0})],
+        SamplingParams(temperature=1e-3),
+        random.Random(0),
+    )
+    assert [e.token for e in d.emitted] == ["a"] and not d.handover
 
 
 def test_sampled_rounds_repeat_under_the_same_seed():

@@ -162,7 +162,7 @@ async def test_unverifiable_stream_without_usage_does_not_claim_it_cost_nothing(
     """The target's stream carries no usage unless asked: the statistics may not report 0 tokens and $0."""
     target = Endpoint(model="target", base_url=srv.base_url, api_key="x", input_price_per_mtok=5, output_price_per_mtok=15)
     async with AsyncSpeculativeOpenAI(**options(srv, target=target)) as c:
-        stream = await c.completions.create(prompt=PROMPT, max_tokens=10, temperature=0, stream=True, extra_body={"top_k": 5})
+        stream = await c.completions.create(prompt=PROMPT, max_tokens=10, temperature=0, stream=True, extra_body={"repeat_penalty": 1.3})
         chunks = [chunk async for chunk in stream]
     assert all(chunk.usage is None for chunk in chunks)  # the caller did not ask for a usage chunk
     s = stream.speculative
@@ -173,17 +173,17 @@ async def test_unverifiable_stream_without_usage_does_not_claim_it_cost_nothing(
 async def test_unverifiable_request_streams_the_target_own_stream(srv, client):
     before = len(srv.requests_for("draft"))
     stream = await client.completions.create(
-        prompt=PROMPT, max_tokens=10, temperature=0, stream=True, stream_options={"include_usage": True}, extra_body={"top_k": 5}
+        prompt=PROMPT, max_tokens=10, temperature=0, stream=True, stream_options={"include_usage": True}, extra_body={"repeat_penalty": 1.3}
     )
     chunks = [chunk async for chunk in stream]
     assert all(isinstance(c, Completion) for c in chunks)
-    assert "".join(c.choices[0].text for c in chunks if c.choices) == greedy(PROMPT, 10)  # the toy ignores top_k
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == greedy(PROMPT, 10)  # the toy ignores repeat_penalty
     s = stream.speculative
-    assert s is not None and s.speculated is False and "top_k" in s.fallback_reason
+    assert s is not None and s.speculated is False and "repeat_penalty" in s.fallback_reason
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 10
     assert len(srv.requests_for("draft")) == before
     [body] = [b for b in srv.requests_for("target")[-1:]]
-    assert body["stream"] is True and body["top_k"] == 5
+    assert body["stream"] is True and body["repeat_penalty"] == 1.3
 
 
 async def test_closing_a_stream_early_stops_upstream_requests(srv, client):
@@ -309,7 +309,7 @@ async def test_unverifiable_stream_request_is_retried_on_transient_errors(srv):
     srv.fail_next(1, 429, model="target", retry_after=2)
     try:
         async with AsyncSpeculativeOpenAI(**options(srv, sleep=recording_sleep)) as c:
-            stream = await c.completions.create(prompt=PROMPT, max_tokens=10, temperature=0, stream=True, extra_body={"top_k": 5})
+            stream = await c.completions.create(prompt=PROMPT, max_tokens=10, temperature=0, stream=True, extra_body={"repeat_penalty": 1.3})
             text = "".join([chunk.choices[0].text async for chunk in stream if chunk.choices])
     finally:
         srv.clear_faults()
