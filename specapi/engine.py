@@ -64,6 +64,8 @@ class _Books:
     ttft_s: float | None = None
     path_note: str | None = None
     boundaries_checked: int = 0  # how many of the output's token starts a scored prompt has confirmed
+    #: The target read its own output back with other token boundaries (see `_check_prompt_count`).
+    retokenized: bool = False
     discarded_draft_tokens: int = 0
 
 
@@ -313,7 +315,7 @@ class Engine:
                         new, target_decides = outcome
                 if not new and not speculate and request.stream and self._can_stream(context):
                     # The target alone finishes the text: stream it, so that text arrives as it is made.
-                    async for tokens in self._plain_stream(context, remaining, run):
+                    async for tokens in self._plain_stream(context, remaining, out.produced, run):
                         piece = out.add(tokens)
                         if piece:
                             run.books.ttft_s = run.books.ttft_s if run.books.ttft_s is not None else self.clock() - started
@@ -322,6 +324,11 @@ class Engine:
                     continue
                 if not new and not target_decides:
                     new = await self._plain(context, 1 if speculate else remaining, out, run)
+                if run.books.retokenized and context.sampling.greedy:
+                    # Every later request would re-read the same split: the target alone writes the
+                    # whole answer again from the prompt, and the part already committed is checked.
+                    new = await self._regenerate(out, run)
+                    speculate = False
                 piece = out.add(new)
                 if out.invalid_bytes and not out.ended and run.books.inexact_reason is None:
                     run.books.inexact_reason = (
@@ -389,10 +396,11 @@ class Engine:
         """Streaming the last step needs no prefix handling the stream could get wrong."""
         return self.stream_plain and not (context.is_chat and context.accepted and self.prefill.echoes_prefix)
 
-    async def _plain_stream(self, context: Context, remaining: int | None, run: _Run) -> AsyncIterator[list[Emitted]]:
+    async def _plain_stream(self, context: Context, remaining: int | None, produced: int, run: _Run) -> AsyncIterator[list[Emitted]]:
         """The target alone generates the rest as a stream. A chunk's text counts as one token (servers
         stream token by token); when the server stops at the limit, the count is settled to it."""
         usage: dict = {}
+        produced_before = produced
         pieces = plain_stream(
             self.target, context, remaining, run.target_meter, run.seed(), list(run.request.stop) or None, prefill=self.prefill, usage=usage
         )
@@ -416,6 +424,8 @@ class Engine:
         prompt_tokens = usage.get("prompt_tokens")
         if not context.accepted and run.books.prompt_tokens is None and isinstance(prompt_tokens, int):
             run.books.prompt_tokens = prompt_tokens
+        # Streamed text is out before the usage arrives: a split found here can only be reported.
+        _check_prompt_count(prompt_tokens if isinstance(prompt_tokens, int) else None, 0, context, produced_before, run.books)
 
     async def _plain(self, context: Context, step_tokens: int | None, out: _Output, run: _Run) -> list[Emitted]:
         """The target alone generates: one token while speculating, everything that remains otherwise.
@@ -459,6 +469,27 @@ class Engine:
             new.append(Emitted(token=step.text, data=step.text.encode("utf-8"), count=max(count, 1)))
         if step.finish_reason != "length" or step_tokens is None:
             new.append(Emitted(token="", data=b"", eos=True, finish_reason=step.finish_reason or "stop"))
+        return new
+
+    async def _regenerate(self, out: _Output, run: _Run) -> list[Emitted]:
+        """Greedy text from the prompt in one target call; what follows the committed text is new.
+
+        Greedy decoding is deterministic, so the target's own answer starts with the text committed
+        before the split went wrong; if it does not, the response stays marked approximate."""
+        request, books = run.request, run.books
+        step = await plain_step(
+            self.target, request.context, request.max_tokens, run.target_meter, None, list(request.stop) or None, prefill=self.prefill
+        )
+        committed = out.text
+        if not step.text.startswith(committed):
+            return []
+        books.retokenized = False
+        books.inexact_reason = None
+        books.fallback_reason = books.fallback_reason or "the target re-read its own output with other token boundaries: it wrote the answer again alone"
+        rest = step.text[len(committed) :]
+        produced = step.completion_tokens if step.finish_reason != "length" or request.max_tokens is None else request.max_tokens
+        new = [Emitted(token=rest, data=rest.encode("utf-8"), count=max(0, produced - out.produced))] if rest else []
+        new.append(Emitted(token="", data=b"", eos=True, finish_reason=step.finish_reason or "stop"))
         return new
 
     async def _draft(self, context: Context, k: int, run: _Run) -> Draft | None:
@@ -541,6 +572,7 @@ def _check_token_boundaries(verification: Verification, context: Context, draft:
     for start in newest:
         back = accepted - start + tail
         if start <= accepted and back <= covered and back not in verification.starts_from_end:
+            books.retokenized = True
             books.inexact_reason = (
                 "approximate: the target re-tokenized the text across a token boundary of its own output "
                 f"({accepted - start} bytes before the newest text), so it saw the context split differently "
@@ -569,6 +601,7 @@ def _check_prompt_count(count: int | None, extra: int, context: Context, produce
         return
     expected = books.prompt_tokens + produced + extra
     if count != expected:
+        books.retokenized = True
         books.inexact_reason = (
             f"approximate: the target re-tokenized the text so far into {count} tokens instead of {expected} "
             "(prompt plus its own output), so it saw the context split differently than a single call would have"
