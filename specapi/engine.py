@@ -114,7 +114,7 @@ class _Output:
             self.produced += token.count
             if limit is not None and self.produced >= limit:
                 # The end of text right after the last allowed token still counts as a stop.
-                if any(t.eos for t in new[index + 1 : index + 2]):
+                if any(t.eos and t.finish_reason == "stop" for t in new[index + 1 : index + 2]):
                     self.finish_reason, self.ended = "stop", True
                 break
         done = self.ended or (limit is not None and self.produced >= limit)

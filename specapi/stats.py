@@ -163,6 +163,7 @@ class SpeculativeStats:
             "acceptance_rate": round(self.acceptance_rate, 6),
             "mean_accepted_length": round(self.mean_accepted_length, 6),
             "generated_tokens": self.generated_tokens,
+            "discarded_draft_tokens": self.discarded_draft_tokens,
             "wall_s": round(self.wall_s, 6),
             "ttft_s": None if self.ttft_s is None else round(self.ttft_s, 6),
             "draft": usage(self.draft),

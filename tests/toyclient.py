@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from typing import Any
 
 import httpx2
 from scipy.stats import chisquare
@@ -15,8 +16,8 @@ from toyserver import ToyServer
 class InProcessToy:
     """The toy server's request handling behind an httpx2 MockTransport: no sockets, same answers."""
 
-    def __init__(self, label: str = "toy") -> None:
-        self.toy = ToyServer()  # never started
+    def __init__(self, label: str = "toy", **server_options: Any) -> None:
+        self.toy = ToyServer(**server_options)  # never started
         self.label = label
 
     def handler(self, request: httpx2.Request) -> httpx2.Response:

@@ -42,7 +42,7 @@ by one server, selected by the request's ``model`` ("target" / "draft").
 
 * ``POST /v1/completions``: ``prompt`` (str, a list of one str, or a list of token ids),
   ``max_tokens`` (default 16; >= 0 with echo, else >= 1), ``temperature`` (default 1; 0 = argmax,
-  ties to the lowest id), ``top_p``, ``seed`` (reproducible sampling; absent = fresh
+  ties to the lowest id), ``top_p``, ``top_k`` (vLLM's order: temperature, top_k, top_p), ``seed`` (reproducible sampling; absent = fresh
   randomness), ``stop`` (str or list; matched in the generated text only, not included in the
   output, finish_reason "stop"), ``n`` (1 only), ``logprobs`` (int k in 0..max_logprobs (20),
   -1 = all: top-k plus the chosen token; raw = temperature-1 values, clamped at -9999),
@@ -209,12 +209,13 @@ def _random_table(seed: int) -> dict[tuple[int, int, int], tuple[float, ...]]:
     return table
 
 
-def transform(probs: Sequence[float], temperature: float = 1.0, top_p: float | None = None) -> list[float]:
+def transform(probs: Sequence[float], temperature: float = 1.0, top_p: float | None = None, top_k: int | None = None) -> list[float]:
     """The sampling distribution the server uses for raw probabilities ``probs``.
 
     temperature 0 = point mass on the argmax (ties to the lowest id); otherwise p^(1/T)
-    renormalised, then nucleus (top_p) filtering: the smallest set of most likely tokens (ties to
-    the lowest id) whose mass reaches top_p, renormalised.
+    renormalised, then top_k (the k most likely tokens, ties to the lowest id) renormalised, then
+    nucleus (top_p) filtering: the smallest set of most likely tokens (ties to the lowest id) whose
+    mass reaches top_p, renormalised (vLLM's order).
     """
     n = len(probs)
     if temperature == 0:
@@ -228,6 +229,10 @@ def transform(probs: Sequence[float], temperature: float = 1.0, top_p: float | N
         dist = [x / s for x in w]
     else:
         dist = list(probs)
+    if top_k is not None and 0 < top_k < n:
+        kept = set(sorted(range(n), key=lambda i: (-dist[i], i))[:top_k])
+        s = sum(dist[i] for i in kept)
+        dist = [dist[i] / s if i in kept else 0.0 for i in range(n)]
     if top_p is not None and top_p < 1:
         order = sorted(range(n), key=lambda i: (-dist[i], i))
         keep, mass = [], 0.0
@@ -267,7 +272,7 @@ class ToyModel:
 
     # -- sequences
     def sequence_probs(self, context: str | Sequence[int], n: int, *, temperature: float = 1.0,
-                       top_p: float | None = None) -> dict[str, float]:
+                       top_p: float | None = None, top_k: int | None = None) -> dict[str, float]:
         """Exact probability of every generated text of at most n tokens (shorter = ended by EOT)."""
         out: dict[str, float] = {}
 
@@ -275,7 +280,7 @@ class ToyModel:
             if left == 0:
                 out[text] = out.get(text, 0.0) + prob
                 return
-            dist = transform(self.probs_ids(ids), temperature, top_p)
+            dist = transform(self.probs_ids(ids), temperature, top_p, top_k)
             for i, q in enumerate(dist):
                 if q <= 0:
                     continue
@@ -326,13 +331,14 @@ def _normalise_stop(stop: Any) -> list[str]:
 
 
 def generate(model: ToyModel, prompt_ids: Sequence[int], max_tokens: int, *, temperature: float = 1.0,
-             top_p: float | None = None, stop: Any = None, rng: random.Random | None = None) -> Generation:
+             top_p: float | None = None, stop: Any = None, rng: random.Random | None = None,
+             top_k: int | None = None) -> Generation:
     stops = _normalise_stop(stop)
     ctx = list(prompt_ids)
     out: list[int] = []
     text = ""
     for _ in range(max_tokens):
-        dist = transform(model.probs_ids(ctx), temperature, top_p)
+        dist = transform(model.probs_ids(ctx), temperature, top_p, top_k)
         if temperature == 0:
             tok = dist.index(1.0)
         else:
@@ -641,8 +647,9 @@ class ToyServer:
                 "max_model_len": self.max_model_len}
 
     # -- common parameter handling
-    def _sampling(self, body: Mapping[str, Any]) -> tuple[float, float | None, random.Random, list[str]]:
+    def _sampling(self, body: Mapping[str, Any]) -> tuple[float, float | None, random.Random, list[str], int | None]:
         temperature = _float_param(body, "temperature", 1.0, 0.0, 2.0)
+        top_k = _int_param(body, "top_k", -1, lo=-1)
         top_p = _float_param(body, "top_p", 1.0, 1e-9, 1.0)
         seed = body.get("seed")
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
@@ -660,7 +667,7 @@ class ToyServer:
         if body.get("logit_bias"):
             raise ToyError(400, "'logit_bias' is not supported by the toy server", param="logit_bias")
         stops = _normalise_stop(body.get("stop"))
-        return temperature, (top_p if top_p < 1 else None), rng, stops
+        return temperature, (top_p if top_p < 1 else None), rng, stops, (top_k if top_k > 0 else None)
 
     def _logprobs_k(self, body: Mapping[str, Any], name: str) -> int | None:
         k = body.get(name)
@@ -711,11 +718,11 @@ class ToyServer:
         if len(prompt_ids) + max_tokens > self.max_model_len:
             raise ToyError(400, f"This model's maximum context length is {self.max_model_len} tokens; "
                                 f"requested {len(prompt_ids) + max_tokens}.", param="max_tokens")
-        temperature, top_p, rng, stops = self._sampling(body)
+        temperature, top_p, rng, stops, top_k = self._sampling(body)
         k = self._logprobs_k(body, "logprobs")
         pk = self._logprobs_k(body, "prompt_logprobs")
         as_ids = bool(body.get("return_tokens_as_token_ids", False))
-        gen = generate(model, prompt_ids, max_tokens, temperature=temperature, top_p=top_p, stop=stops, rng=rng)
+        gen = generate(model, prompt_ids, max_tokens, temperature=temperature, top_p=top_p, stop=stops, rng=rng, top_k=top_k)
         usage = self._bill(name, prompt_ids, len(gen.ids))
 
         prompt_text = detokenize(prompt_ids, skip_eot=False)
@@ -805,14 +812,14 @@ class ToyServer:
         if len(prompt_ids) + max_tokens > self.max_model_len:
             raise ToyError(400, f"This model's maximum context length is {self.max_model_len} tokens; "
                                 f"requested {len(prompt_ids) + max_tokens}.", param="max_tokens")
-        temperature, top_p, rng, stops = self._sampling(body)
+        temperature, top_p, rng, stops, top_k = self._sampling(body)
         want_lp = bool(body.get("logprobs", False))
         top_k = _int_param(body, "top_logprobs", 0, lo=0, hi=self.max_logprobs)
         if body.get("top_logprobs") is not None and not want_lp:
             raise ToyError(400, "'top_logprobs' requires 'logprobs' to be true", param="top_logprobs")
         top_k = min(top_k, VOCAB_SIZE)
         pk = self._logprobs_k(body, "prompt_logprobs")
-        gen = generate(model, prompt_ids, max_tokens, temperature=temperature, top_p=top_p, stop=stops, rng=rng)
+        gen = generate(model, prompt_ids, max_tokens, temperature=temperature, top_p=top_p, stop=stops, rng=rng, top_k=top_k)
         usage = self._bill(name, prompt_ids, len(gen.ids))
 
         content_lp: list[dict[str, Any]] = []

@@ -83,7 +83,6 @@ __all__ = [
 
 CONTEXT_WINDOW = 8192
 """Prompt plus output tokens a simulated model accepts."""
-DEFAULT_CHAT_MAX_TOKENS = 512
 """Chat output limit when the request sets none (the models rarely stop on their own)."""
 MAX_N = 8
 _MASK64 = (1 << 64) - 1
@@ -550,7 +549,7 @@ class SimProvider:
         timing_profile = self.latency.timing_for(spec.name, spec.tier)
         max_tokens = sampling.max_tokens
         if max_tokens is None:
-            max_tokens = max(1, min(DEFAULT_CHAT_MAX_TOKENS, CONTEXT_WINDOW - len(prompt_ids)))
+            max_tokens = max(1, CONTEXT_WINDOW - len(prompt_ids))  # as vLLM: up to the context window
         if len(prompt_ids) + max_tokens > CONTEXT_WINDOW:
             raise ApiError(
                 400,

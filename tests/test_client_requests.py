@@ -1,0 +1,103 @@
+"""The caller's request, all of it: every field the caller sends reaches the target on every target
+request, transport options reach every upstream request, and no limit is invented. Checked on the
+simulator's record of the requests it received, against the target's own answer for the same request.
+"""
+
+from __future__ import annotations
+
+import openai
+import pytest
+
+import httpx2
+from simclient import answer, target_alone
+from specapi import AsyncSpeculativeOpenAI
+from specapi.sim import SimProvider, simulated_endpoints
+
+CODE = "def fibonacci(n):\n    if n < 2:\n        return n\n"
+
+
+def _client(provider: SimProvider, **options) -> AsyncSpeculativeOpenAI:  # type: ignore[no-untyped-def]
+    target, draft = simulated_endpoints(provider=provider)
+    return AsyncSpeculativeOpenAI(target=target, draft=draft, **{"policy": "fixed", **options})
+
+
+@pytest.mark.parametrize("profile", ["vllm", "llamacpp"])
+@pytest.mark.parametrize("chat", [False, True], ids=["completions", "chat"])
+async def test_extra_body_reaches_every_target_request(profile: str, chat: bool) -> None:
+    provider = SimProvider(capabilities=profile, latency="instant", seed=0)
+    extra = {"repeat_penalty": 1.0, "top_k": 40}
+    async with _client(provider) as client:
+        if chat:
+            messages = [{"role": "user", "content": "Write a function that adds two numbers."}]
+            resp = await client.chat.completions.create(messages=messages, max_tokens=30, temperature=0, extra_body=extra)
+        else:
+            resp = await client.completions.create(prompt=CODE, max_tokens=30, temperature=0, extra_body=extra)
+        # A last token is always a target-alone step (nothing left to draft for).
+        one = dict(messages=messages) if chat else dict(prompt=CODE)
+        await (client.chat.completions if chat else client.completions).create(**one, max_tokens=1, temperature=0, extra_body=extra)
+    asked = "Write a function" if chat else "def fibonacci(n):"
+    target_calls = [c for c in provider.calls if c.model == "sim-target" and asked in str(c.body)]  # not the probe's
+    assert resp.speculative.speculated and len(target_calls) > 1
+    for call in target_calls:
+        assert {k: call.body.get(k) for k in extra} == extra, f"{call.path} dropped the caller's extra_body: {call.body}"
+    plain = [c for c in target_calls if not c.body.get("echo") and "prompt_logprobs" not in c.body]
+    assert plain, "no target-alone step was checked"
+
+
+async def test_transport_options_reach_every_upstream_request_and_speculation_stays_on() -> None:
+    provider = SimProvider(capabilities="vllm", latency="instant", seed=0)
+    async with _client(provider, drafter="model") as client:
+        resp = await client.completions.create(
+            prompt=CODE, max_tokens=20, temperature=0, extra_headers={"x-trace": "abc"}, extra_query={"tenant": "t1"}, timeout=30.0
+        )
+    assert resp.speculative.speculated and resp.speculative.draft.requests > 0
+    for call in provider.calls:
+        assert call.headers.get("x-trace") == "abc", f"{call.model} {call.path} lacks the caller's header"
+        assert "tenant=t1" in call.path, f"{call.model} {call.path} lacks the caller's query"
+    expected, _ = await target_alone(provider, prompt=CODE, max_tokens=20)
+    assert resp.choices[0].text == expected
+
+
+async def test_chat_without_max_tokens_sends_none_and_a_long_prompt_works() -> None:
+    provider = SimProvider(capabilities="vllm", latency="instant", seed=0)
+    messages = [{"role": "user", "content": "word " * 7700}]  # near the simulated 8,192-token window
+    async with _client(provider, verification="none") as client:
+        resp = await client.chat.completions.create(messages=messages, temperature=0)
+    [call] = [c for c in provider.calls if c.model == "sim-target"]
+    assert "max_tokens" not in call.body and "max_completion_tokens" not in call.body
+    http = httpx2.AsyncClient(transport=provider.transport())
+    async with openai.AsyncOpenAI(base_url="http://sim/v1", api_key="x", http_client=http, max_retries=0) as sdk:
+        own = await sdk.chat.completions.create(model="sim-target", messages=messages, temperature=0)
+    assert answer(resp) == (own.choices[0].message.content, own.choices[0].finish_reason)
+
+
+async def test_chat_without_max_tokens_speculates_up_to_the_servers_own_end() -> None:
+    provider = SimProvider(capabilities="vllm", latency="instant", seed=0)
+    messages = [{"role": "user", "content": "Say hello."}]  # the simulated target ends this one by itself
+    async with _client(provider) as client:
+        resp = await client.chat.completions.create(messages=messages, temperature=0)
+    http = httpx2.AsyncClient(transport=provider.transport())
+    async with openai.AsyncOpenAI(base_url="http://sim/v1", api_key="x", http_client=http, max_retries=0) as sdk:
+        own = await sdk.chat.completions.create(model="sim-target", messages=messages, temperature=0)
+    assert resp.speculative.speculated
+    assert answer(resp) == (own.choices[0].message.content, own.choices[0].finish_reason)
+
+
+async def test_logprobs_zero_is_served_not_dropped() -> None:
+    provider = SimProvider(capabilities="vllm", latency="instant", seed=0)
+    async with _client(provider) as client:
+        resp = await client.completions.create(prompt=CODE, max_tokens=5, temperature=0, logprobs=0)
+    assert resp.choices[0].logprobs is not None and len(resp.choices[0].logprobs.tokens) == 5
+    assert not resp.speculative.speculated and "logprobs" in resp.speculative.fallback_reason
+
+
+@pytest.mark.parametrize("profile", ["vllm", "llamacpp"])
+@pytest.mark.parametrize("prompt,max_tokens", [("    y\t", 2), ("    y\t", 6), ("x = 1\n\n", 4)])
+async def test_a_last_step_on_re_tokenized_text_is_checked(profile: str, prompt: str, max_tokens: int) -> None:
+    """The target's first token merges with the prompt's end when sent back as text: the last step
+    must not continue from that other split; greedy text is the target's own."""
+    provider = SimProvider(capabilities=profile, latency="instant", seed=0)
+    async with _client(provider) as client:
+        resp = await client.completions.create(prompt=prompt, max_tokens=max_tokens, temperature=0)
+    assert (resp.choices[0].text, resp.choices[0].finish_reason) == await target_alone(provider, prompt=prompt, max_tokens=max_tokens)
+    assert resp.speculative.exact
