@@ -177,6 +177,20 @@ class RoleClient:
         meter.record_usage(result.get("usage"))
         return result
 
+    async def get(self, path: str, meter: Meter) -> Any:
+        """GET a JSON document (no retries: used to learn what a server is)."""
+        started = self.clock()
+        try:
+            result = await self.sdk.get(path, cast_to=object)
+        except openai.APIStatusError as exc:
+            meter.record_attempt(self.clock() - started, failed=True)
+            raise self.error(f"HTTP {exc.status_code}: {exc.message}", status_code=exc.status_code) from exc
+        except openai.APIError as exc:
+            meter.record_attempt(self.clock() - started, failed=True)
+            raise self.error(f"{type(exc).__name__}: {exc}") from exc
+        meter.record_attempt(self.clock() - started, failed=False)
+        return result
+
     async def _post_once(self, path: str, payload: dict[str, Any], meter: Meter, options: Mapping[str, Any] | None) -> Any:
         started = self.clock()
         try:

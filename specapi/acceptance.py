@@ -35,6 +35,8 @@ class SamplingParams:
     #: The caller's sampler truncates (top_k, min_p, ...) in a way logprob lists cannot show: only a
     #: path where the target draws its own tokens reproduces it.
     target_sampler_only: bool = False
+    #: The sampling fields the caller set; the others take the target server's defaults where known.
+    explicit: frozenset[str] = frozenset({"temperature", "top_p"})
 
     @property
     def greedy(self) -> bool:

@@ -303,6 +303,7 @@ def _validated_sampling(kwargs: Mapping[str, Any], target: Endpoint, draft: Endp
     return SamplingParams(
         temperature=temperature,
         top_p=top_p,
+        explicit=frozenset(name for name in ("temperature", "top_p") if kwargs.get(name) is not None),
         raw_logprobs=target.logprobs_mode == "raw",
         draft_raw_logprobs=draft is None or draft.logprobs_mode == "raw",
     )

@@ -12,8 +12,9 @@ import codecs
 import contextlib
 import random
 import time
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Mapping
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from ._calls import Clock, Meter, RoleClient
 from ._exceptions import DraftError, EndpointError, MalformedResponseError
@@ -262,7 +263,15 @@ class Engine:
             sampling = replace(request.context.sampling, raw_logprobs=path.raw_logprobs)
             request = replace(request, context=replace(request.context, sampling=sampling))
             run.request = request
+        caps = self.paths.capabilities
+        penalty_reason = None
+        if caps is not None and caps.sampler_defaults:
+            request, penalty_reason = _with_server_defaults(request, caps.sampler_defaults, caps.server or "the target")
+            run.request = request
         speculate = self.verifier is not None and self.drafter is not None and unverifiable_reason is None
+        if speculate and penalty_reason is not None:
+            speculate = False
+            run.books.fallback_reason = penalty_reason
         if speculate and request.context.sampling.target_sampler_only and not getattr(self.verifier, "draws_target_tokens", False):
             speculate = False
             run.books.fallback_reason = (
@@ -551,6 +560,31 @@ class Engine:
         if observe is not None:
             observe(draft.drafter, record.drafted, record.accepted)
         return new, decision.handover or (decision.stalled and not new)
+
+
+def _with_server_defaults(request: GenerationRequest, defaults: Mapping[str, float], server: str) -> tuple[GenerationRequest, str | None]:
+    """The request as the target server will run it: the settings the caller left out take the
+    server's own defaults, sent explicitly (the same request, and the verification knows them).
+    Returns the request and, if the defaults hold a penalty verification cannot reproduce, why not."""
+    context = request.context
+    sampling, extras = context.sampling, dict(context.extras)
+    changes: dict[str, Any] = {}
+    for name in ("temperature", "top_p"):
+        if name not in sampling.explicit and name in defaults:
+            changes[name] = defaults[name]
+    for name in ("top_k", "min_p", "repeat_penalty"):
+        if name not in extras and name in defaults:
+            extras[name] = defaults[name]
+    sampling = replace(sampling, **changes)
+    truncates = extras.get("top_k", 0) > 0 or extras.get("min_p", 0.0) > 0.0
+    sampling = replace(sampling, target_sampler_only=sampling.target_sampler_only or (truncates and not sampling.greedy))
+    reason = None
+    if extras.get("repeat_penalty", 1.0) != 1.0:
+        reason = (
+            f"{server} applies repeat_penalty {extras['repeat_penalty']} to requests that do not set it, which verification "
+            "cannot reproduce: the target alone generates (send extra_body={'repeat_penalty': 1.0} to speculate)"
+        )
+    return replace(request, context=replace(context, sampling=sampling, extras=extras)), reason
 
 
 def _check_token_boundaries(verification: Verification, context: Context, draft: Draft, token_starts: list[int], books: _Books) -> None:

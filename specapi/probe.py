@@ -24,6 +24,34 @@ __all__ = ["Capabilities", "probe_endpoint", "choose_verification", "add_argumen
 # Plain lowercase letters and spaces: every tokenizer (and the tests' toy servers) accepts them.
 _PROBE_PROMPT = "a b c d e f a b c d e f a b c"
 
+#: llama-cpp-python's server applies these to requests that omit them (its request models' defaults,
+#: version 0.3.36); it has no endpoint that reports them.
+LLAMA_CPP_PYTHON_DEFAULTS = {"temperature": 0.8, "top_p": 0.95, "top_k": 40, "min_p": 0.05, "repeat_penalty": 1.1}
+_DEFAULT_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty")
+
+
+async def _server_defaults(client: RoleClient) -> tuple[str | None, dict[str, float] | None]:
+    """Which llama.cpp server this is, if any, and the sampling defaults it applies: llama-server
+    reports them at `/props`; llama-cpp-python's are known. GETs bill nothing and are not metered."""
+    meter = Meter(client.endpoint)
+    root = str(client.sdk.base_url).rstrip("/").removesuffix("/v1")
+    try:
+        props = await client.get(root + "/props", meter)
+        params = (props.get("default_generation_settings") or {}).get("params") or {}
+        defaults = {k: float(params[k]) for k in _DEFAULT_FIELDS if isinstance(params.get(k), (int, float))}
+        if defaults:
+            return "llama-server", defaults
+    except (EndpointError, AttributeError, TypeError, ValueError):
+        pass
+    try:
+        models = await client.get("/models", meter)
+        owners = {m.get("owned_by") for m in models.get("data") or [] if isinstance(m, dict)}
+        if owners == {"me"}:  # llama-cpp-python's server names itself so
+            return "llama-cpp-python", dict(LLAMA_CPP_PYTHON_DEFAULTS)
+    except (EndpointError, AttributeError, TypeError, ValueError):
+        pass
+    return None, None
+
 
 @dataclass(frozen=True)
 class Capabilities:
@@ -42,6 +70,9 @@ class Capabilities:
     predicted_outputs: bool = False
     logprobs_raw: bool | None = None  # True: logprobs ignore temperature; None: unknown
     offsets_from_prompt_start: bool | None = None  # text_offset's convention (reported, never relied on)
+    server: str | None = None  # "llama-server" or "llama-cpp-python" when recognised
+    #: Sampling settings the server applies to requests that do not set them (None: OpenAI's, 1.0 and 1.0).
+    sampler_defaults: dict[str, float] | None = None
     notes: tuple[str, ...] = field(default=())
 
     def to_dict(self) -> dict[str, Any]:
@@ -177,6 +208,10 @@ async def probe_endpoint(client: RoleClient, meter: Meter) -> Capabilities:
             found["predicted_outputs"] = "accepted_prediction_tokens" in details
         notes.append("Predicted Outputs: " + ("yes" if found.get("predicted_outputs") else "no"))
 
+    server, defaults = await _server_defaults(client)
+    if server is not None:
+        found.update(server=server, sampler_defaults=defaults)
+        notes.append(f"{server}: applies {defaults} to requests that do not set them")
     return Capabilities(notes=tuple(notes), **found)
 
 

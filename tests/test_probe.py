@@ -235,3 +235,48 @@ def test_probe_command_against_the_toy_server_over_http(capsys):
         gc.collect()  # connections the command left open are reported now, not at exit
     leaked = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
     assert not leaked, f"the probe command left connections open: {leaked}"
+
+
+# ----------------------------------------------------------------------------- server sampling defaults
+
+
+def _llama_like(kind: str) -> Endpoint:
+    """The toy server dressed as a llama.cpp server: llama-server reports its defaults at /props,
+    llama-cpp-python names itself "me" in /v1/models."""
+    from toyclient import InProcessToy
+
+    toy = InProcessToy(kind)
+
+    def handler(request: httpx2.Request) -> httpx2.Response:
+        if request.method == "GET" and request.url.path == "/props":
+            if kind == "llama-server":
+                params = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "repeat_penalty": 1.0}
+                return httpx2.Response(200, json={"default_generation_settings": {"params": params}})
+            return httpx2.Response(404, json={"error": "not found"})
+        if request.method == "GET" and request.url.path == "/v1/models":
+            return httpx2.Response(200, json={"object": "list", "data": [{"id": "target", "object": "model", "owned_by": "me" if kind == "llama-cpp-python" else "llamacpp"}]})
+        return toy.handler(request)
+
+    return Endpoint(model="target", base_url="http://llama.test/v1", api_key="x", name=f"{kind} (toy)",
+                    http_client=httpx2.AsyncClient(transport=httpx2.MockTransport(handler)))
+
+
+@pytest.mark.parametrize("kind", ["llama-server", "llama-cpp-python"])
+async def test_probe_learns_a_llama_servers_sampling_defaults(kind):
+    client = RoleClient("target", _llama_like(kind))
+    caps = await specapi.probe.probe_endpoint(client, Meter(client.endpoint))
+    assert caps.server == kind
+    assert caps.sampler_defaults["temperature"] == 0.8 and caps.sampler_defaults["top_k"] == 40
+    assert caps.sampler_defaults["repeat_penalty"] == (1.1 if kind == "llama-cpp-python" else 1.0)
+
+
+async def test_a_default_repeat_penalty_leaves_the_target_alone_unless_the_caller_sets_one():
+    from toyclient import InProcessToy
+
+    target = _llama_like("llama-cpp-python")
+    draft = InProcessToy("draft").endpoint("draft")
+    async with AsyncSpeculativeOpenAI(target=target, draft=draft, policy="fixed") as client:
+        plain = await client.completions.create(prompt="cafe", max_tokens=8, temperature=0)
+        neutral = await client.completions.create(prompt="cafe", max_tokens=8, temperature=0, extra_body={"repeat_penalty": 1.0})
+    assert not plain.speculative.speculated and "repeat_penalty 1.1" in plain.speculative.fallback_reason
+    assert neutral.speculative.speculated and neutral.speculative.exact
