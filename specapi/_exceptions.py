@@ -64,7 +64,6 @@ __all__ = [
     "DraftError",
     "TargetError",
     "MalformedResponseError",
-    "sdk_error_class",
 ]
 
 

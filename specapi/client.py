@@ -120,9 +120,8 @@ def _seconds(timeout: Any) -> float | None:
     return float(timeout)
 
 
-async def _deadline(call: Coroutine[Any, Any, T], options: Mapping[str, Any], runtime: _Runtime) -> T:
+async def _deadline(call: Coroutine[Any, Any, T], seconds: float | None, runtime: _Runtime) -> T:
     """`timeout=` bounds the whole call (every round); for a stream, until the stream is open."""
-    seconds = _seconds(options.get("timeout"))
     if seconds is None:
         return await call
     try:
@@ -634,7 +633,8 @@ class AsyncCompletions(_Resource):
             prompt = kwargs.pop("prompt")
             model = kwargs.pop("model", None)
             max_tokens = kwargs.pop("max_tokens", 16)
-            return await _deadline(self._create_checked(prompt, model, max_tokens, kwargs, options, forwarded), options, self._runtime)
+            seconds = _seconds(options.get("timeout"))
+            return await _deadline(self._create_checked(prompt, model, max_tokens, kwargs, options, forwarded), seconds, self._runtime)
 
     async def _create_checked(
         self, prompt: Any, model: str | None, max_tokens: int | None, kwargs: dict[str, Any], options: dict[str, Any], forwarded: str | None
@@ -820,7 +820,8 @@ class AsyncChatCompletions(_Resource):
                 messages = list(messages)  # the SDK takes any iterable of messages
             model = kwargs.pop("model", None)
             max_tokens = kwargs.pop("max_tokens", None)
-            return await _deadline(self._create_checked(messages, model, max_tokens, kwargs, options, forwarded), options, self._runtime)
+            seconds = _seconds(options.get("timeout"))
+            return await _deadline(self._create_checked(messages, model, max_tokens, kwargs, options, forwarded), seconds, self._runtime)
 
     async def _create_checked(
         self, messages: Any, model: str | None, max_tokens: int | None, kwargs: dict[str, Any], options: dict[str, Any], forwarded: str | None
