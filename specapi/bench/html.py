@@ -72,7 +72,7 @@ def _latency_panel(ax: Any, summary: dict[str, Any]) -> None:
     spec_ttft = [r["speculative_ttft_s"] for r in requests]
     ax.scatter([x - 0.2 for x, t in zip(xs, base_ttft) if t is not None], [t for t in base_ttft if t is not None], marker="_", s=300, color="black", zorder=3, label="first token")
     ax.scatter([x + 0.2 for x, t in zip(xs, spec_ttft) if t is not None], [t for t in spec_ttft if t is not None], marker="_", s=300, color="black", zorder=3)
-    ax.set_xticks(xs, [f"#{r['index']}" + ("" if r["rounds"] else "\n(alone)") for r in requests])
+    ax.set_xticks(xs, [f"#{r['index']}" + ("" if r["num_rounds"] else "\n(alone)") for r in requests])
     ax.set_ylabel("seconds per request")
     speedup = summary["speedup"]
     ax.set_title("Latency per request" + (f" ({speedup:.2f}x)" if speedup else ""))

@@ -304,13 +304,14 @@ def summarize(run: ScenarioRun) -> dict[str, Any]:
                 "baseline_ttft_s": _round(base.ttft_s) if base else None,
                 "speculative_ttft_s": _round(spec.ttft_s),
                 "generated_tokens": spec.generated_tokens,
-                "rounds": len(spec.rounds),
+                "num_rounds": len(spec.rounds),
                 "accepted_tokens": sum(r.accepted for r in spec.rounds),
                 "drafted_tokens": sum(r.drafted for r in spec.rounds),
                 "fallback_reason": spec.stats.fallback_reason if spec.stats else None,
                 "verification": spec.stats.verification if spec.stats else None,
                 "identical_output": (base.text == spec.text) if base and base.error is None and spec.error is None else None,
                 "errors": [e for e in (base.error if base else None, spec.error) if e],
+                "speculative": spec.stats.to_dict() if spec.stats is not None else None,
             }
         )
 
@@ -328,7 +329,7 @@ def summarize(run: ScenarioRun) -> dict[str, Any]:
         "baseline": baseline,
         "speculative": {
             **speculative,
-            "rounds": len(measured_rounds),
+            "num_rounds": len(measured_rounds),
             "drafted_tokens": drafted,
             "accepted_tokens": sum(r.accepted for r in measured_rounds),
             "tokens_per_round": _round(from_rounds / len(measured_rounds), 4) if measured_rounds else None,
