@@ -1,7 +1,7 @@
 """Plain-language explanations of a scenario's result, from its summary dict. Pure functions.
 
 The explanation says whether speculation won, why (a round's cost against the tokens it yields, per
-speculation.md's arithmetic), what it cost and why (stateless APIs re-bill the context every call),
+docs/performance.md's arithmetic), what it cost and why (stateless APIs re-bill the context every call),
 how far the prediction was from the result and what accounts for the gap, and whether every output
 was the target's own.
 """
