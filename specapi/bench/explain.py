@@ -118,8 +118,8 @@ def explain(summary: dict[str, Any], *, note: str = "") -> str:
     aim = summary.get("aim")
     if aim and aim.get("met") is not None:
         bound = "below" if aim["below"] else "at least"
-        outcome = "met" if aim["met"] else f"NOT met, {speedup:.3f}x"
-        sentences[-1] = sentences[-1][:-1] + f" (aim: {bound} {aim['speedup']:.2f}x: {outcome})."
+        outcome = "as expected" if aim["met"] else "not reached on this run"
+        sentences[-1] = sentences[-1][:-1] + f" (this scenario is expected to give {bound} {aim['speedup']:.2f}x: {outcome})."
 
     model = summary.get("latency_model")
     prediction = summary.get("prediction")

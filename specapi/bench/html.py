@@ -64,7 +64,7 @@ def _legend_below(ax: Any, columns: int = 3) -> None:
 def overview_svg(report: dict[str, Any]) -> str:
     """Achieved and predicted speedup per scenario, against the target alone (1x)."""
     scenarios = report["scenarios"]
-    figure = Figure(figsize=(9, 0.6 + 0.55 * max(1, len(scenarios))), layout="constrained")
+    figure = Figure(figsize=(11, 1.2 + 0.55 * max(1, len(scenarios))), layout="constrained")
     ax = figure.add_subplot()
     names = [s["name"] for s in scenarios][::-1]
     achieved = [s["speedup"] or 0.0 for s in scenarios][::-1]
@@ -204,7 +204,7 @@ body { font-family: -apple-system, 'Segoe UI', Helvetica, Arial, sans-serif; mar
 h1 { margin-bottom: 0.2em; } .muted { color: #666; }
 table { border-collapse: collapse; margin: 1em 0; font-size: 14px; }
 th, td { border-bottom: 1px solid #ddd; padding: 6px 10px; text-align: right; }
-th { background: #f4f6f8; } td:first-child, th:first-child { text-align: left; }
+th { background: #f4f6f8; } td:first-child, th:first-child { text-align: left; white-space: nowrap; }
 .good { color: #1e8449; font-weight: bold; } .bad { color: #b03a2e; font-weight: bold; } .even { color: #9a7d0a; font-weight: bold; }
 section { margin-top: 2.5em; border-top: 2px solid #eee; padding-top: 1em; }
 .explanation { background: #f8f9fa; border-left: 4px solid #2e86de; padding: 0.8em 1em; line-height: 1.5; }
