@@ -122,8 +122,8 @@ def _rounds_panel(ax: Any, summary: dict[str, Any]) -> None:
     prediction = summary.get("prediction")
     if prediction:
         ax.axvline(prediction["expected_tokens_per_round"], color=_LINE, linewidth=1.5, label=f"predicted E(K) {prediction['expected_tokens_per_round']:.2f}")
-    ax.set_xticks(range(0, max(xs) + 1))
-    ax.set_xlim(-0.6, max(xs) + 0.6)
+    ax.set_xticks(range(min(xs), max(xs) + 1))
+    ax.set_xlim(min(xs) - 0.6, max(xs) + 0.6)
     ax.set_ylim(0, max(counts.values()) * 1.08)
     ax.set_xlabel("tokens produced in a round (accepted + 1)")
     ax.set_ylabel("rounds (count)")
