@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from decimal import Decimal
 from typing import Any
 
-from ..stats import RoleUsage, RoundRecord
+from ..stats import RoleUsage, RoundRecord, money
 from . import predict as arithmetic
 from .explain import explain
 from .runner import Calibration, Sample, ScenarioRun
@@ -53,8 +53,7 @@ def _round(value: float | None, digits: int = 6) -> float | None:
     return None if value is None else round(value, digits)
 
 
-def _money(value: Decimal | None) -> str | None:
-    return None if value is None else str(value)
+_money = money  # one money format everywhere: a decimal string in USD, or None when unknown
 
 
 def _total_cost(samples: Sequence[Sample]) -> Decimal | None:
