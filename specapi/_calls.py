@@ -7,23 +7,27 @@ types do not model (vLLM's `prompt_logprobs`, llama.cpp's chat-shaped completion
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import json
 import random
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
+import httpx2
 import openai
+from openai._constants import RAW_RESPONSE_HEADER
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 
-from ._exceptions import DraftError, EndpointError, MalformedResponseError, TargetError
+from ._exceptions import EndpointError, MalformedResponseError, endpoint_error
 from .endpoint import Endpoint
 from .pricing import call_cost
 from .stats import RoleUsage
 
-__all__ = ["Meter", "RoleClient", "is_transient", "Sleep", "Clock"]
+__all__ = ["Meter", "RoleClient", "is_transient", "Sleep", "Clock", "TargetResponse", "capture_target_response"]
 
 Sleep = Callable[[float], Awaitable[None]]
 Clock = Callable[[], float]
@@ -54,6 +58,33 @@ def _retry_after_seconds(exc: BaseException | None) -> float | None:
         return max(0.0, float(value))
     except ValueError:
         return None
+
+
+class TargetResponse:
+    """The HTTP response of the last target call made while `capture_target_response()` is active."""
+
+    def __init__(self) -> None:
+        self.http_response: httpx2.Response | None = None
+
+
+_capture: contextvars.ContextVar[TargetResponse | None] = contextvars.ContextVar("specapi_target_response", default=None)
+
+
+@contextlib.contextmanager
+def capture_target_response() -> Iterator[TargetResponse]:
+    """Record the target's last HTTP response (for `with_raw_response`); tasks started inside share it."""
+    box = TargetResponse()
+    token = _capture.set(box)
+    try:
+        yield box
+    finally:
+        _capture.reset(token)
+
+
+def _with_raw_header(options: Mapping[str, Any] | None) -> dict[str, Any]:
+    options = dict(options or {})
+    options["headers"] = {**(options.get("headers") or {}), RAW_RESPONSE_HEADER: "true"}
+    return options
 
 
 class wait_retry_after:
@@ -135,11 +166,13 @@ class RoleClient:
             self._client = self.endpoint.build_client()
         return self._client
 
-    def error(self, message: str, *, status_code: int | None = None, malformed: bool = False) -> EndpointError:
+    def error(
+        self, message: str, *, status_code: int | None = None, malformed: bool = False, cause: BaseException | None = None
+    ) -> EndpointError:
+        """The error naming this role and endpoint; also an instance of `cause`'s SDK class if it has one."""
         if malformed:
             return MalformedResponseError(message, role=self.role, endpoint=self.endpoint.label, status_code=status_code)
-        cls = DraftError if self.role == "draft" else TargetError
-        return cls(message, role=self.role, endpoint=self.endpoint.label, status_code=status_code)
+        return endpoint_error(message, role=self.role, endpoint=self.endpoint.label, status_code=status_code, cause=cause)
 
     def _body(self, body: Mapping[str, Any]) -> dict[str, Any]:
         merged = dict(self.endpoint.extra_body or {})
@@ -152,7 +185,8 @@ class RoleClient:
     ) -> dict[str, Any]:
         """POST `body` (plus the endpoint's extras) and return the JSON; retry transient failures.
 
-        `options` are the SDK's per-request options (`headers`, `params`, `timeout`)."""
+        `options` are the SDK's request options (`headers`, `params`, `timeout`) for this call.
+        """
         payload = self._body(body)
         attempts = 1 + (self.endpoint.max_retries if retries is None else retries)
         retrying = AsyncRetrying(
@@ -167,9 +201,9 @@ class RoleClient:
                 with attempt:
                     result = await self._post_once(path, payload, meter, options)
         except openai.APIStatusError as exc:
-            raise self.error(f"HTTP {exc.status_code}: {exc.message}", status_code=exc.status_code) from exc
+            raise self.error(f"HTTP {exc.status_code}: {exc.message}", status_code=exc.status_code, cause=exc) from exc
         except openai.APIError as exc:
-            raise self.error(f"{type(exc).__name__}: {exc}") from exc
+            raise self.error(f"{type(exc).__name__}: {exc}", cause=exc) from exc
         except (json.JSONDecodeError, UnicodeDecodeError, ValueError) as exc:
             raise self.error(f"unreadable response body ({exc})", malformed=True) from exc
         if not isinstance(result, dict):
@@ -184,17 +218,23 @@ class RoleClient:
             result = await self.sdk.get(path, cast_to=object)
         except openai.APIStatusError as exc:
             meter.record_attempt(self.clock() - started, failed=True)
-            raise self.error(f"HTTP {exc.status_code}: {exc.message}", status_code=exc.status_code) from exc
+            raise self.error(f"HTTP {exc.status_code}: {exc.message}", status_code=exc.status_code, cause=exc) from exc
         except openai.APIError as exc:
             meter.record_attempt(self.clock() - started, failed=True)
-            raise self.error(f"{type(exc).__name__}: {exc}") from exc
+            raise self.error(f"{type(exc).__name__}: {exc}", cause=exc) from exc
         meter.record_attempt(self.clock() - started, failed=False)
         return result
 
-    async def _post_once(self, path: str, payload: dict[str, Any], meter: Meter, options: Mapping[str, Any] | None) -> Any:
+    async def _post_once(self, path: str, payload: dict[str, Any], meter: Meter, options: Mapping[str, Any] | None = None) -> Any:
         started = self.clock()
+        box = _capture.get() if self.role == "target" else None
         try:
-            result = await self.sdk.post(path, body=payload, cast_to=object, options=dict(options or {}))
+            if box is None:
+                result = await self.sdk.post(path, body=payload, cast_to=object, options=dict(options or {}))
+            else:
+                raw = await self.sdk.post(path, body=payload, cast_to=object, options=_with_raw_header(options))
+                result = raw.parse()
+                box.http_response = raw.http_response
         except BaseException:
             meter.record_attempt(self.clock() - started, failed=True)
             raise
@@ -231,9 +271,12 @@ class RoleClient:
                         meter.record_attempt(self.clock() - started, failed=True)
                         raise
         except openai.APIStatusError as exc:
-            raise self.error(f"HTTP {exc.status_code}: {exc.message}", status_code=exc.status_code) from exc
+            raise self.error(f"HTTP {exc.status_code}: {exc.message}", status_code=exc.status_code, cause=exc) from exc
         except openai.APIError as exc:
-            raise self.error(f"{type(exc).__name__}: {exc}") from exc
+            raise self.error(f"{type(exc).__name__}: {exc}", cause=exc) from exc
+        box = _capture.get() if self.role == "target" else None
+        if box is not None:
+            box.http_response = stream.response
         failed = True
         usage_seen = False
         try:
@@ -245,7 +288,7 @@ class RoleClient:
                     yield chunk
             failed = False
         except openai.APIError as exc:
-            raise self.error(f"stream broke: {exc}") from exc
+            raise self.error(f"stream broke: {exc}", cause=exc) from exc
         finally:
             await stream.close()
             meter.record_attempt(self.clock() - started, failed=failed)

@@ -2,6 +2,15 @@
 
 Each subcommand lives in its own module, which provides `add_arguments(parser)` and `run(args) -> int`;
 this module only dispatches. `cli_logic(argv)` returns the exit code (testable in-process); `cli()` exits.
+
+Every option has help text, a default and a `SPECAPI_*` environment variable (`specapi.cli_options`).
+Results go to stdout, diagnostics (progress, notes, errors) to stderr. Exit codes, for every subcommand:
+
+    0    success
+    1    the work failed: an endpoint failed, a probe found nothing usable, a bench comparison found
+         a difference or a failed request
+    2    usage: missing or invalid options or input files
+    130  interrupted (Ctrl-C)
 """
 
 from __future__ import annotations

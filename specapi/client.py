@@ -15,14 +15,28 @@ import contextlib
 import time
 from dataclasses import replace
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Coroutine, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Dict, List, Literal, Optional, TypeVar, Union, overload
 
-from openai.types import Completion
-from openai.types.chat import ChatCompletionChunk
+import httpx2
+import openai
+from openai._types import Body, Headers, NotGiven, Omit, Query, SequenceNotStr, not_given, omit
+from openai.types import ChatModel, Completion, Metadata, ReasoningEffort
+from openai.types.chat import (
+    ChatCompletionAudioParam,
+    ChatCompletionChunk,
+    ChatCompletionMessageParam,
+    ChatCompletionPredictionContentParam,
+    ChatCompletionStreamOptionsParam,
+    ChatCompletionToolChoiceOptionParam,
+    ChatCompletionToolUnionParam,
+    completion_create_params,
+)
 
 from ._calls import Clock, Meter, RoleClient, Sleep
-from ._exceptions import ConfigurationError
+from ._exceptions import ConfigurationError, InvalidRequestError
+from .raw import AsyncRawCreate
+from .models import AsyncModels
 from .acceptance import SamplingParams
 from .context import Context
 from .drafters import CombinedDrafter, Drafter, LookupDrafter, ModelDrafter, PredictionDrafter
@@ -34,7 +48,9 @@ from .streaming import SpeculativeStream, chat_chunks, completion_chunks, parse_
 from .types import SpeculativeChatCompletion, SpeculativeCompletion
 from .paths import PathResolver
 
-__all__ = ["AsyncSpeculativeOpenAI", "AsyncCompletions", "AsyncChatCompletions"]
+__all__ = ["AsyncSpeculativeOpenAI", "AsyncCompletions", "AsyncChatCompletions", "given_arguments"]
+
+T = TypeVar("T")
 
 #: Arguments the engine reproduces exactly.
 _TRANSPORT_ARGS = {"extra_headers", "extra_query", "timeout"}
@@ -48,6 +64,74 @@ _HARMLESS_EXTRAS = {"user", "metadata", "store", "service_tier", "request_id"}
 _TRUNCATIONS = {"top_k", "min_p", "typical_p"}
 #: Fields the engine sends itself; everything else the caller sent goes to the target as it is.
 _ENGINE_FIELDS = {"prompt", "messages", "model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop", "n", "stream", "stream_options", "prediction", "extra_body"} | _TRANSPORT_ARGS
+
+
+def given_arguments(arguments: Mapping[str, Any]) -> dict[str, Any]:
+    """The arguments a caller gave to `create`: without `self`, the SDK's `omit`/`not_given` markers and unset extras."""
+    return {
+        name: value
+        for name, value in arguments.items()
+        if name != "self"
+        and not isinstance(value, (Omit, NotGiven))
+        and not (value is None and name in ("extra_headers", "extra_query", "extra_body"))
+    }
+
+
+_given = given_arguments
+
+
+@contextlib.contextmanager
+def _bad_request() -> Iterator[None]:
+    """Bad arguments to `create` are also the SDK's `BadRequestError` (still raised before any request)."""
+    try:
+        yield
+    except InvalidRequestError:
+        raise
+    except ConfigurationError as exc:
+        raise InvalidRequestError(str(exc)) from None
+
+
+def _request_options(params: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any], str | None]:
+    """Split `extra_headers`, `extra_query` and `timeout` off the request's arguments.
+
+    Returns the remaining arguments, the SDK request options (sent with every upstream request, the
+    draft's included, and speculation stays on), and why the request must go to the target alone: never,
+    today (kept so that a transport option that cannot be honoured while speculating has a place).
+    """
+    kwargs = dict(params)
+    headers = kwargs.pop("extra_headers", None)
+    query = kwargs.pop("extra_query", None)
+    options: dict[str, Any] = {}
+    if headers:
+        options["headers"] = dict(headers)
+    if query:
+        options["params"] = dict(query)
+    if "timeout" in kwargs:
+        options["timeout"] = kwargs.pop("timeout")
+    return kwargs, options, None
+
+
+def _seconds(timeout: Any) -> float | None:
+    if isinstance(timeout, httpx2.Timeout):
+        parts = [t for t in (timeout.connect, timeout.read, timeout.write, timeout.pool) if t is not None]
+        return sum(parts) if parts else None
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+        raise ConfigurationError(f"timeout must be a number of seconds > 0, an httpx Timeout or None, got {timeout!r}")
+    return float(timeout)
+
+
+async def _deadline(call: Coroutine[Any, Any, T], seconds: float | None, runtime: _Runtime) -> T:
+    """`timeout=` bounds the whole call (every round); for a stream, until the stream is open."""
+    if seconds is None:
+        return await call
+    try:
+        return await asyncio.wait_for(call, seconds)
+    except asyncio.TimeoutError:
+        request = httpx2.Request("POST", str(runtime.target.sdk.base_url))
+        cause = openai.APITimeoutError(request=request)
+        raise runtime.target.error(f"the call took longer than timeout={seconds:g}s", cause=cause) from cause
 
 
 def _check_number(name: str, value: Any, low: float, high: float, *, low_open: bool = False) -> float:
@@ -94,20 +178,13 @@ def _unverifiable(kwargs: Mapping[str, Any], allowed: set[str]) -> str | None:
     return None
 
 
-def _request_fields(kwargs: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any], bool]:
-    """The caller's fields that every target request carries, the SDK options for every upstream
-    request, and whether the caller's sampler truncates in a way logprob lists cannot show."""
+def _request_fields(kwargs: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
+    """The caller's fields that every target request carries, and whether the caller's sampler
+    truncates in a way logprob lists cannot show."""
     extras = {k: v for k, v in kwargs.items() if k not in _ENGINE_FIELDS and v is not None}
     extras.update(kwargs.get("extra_body") or {})
-    options: dict[str, Any] = {}
-    if kwargs.get("extra_headers"):
-        options["headers"] = dict(kwargs["extra_headers"])
-    if kwargs.get("extra_query"):
-        options["params"] = dict(kwargs["extra_query"])
-    if kwargs.get("timeout") is not None:
-        options["timeout"] = kwargs["timeout"]
     truncated = any(name in _TRUNCATIONS and value != _NEUTRAL_EXTRAS.get(name) for name, value in extras.items())
-    return extras, options, truncated
+    return extras, truncated
 
 
 class _Runtime:
@@ -253,6 +330,7 @@ class AsyncSpeculativeOpenAI:
         self.num_speculative_tokens = num_speculative_tokens
         self.completions = AsyncCompletions(self._runtime)
         self.chat = _AsyncChat(self._runtime)
+        self.models = AsyncModels(self._runtime.target)
 
     def with_options(self, **changes: Any) -> AsyncSpeculativeOpenAI:
         """A client with some options changed (as `openai.AsyncOpenAI.with_options`), e.g.
@@ -331,13 +409,17 @@ class _Resource:
     def __init__(self, runtime: _Runtime) -> None:
         self._runtime = runtime
 
-    async def _passthrough(self, path: str, kwargs: dict[str, Any], reason: str) -> Any:
+    @property
+    def with_raw_response(self) -> AsyncRawCreate:
+        """`.with_raw_response.create(...)`: the same call, returning a `RawResponse` (`.headers`, `.parse()`)."""
+        return AsyncRawCreate(self.create)  # type: ignore[attr-defined]
+
+    async def _passthrough(self, path: str, kwargs: dict[str, Any], reason: str, options: Mapping[str, Any] | None = None) -> Any:
         runtime = self._runtime
         meter = Meter(runtime.target.endpoint)
         started = runtime.clock()
         body = {k: v for k, v in kwargs.items() if k != "extra_body" and k not in _TRANSPORT_ARGS and v is not None}
         body.update(kwargs.get("extra_body") or {})
-        options = _request_fields(kwargs)[1]
         if body.get("stream"):
             chunks = _passthrough_chunks(runtime, path, body, meter, reason, started, options)
             return SpeculativeStream(chunks, parse_chat_chunk if self.chat else parse_completion)
@@ -438,7 +520,7 @@ def _stream_options(kwargs: Mapping[str, Any]) -> tuple[bool, bool]:
 
 
 async def _passthrough_chunks(
-    runtime: _Runtime, path: str, body: dict[str, Any], meter: Meter, reason: str, started: float, options: Mapping[str, Any]
+    runtime: _Runtime, path: str, body: dict[str, Any], meter: Meter, reason: str, started: float, options: Mapping[str, Any] | None = None
 ) -> AsyncIterator[dict[str, Any]]:
     """The target's own stream, one chunk behind, so the last chunk can carry the statistics.
 
@@ -472,8 +554,108 @@ async def _passthrough_chunks(
 class AsyncCompletions(_Resource):
     """`client.completions`: `/v1/completions` with speculation."""
 
+    @overload
     async def create(
-        self, *, prompt: Any, model: str | None = None, max_tokens: int | None = 16, **kwargs: Any
+        self,
+        *,
+        prompt: Union[str, SequenceNotStr[str], Iterable[int], Iterable[Iterable[int]], None],
+        stream: Optional[Literal[False]] | Omit = omit,
+        model: Union[str, Literal["gpt-3.5-turbo-instruct", "davinci-002", "babbage-002"]] | None = None,
+        best_of: Optional[int] | Omit = omit,
+        echo: Optional[bool] | Omit = omit,
+        frequency_penalty: Optional[float] | Omit = omit,
+        logit_bias: Optional[Dict[str, int]] | Omit = omit,
+        logprobs: Optional[int] | Omit = omit,
+        max_tokens: Optional[int] | Omit = omit,
+        n: Optional[int] | Omit = omit,
+        presence_penalty: Optional[float] | Omit = omit,
+        seed: Optional[int] | Omit = omit,
+        stop: Union[str, SequenceNotStr[str], None] | Omit = omit,
+        stream_options: Optional[ChatCompletionStreamOptionsParam] | Omit = omit,
+        suffix: Optional[str] | Omit = omit,
+        temperature: Optional[float] | Omit = omit,
+        top_p: Optional[float] | Omit = omit,
+        user: str | Omit = omit,
+        prediction: Optional[ChatCompletionPredictionContentParam] | str | Omit = omit,
+        extra_headers: Headers | None = None,
+        extra_query: Query | None = None,
+        extra_body: Body | None = None,
+        timeout: float | httpx2.Timeout | None | NotGiven = not_given,
+    ) -> SpeculativeCompletion:
+        ...
+
+    @overload
+    async def create(
+        self,
+        *,
+        prompt: Union[str, SequenceNotStr[str], Iterable[int], Iterable[Iterable[int]], None],
+        stream: Literal[True],
+        model: Union[str, Literal["gpt-3.5-turbo-instruct", "davinci-002", "babbage-002"]] | None = None,
+        best_of: Optional[int] | Omit = omit,
+        echo: Optional[bool] | Omit = omit,
+        frequency_penalty: Optional[float] | Omit = omit,
+        logit_bias: Optional[Dict[str, int]] | Omit = omit,
+        logprobs: Optional[int] | Omit = omit,
+        max_tokens: Optional[int] | Omit = omit,
+        n: Optional[int] | Omit = omit,
+        presence_penalty: Optional[float] | Omit = omit,
+        seed: Optional[int] | Omit = omit,
+        stop: Union[str, SequenceNotStr[str], None] | Omit = omit,
+        stream_options: Optional[ChatCompletionStreamOptionsParam] | Omit = omit,
+        suffix: Optional[str] | Omit = omit,
+        temperature: Optional[float] | Omit = omit,
+        top_p: Optional[float] | Omit = omit,
+        user: str | Omit = omit,
+        prediction: Optional[ChatCompletionPredictionContentParam] | str | Omit = omit,
+        extra_headers: Headers | None = None,
+        extra_query: Query | None = None,
+        extra_body: Body | None = None,
+        timeout: float | httpx2.Timeout | None | NotGiven = not_given,
+    ) -> SpeculativeStream[Completion]:
+        ...
+
+    async def create(
+        self,
+        *,
+        prompt: Union[str, SequenceNotStr[str], Iterable[int], Iterable[Iterable[int]], None],
+        stream: Optional[Literal[False]] | Literal[True] | Omit = omit,
+        model: Union[str, Literal["gpt-3.5-turbo-instruct", "davinci-002", "babbage-002"]] | None = None,
+        best_of: Optional[int] | Omit = omit,
+        echo: Optional[bool] | Omit = omit,
+        frequency_penalty: Optional[float] | Omit = omit,
+        logit_bias: Optional[Dict[str, int]] | Omit = omit,
+        logprobs: Optional[int] | Omit = omit,
+        max_tokens: Optional[int] | Omit = omit,
+        n: Optional[int] | Omit = omit,
+        presence_penalty: Optional[float] | Omit = omit,
+        seed: Optional[int] | Omit = omit,
+        stop: Union[str, SequenceNotStr[str], None] | Omit = omit,
+        stream_options: Optional[ChatCompletionStreamOptionsParam] | Omit = omit,
+        suffix: Optional[str] | Omit = omit,
+        temperature: Optional[float] | Omit = omit,
+        top_p: Optional[float] | Omit = omit,
+        user: str | Omit = omit,
+        prediction: Optional[ChatCompletionPredictionContentParam] | str | Omit = omit,
+        extra_headers: Headers | None = None,
+        extra_query: Query | None = None,
+        extra_body: Body | None = None,
+        timeout: float | httpx2.Timeout | None | NotGiven = not_given,
+    ) -> SpeculativeCompletion | SpeculativeStream[Completion]:
+        """`/v1/completions` with speculation; the openai SDK's parameters, plus `speculative` on the result."""
+        return await self._create(_given(locals()))
+
+
+    async def _create(self, params: dict[str, Any]) -> SpeculativeCompletion | SpeculativeStream[Completion]:
+        with _bad_request():
+            kwargs, options, forwarded = _request_options(params)
+            prompt = kwargs.pop("prompt")
+            model = kwargs.pop("model", None)
+            max_tokens = kwargs.pop("max_tokens", 16)
+            seconds = _seconds(options.get("timeout"))
+            return await _deadline(self._create_checked(prompt, model, max_tokens, kwargs, options, forwarded), seconds, self._runtime)
+
+    async def _create_checked(
+        self, prompt: Any, model: str | None, max_tokens: int | None, kwargs: dict[str, Any], options: dict[str, Any], forwarded: str | None
     ) -> SpeculativeCompletion | SpeculativeStream[Completion]:
         runtime = self._runtime
         target = runtime.target.endpoint
@@ -485,12 +667,12 @@ class AsyncCompletions(_Resource):
         model = model or target.model
         if not isinstance(prompt, str):
             if isinstance(prompt, list) and prompt:
-                return await self._passthrough("/completions", {"prompt": prompt, "model": model, "max_tokens": limit, **kwargs}, "a list prompt (batch or token ids) is served by the target alone")
+                return await self._passthrough("/completions", {"prompt": prompt, "model": model, "max_tokens": limit, **kwargs}, "a list prompt (batch or token ids) is served by the target alone", options)
             raise ConfigurationError(f"prompt must be a string, got {type(prompt).__name__}")
-        reason = _unverifiable(kwargs, _COMPLETION_ARGS)
+        reason = forwarded or _unverifiable(kwargs, _COMPLETION_ARGS)
         if reason is not None:
-            return await self._passthrough("/completions", {"prompt": prompt, "model": model, "max_tokens": limit, **kwargs}, reason)
-        extras, options, truncated = _request_fields(kwargs)
+            return await self._passthrough("/completions", {"prompt": prompt, "model": model, "max_tokens": limit, **kwargs}, reason, options)
+        extras, truncated = _request_fields(kwargs)
         sampling = replace(sampling, target_sampler_only=truncated and not sampling.greedy)
         context = Context(prompt=prompt, sampling=sampling, seed=seed, extras=extras, options=options)
         return await self._respond(context, limit, stop, kwargs, stream, include_usage, model)
@@ -505,8 +687,164 @@ class AsyncChatCompletions(_Resource):
 
     chat = True
 
+    @overload
     async def create(
-        self, *, messages: Any, model: str | None = None, max_tokens: int | None = None, **kwargs: Any
+        self,
+        *,
+        messages: Iterable[ChatCompletionMessageParam],
+        stream: Optional[Literal[False]] | Omit = omit,
+        model: Union[str, ChatModel] | None = None,
+        audio: Optional[ChatCompletionAudioParam] | Omit = omit,
+        frequency_penalty: Optional[float] | Omit = omit,
+        function_call: completion_create_params.FunctionCall | Omit = omit,
+        functions: Iterable[completion_create_params.Function] | Omit = omit,
+        logit_bias: Optional[Dict[str, int]] | Omit = omit,
+        logprobs: Optional[bool] | Omit = omit,
+        max_completion_tokens: Optional[int] | Omit = omit,
+        max_tokens: Optional[int] | Omit = omit,
+        metadata: Optional[Metadata] | Omit = omit,
+        modalities: Optional[List[Literal["text", "audio"]]] | Omit = omit,
+        moderation: Optional[completion_create_params.Moderation] | Omit = omit,
+        n: Optional[int] | Omit = omit,
+        parallel_tool_calls: bool | Omit = omit,
+        prediction: Optional[ChatCompletionPredictionContentParam] | Omit = omit,
+        presence_penalty: Optional[float] | Omit = omit,
+        prompt_cache_key: Optional[str] | Omit = omit,
+        prompt_cache_options: completion_create_params.PromptCacheOptions | Omit = omit,
+        prompt_cache_retention: Optional[Literal["in_memory", "24h"]] | Omit = omit,
+        reasoning_effort: Optional[ReasoningEffort] | Omit = omit,
+        response_format: completion_create_params.ResponseFormat | Omit = omit,
+        safety_identifier: Optional[str] | Omit = omit,
+        seed: Optional[int] | Omit = omit,
+        service_tier: Optional[Literal["auto", "default", "flex", "scale", "priority", "fast"]] | Omit = omit,
+        stop: Union[str, SequenceNotStr[str], None] | Omit = omit,
+        store: Optional[bool] | Omit = omit,
+        stream_options: Optional[ChatCompletionStreamOptionsParam] | Omit = omit,
+        temperature: Optional[float] | Omit = omit,
+        tool_choice: ChatCompletionToolChoiceOptionParam | Omit = omit,
+        tools: Iterable[ChatCompletionToolUnionParam] | Omit = omit,
+        top_logprobs: Optional[int] | Omit = omit,
+        top_p: Optional[float] | Omit = omit,
+        user: str | Omit = omit,
+        verbosity: Optional[Literal["low", "medium", "high"]] | Omit = omit,
+        web_search_options: completion_create_params.WebSearchOptions | Omit = omit,
+        extra_headers: Headers | None = None,
+        extra_query: Query | None = None,
+        extra_body: Body | None = None,
+        timeout: float | httpx2.Timeout | None | NotGiven = not_given,
+    ) -> SpeculativeChatCompletion:
+        ...
+
+    @overload
+    async def create(
+        self,
+        *,
+        messages: Iterable[ChatCompletionMessageParam],
+        stream: Literal[True],
+        model: Union[str, ChatModel] | None = None,
+        audio: Optional[ChatCompletionAudioParam] | Omit = omit,
+        frequency_penalty: Optional[float] | Omit = omit,
+        function_call: completion_create_params.FunctionCall | Omit = omit,
+        functions: Iterable[completion_create_params.Function] | Omit = omit,
+        logit_bias: Optional[Dict[str, int]] | Omit = omit,
+        logprobs: Optional[bool] | Omit = omit,
+        max_completion_tokens: Optional[int] | Omit = omit,
+        max_tokens: Optional[int] | Omit = omit,
+        metadata: Optional[Metadata] | Omit = omit,
+        modalities: Optional[List[Literal["text", "audio"]]] | Omit = omit,
+        moderation: Optional[completion_create_params.Moderation] | Omit = omit,
+        n: Optional[int] | Omit = omit,
+        parallel_tool_calls: bool | Omit = omit,
+        prediction: Optional[ChatCompletionPredictionContentParam] | Omit = omit,
+        presence_penalty: Optional[float] | Omit = omit,
+        prompt_cache_key: Optional[str] | Omit = omit,
+        prompt_cache_options: completion_create_params.PromptCacheOptions | Omit = omit,
+        prompt_cache_retention: Optional[Literal["in_memory", "24h"]] | Omit = omit,
+        reasoning_effort: Optional[ReasoningEffort] | Omit = omit,
+        response_format: completion_create_params.ResponseFormat | Omit = omit,
+        safety_identifier: Optional[str] | Omit = omit,
+        seed: Optional[int] | Omit = omit,
+        service_tier: Optional[Literal["auto", "default", "flex", "scale", "priority", "fast"]] | Omit = omit,
+        stop: Union[str, SequenceNotStr[str], None] | Omit = omit,
+        store: Optional[bool] | Omit = omit,
+        stream_options: Optional[ChatCompletionStreamOptionsParam] | Omit = omit,
+        temperature: Optional[float] | Omit = omit,
+        tool_choice: ChatCompletionToolChoiceOptionParam | Omit = omit,
+        tools: Iterable[ChatCompletionToolUnionParam] | Omit = omit,
+        top_logprobs: Optional[int] | Omit = omit,
+        top_p: Optional[float] | Omit = omit,
+        user: str | Omit = omit,
+        verbosity: Optional[Literal["low", "medium", "high"]] | Omit = omit,
+        web_search_options: completion_create_params.WebSearchOptions | Omit = omit,
+        extra_headers: Headers | None = None,
+        extra_query: Query | None = None,
+        extra_body: Body | None = None,
+        timeout: float | httpx2.Timeout | None | NotGiven = not_given,
+    ) -> SpeculativeStream[ChatCompletionChunk]:
+        ...
+
+    async def create(
+        self,
+        *,
+        messages: Iterable[ChatCompletionMessageParam],
+        stream: Optional[Literal[False]] | Literal[True] | Omit = omit,
+        model: Union[str, ChatModel] | None = None,
+        audio: Optional[ChatCompletionAudioParam] | Omit = omit,
+        frequency_penalty: Optional[float] | Omit = omit,
+        function_call: completion_create_params.FunctionCall | Omit = omit,
+        functions: Iterable[completion_create_params.Function] | Omit = omit,
+        logit_bias: Optional[Dict[str, int]] | Omit = omit,
+        logprobs: Optional[bool] | Omit = omit,
+        max_completion_tokens: Optional[int] | Omit = omit,
+        max_tokens: Optional[int] | Omit = omit,
+        metadata: Optional[Metadata] | Omit = omit,
+        modalities: Optional[List[Literal["text", "audio"]]] | Omit = omit,
+        moderation: Optional[completion_create_params.Moderation] | Omit = omit,
+        n: Optional[int] | Omit = omit,
+        parallel_tool_calls: bool | Omit = omit,
+        prediction: Optional[ChatCompletionPredictionContentParam] | Omit = omit,
+        presence_penalty: Optional[float] | Omit = omit,
+        prompt_cache_key: Optional[str] | Omit = omit,
+        prompt_cache_options: completion_create_params.PromptCacheOptions | Omit = omit,
+        prompt_cache_retention: Optional[Literal["in_memory", "24h"]] | Omit = omit,
+        reasoning_effort: Optional[ReasoningEffort] | Omit = omit,
+        response_format: completion_create_params.ResponseFormat | Omit = omit,
+        safety_identifier: Optional[str] | Omit = omit,
+        seed: Optional[int] | Omit = omit,
+        service_tier: Optional[Literal["auto", "default", "flex", "scale", "priority", "fast"]] | Omit = omit,
+        stop: Union[str, SequenceNotStr[str], None] | Omit = omit,
+        store: Optional[bool] | Omit = omit,
+        stream_options: Optional[ChatCompletionStreamOptionsParam] | Omit = omit,
+        temperature: Optional[float] | Omit = omit,
+        tool_choice: ChatCompletionToolChoiceOptionParam | Omit = omit,
+        tools: Iterable[ChatCompletionToolUnionParam] | Omit = omit,
+        top_logprobs: Optional[int] | Omit = omit,
+        top_p: Optional[float] | Omit = omit,
+        user: str | Omit = omit,
+        verbosity: Optional[Literal["low", "medium", "high"]] | Omit = omit,
+        web_search_options: completion_create_params.WebSearchOptions | Omit = omit,
+        extra_headers: Headers | None = None,
+        extra_query: Query | None = None,
+        extra_body: Body | None = None,
+        timeout: float | httpx2.Timeout | None | NotGiven = not_given,
+    ) -> SpeculativeChatCompletion | SpeculativeStream[ChatCompletionChunk]:
+        """`/v1/chat/completions` with speculation; the openai SDK's parameters, plus `speculative` on the result."""
+        return await self._create(_given(locals()))
+
+
+    async def _create(self, params: dict[str, Any]) -> SpeculativeChatCompletion | SpeculativeStream[ChatCompletionChunk]:
+        with _bad_request():
+            kwargs, options, forwarded = _request_options(params)
+            messages = kwargs.pop("messages")
+            if isinstance(messages, Iterable) and not isinstance(messages, (str, bytes, Mapping, Sequence)):
+                messages = list(messages)  # the SDK takes any iterable of messages
+            model = kwargs.pop("model", None)
+            max_tokens = kwargs.pop("max_tokens", None)
+            seconds = _seconds(options.get("timeout"))
+            return await _deadline(self._create_checked(messages, model, max_tokens, kwargs, options, forwarded), seconds, self._runtime)
+
+    async def _create_checked(
+        self, messages: Any, model: str | None, max_tokens: int | None, kwargs: dict[str, Any], options: dict[str, Any], forwarded: str | None
     ) -> SpeculativeChatCompletion | SpeculativeStream[ChatCompletionChunk]:
         runtime = self._runtime
         target = runtime.target.endpoint
@@ -525,7 +863,7 @@ class AsyncChatCompletions(_Resource):
         stop = _stops(kwargs.get("stop"))
         stream, include_usage = _stream_options(kwargs)
         model = model or target.model
-        reason = _unverifiable(kwargs, _CHAT_ARGS)
+        reason = forwarded or _unverifiable(kwargs, _CHAT_ARGS)
         if reason is None and not all(isinstance(m.get("content"), str) for m in messages):
             reason = "message content that is not plain text is served by the target alone"
         if reason is None and messages[-1].get("role") == "assistant":
@@ -534,8 +872,8 @@ class AsyncChatCompletions(_Resource):
             body = {"messages": list(messages), "model": model, **kwargs}
             if max_tokens is not None:
                 body["max_tokens"] = max_tokens
-            return await self._passthrough("/chat/completions", body, reason)
-        extras, options, truncated = _request_fields(kwargs)
+            return await self._passthrough("/chat/completions", body, reason, options)
+        extras, truncated = _request_fields(kwargs)
         sampling = replace(sampling, target_sampler_only=truncated and not sampling.greedy)
         context = Context(messages=tuple(dict(m) for m in messages), sampling=sampling, seed=seed, extras=extras, options=options)
         return await self._respond(context, limit, stop, kwargs, stream, include_usage, model)

@@ -576,7 +576,7 @@ def _with_server_defaults(request: GenerationRequest, defaults: Mapping[str, flo
         if name not in extras and name in defaults:
             extras[name] = defaults[name]
     sampling = replace(sampling, **changes)
-    truncates = extras.get("top_k", 0) > 0 or extras.get("min_p", 0.0) > 0.0
+    truncates = _number(extras.get("top_k")) > 0 or _number(extras.get("min_p")) > 0.0
     sampling = replace(sampling, target_sampler_only=sampling.target_sampler_only or (truncates and not sampling.greedy))
     reason = None
     if extras.get("repeat_penalty", 1.0) != 1.0:
@@ -585,6 +585,10 @@ def _with_server_defaults(request: GenerationRequest, defaults: Mapping[str, flo
             "cannot reproduce: the target alone generates (send extra_body={'repeat_penalty': 1.0} to speculate)"
         )
     return replace(request, context=replace(context, sampling=sampling, extras=extras)), reason
+
+
+def _number(value: Any) -> float:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
 
 
 def _check_token_boundaries(verification: Verification, context: Context, draft: Draft, token_starts: list[int], books: _Books) -> None:

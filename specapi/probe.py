@@ -17,6 +17,7 @@ from typing import Any
 from ._calls import Meter, RoleClient, is_transient
 from ._exceptions import EndpointError, MalformedResponseError
 from ._wire import WireError, chat_tokens, completion_tokens, prompt_logprob_tokens
+from .cli_options import EXIT_FAILED, EXIT_OK, EXIT_USAGE, Option, UsageError, add_options, boolean, resolve
 from .endpoint import Endpoint
 
 __all__ = ["Capabilities", "probe_endpoint", "choose_verification", "add_arguments", "run"]
@@ -260,47 +261,95 @@ async def cached_probe(client: RoleClient, meter: Meter) -> Capabilities:
 # -- CLI: specapi probe -------------------------------------------------------------------------
 
 
+PROBE_OPTIONS = (
+    Option("--base-url", "SPECAPI_PROBE_BASE_URL", str, None, "the endpoint's base URL, e.g. http://localhost:8000/v1", required=True),
+    Option("--model", "SPECAPI_PROBE_MODEL", str, None, "the model to probe", required=True),
+    Option("--api-key", "SPECAPI_PROBE_API_KEY", str, None, "the endpoint's key (default: OPENAI_API_KEY)", secret=True),
+    Option("--json", "SPECAPI_PROBE_JSON", boolean, False, "print JSON instead of a table"),
+)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--base-url", required=True, help="the endpoint's base URL, e.g. http://localhost:8000/v1")
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--api-key", default=None, help="defaults to OPENAI_API_KEY")
-    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    add_options(parser, PROBE_OPTIONS)
+
+
+def _hint(exc: EndpointError) -> str:
+    if exc.status_code in (401, 403):
+        return " (the key was refused: check --api-key or SPECAPI_PROBE_API_KEY)"
+    if exc.status_code == 404:
+        return " (check --model, and that --base-url ends where /completions is served, usually /v1)"
+    return ""
+
+
+async def _why_unusable(client: RoleClient, meter: Meter) -> str:
+    """The endpoint answered no probe: its answer to the plainest request says why."""
+    try:
+        await client.post("/chat/completions", {"messages": [{"role": "user", "content": "a"}], "max_tokens": 1}, meter, retries=0)
+    except EndpointError as exc:
+        return f"{exc}{_hint(exc)}"
+    return "it refused every probe request"  # pragma: no cover - a chat call that works means chat was found
 
 
 def run(args: argparse.Namespace) -> int:
+    """Exit codes: 0 the endpoint can serve generation; 1 it cannot (refused, not found, unreachable);
+    2 missing or invalid options. The report goes to stdout, the probing cost to stderr."""
+    import os
+    import sys
+
     from rich.console import Console
     from rich.table import Table
 
-    endpoint = Endpoint(base_url=args.base_url, model=args.model, api_key=args.api_key)
+    try:
+        values = resolve(args, PROBE_OPTIONS, os.environ)
+        endpoint = Endpoint(base_url=values["base_url"], model=values["model"], api_key=values["api_key"])
+    except (UsageError, ValueError) as exc:
+        print(f"specapi probe: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     client = RoleClient("target", endpoint)
     meter = Meter(endpoint)
 
-    async def probe_and_close() -> Capabilities:
+    async def probe_and_close() -> tuple[Capabilities, str | None]:
         try:
-            return await probe_endpoint(client, meter)
+            caps = await probe_endpoint(client, meter)
+            problem = None if caps.completions or caps.chat else await _why_unusable(client, meter)
+            return caps, problem
         finally:
             await client.sdk.close()
 
     try:
-        caps = asyncio.run(probe_and_close())
+        caps, problem = asyncio.run(probe_and_close())
     except EndpointError as exc:
-        print(f"probe failed: {exc}")
-        return 1
+        print(f"specapi probe: {exc}{_hint(exc)}", file=sys.stderr)
+        return EXIT_FAILED
+    if problem is not None:
+        print(f"specapi probe: {endpoint.label} serves neither completions nor chat: {problem}", file=sys.stderr)
+        return EXIT_FAILED
     usage = meter.snapshot()
-    if args.json:
-        print(json.dumps({"capabilities": caps.to_dict(), "requests": usage.requests, "prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens}, indent=2))
-        return 0
+    paths = {"completions": choose_verification(caps, chat=False), "chat": choose_verification(caps, chat=True)}
+    cost = f"probing cost {usage.requests} requests, {usage.prompt_tokens} prompt + {usage.completion_tokens} completion tokens"
+    if values["json"]:
+        payload = {
+            "endpoint": endpoint.label,
+            "verification": paths,
+            "capabilities": caps.to_dict(),
+            "requests": usage.requests,
+            "prompt_tokens": usage.prompt_tokens,
+            "completion_tokens": usage.completion_tokens,
+        }
+        print(json.dumps(payload, indent=2))
+        print(cost, file=sys.stderr)
+        return EXIT_OK
     table = Table(title=f"{endpoint.label}")
     table.add_column("capability")
     table.add_column("value")
+    table.add_row("verification for completions", paths["completions"])
+    table.add_row("verification for chat", paths["chat"])
     for key, value in caps.to_dict().items():
         if key != "notes":
             table.add_row(key, str(value))
-    table.add_row("verification for completions", choose_verification(caps, chat=False))
-    table.add_row("verification for chat", choose_verification(caps, chat=True))
     console = Console()
     console.print(table)
     for note in caps.notes:
         console.print(f"- {note}")
-    console.print(f"probing cost {usage.requests} requests, {usage.prompt_tokens} prompt + {usage.completion_tokens} completion tokens")
-    return 0
+    print(cost, file=sys.stderr)
+    return EXIT_OK

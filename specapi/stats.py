@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
+from typing import Any
 
-__all__ = ["RoleUsage", "RoundRecord", "SpeculativeStats"]
+__all__ = ["RoleUsage", "RoundRecord", "SpeculativeStats", "money", "format_money", "header_value", "HEADER_PREFIX"]
 
 
 def _add_optional(a: Decimal | None, b: Decimal | None) -> Decimal | None:
@@ -137,36 +139,136 @@ class SpeculativeStats:
     def with_(self, **changes: object) -> SpeculativeStats:
         return replace(self, **changes)  # type: ignore[arg-type]
 
-    def to_dict(self) -> dict:
-        """A JSON-ready summary (used by the proxy and the bench)."""
+    def to_dict(self, *, rounds: bool = False) -> dict[str, Any]:
+        """The statistics as plain JSON types (`json.dumps` accepts it); the one shape used everywhere.
 
-        def usage(u: RoleUsage) -> dict:
-            return {
-                "requests": u.requests,
-                "failed_requests": u.failed_requests,
-                "prompt_tokens": u.prompt_tokens,
-                "completion_tokens": u.completion_tokens,
-                "cached_tokens": u.cached_tokens,
-                "latency_s": round(u.latency_s, 6),
-                "cost_usd": None if u.cost_usd is None else str(u.cost_usd),
-            }
+        `specapi run --json`, the bench's JSON report (per request, under `"speculative"`), the proxy's
+        `"speculative"` field and its `x-specapi-*` headers (`to_headers()`) all use these names, which
+        are the attribute names of this class:
 
-        return {
+            speculated, fallback_reason, exact, exact_reason, verification,
+            num_rounds, drafted_tokens, accepted_tokens, acceptance_rate, mean_accepted_length,
+            generated_tokens, tokens_per_target_call, max_coverage_gap, wall_s, ttft_s,
+            cost_usd, draft{...}, target{...}
+
+        `draft` and `target` hold `requests`, `failed_requests`, `prompt_tokens`, `completion_tokens`,
+        `cached_tokens`, `latency_s` and `cost_usd`. Money is a decimal string in USD (`"0.0021"`, exact,
+        never a float) or `null` when a price is unknown; times are seconds as floats. With
+        `rounds=True`, `"rounds"` adds the per-round records (`drafted`, `accepted`, `emitted`,
+        `draft_latency_s`, `verify_latency_s`, `drafter`, `accepted_by_position`).
+        """
+        data: dict[str, Any] = {
             "speculated": self.speculated,
             "fallback_reason": self.fallback_reason,
             "exact": self.exact,
             "exact_reason": self.exact_reason,
             "verification": self.verification,
-            "rounds": self.num_rounds,
+            "num_rounds": self.num_rounds,
             "drafted_tokens": self.drafted_tokens,
             "accepted_tokens": self.accepted_tokens,
             "acceptance_rate": round(self.acceptance_rate, 6),
             "mean_accepted_length": round(self.mean_accepted_length, 6),
             "generated_tokens": self.generated_tokens,
             "discarded_draft_tokens": self.discarded_draft_tokens,
+            "tokens_per_target_call": round(self.tokens_per_target_call, 6),
+            "max_coverage_gap": round(self.max_coverage_gap, 9),
             "wall_s": round(self.wall_s, 6),
             "ttft_s": None if self.ttft_s is None else round(self.ttft_s, 6),
-            "draft": usage(self.draft),
-            "target": usage(self.target),
-            "cost_usd": None if self.cost_usd is None else str(self.cost_usd),
+            "cost_usd": money(self.cost_usd),
+            "draft": _usage_dict(self.draft),
+            "target": _usage_dict(self.target),
         }
+        if rounds:
+            data["rounds"] = [_round_dict(r) for r in self.rounds]
+        return data
+
+    def to_headers(self, scrub: Callable[[str], str] = str) -> dict[str, str]:
+        """`to_dict()` as HTTP headers: `x-specapi-<name>` with `_` as `-` (`x-specapi-num-rounds`), the
+        roles' fields as `x-specapi-target-<name>`; `true`/`false` for booleans; a `null` (an unknown
+        cost, no reason) is left out. Free text goes through `scrub` and is cut to 256 characters."""
+        headers: dict[str, str] = {}
+        for name, value in self.to_dict().items():
+            if isinstance(value, dict):
+                for inner, item in value.items():
+                    _put(headers, f"{name}-{inner}", item, scrub)
+            else:
+                _put(headers, name, value, scrub)
+        return headers
+
+    def summary(self) -> str:
+        """One line: tokens, rounds, acceptance, exactness, path and cost per role."""
+        if self.speculated:
+            head = (
+                f"{self.generated_tokens} tokens in {self.num_rounds} rounds, "
+                f"{self.accepted_tokens}/{self.drafted_tokens} drafted accepted ({self.acceptance_rate:.0%}), "
+                f"{self.tokens_per_target_call:.2f} tokens per target call"
+            )
+        else:
+            head = f"{self.generated_tokens} tokens from the target alone ({self.fallback_reason or 'no speculation'})"
+        exact = "exact" if self.exact else f"not exact ({self.exact_reason})" if self.exact_reason else "not exact"
+        cost = f"cost draft {format_money(self.draft.cost_usd)}, target {format_money(self.target.cost_usd)}"
+        return f"{head}; {exact}; path {self.verification}; {self.wall_s:.2f}s; {cost}"
+
+    def __repr__(self) -> str:
+        return (
+            f"SpeculativeStats(generated_tokens={self.generated_tokens}, num_rounds={self.num_rounds}, "
+            f"acceptance_rate={self.acceptance_rate:.2f}, exact={self.exact}, verification={self.verification!r}, "
+            f"speculated={self.speculated}, wall_s={self.wall_s:.3f}, cost_usd={money(self.cost_usd)!r})"
+        )
+
+
+def money(value: Decimal | None) -> str | None:
+    """Money as it appears in every JSON and header: a decimal string in USD, or None when unknown."""
+    return None if value is None else str(value)
+
+
+def format_money(value: Decimal | None) -> str:
+    """Money for people: `$0.0021`, or `unknown`."""
+    return "unknown" if value is None else f"${value}"
+
+
+def _usage_dict(u: RoleUsage) -> dict[str, Any]:
+    return {
+        "requests": u.requests,
+        "failed_requests": u.failed_requests,
+        "prompt_tokens": u.prompt_tokens,
+        "completion_tokens": u.completion_tokens,
+        "cached_tokens": u.cached_tokens,
+        "latency_s": round(u.latency_s, 6),
+        "cost_usd": money(u.cost_usd),
+    }
+
+
+def _round_dict(r: RoundRecord) -> dict[str, Any]:
+    return {
+        "drafted": r.drafted,
+        "accepted": r.accepted,
+        "emitted": r.emitted,
+        "draft_latency_s": round(r.draft_latency_s, 6),
+        "verify_latency_s": round(r.verify_latency_s, 6),
+        "drafter": r.drafter,
+        "accepted_by_position": list(r.accepted_by_position),
+    }
+
+
+HEADER_PREFIX = "x-specapi-"
+_MAX_HEADER_CHARS = 256
+
+
+def header_value(value: object, *, limit: int = _MAX_HEADER_CHARS) -> str:
+    """`value` as a safe header value: printable ASCII on one line, at most `limit` characters."""
+    text = str(value)
+    safe = "".join(ch if " " <= ch <= "~" else " " for ch in text).strip()
+    return safe if len(safe) <= limit else safe[: limit - 3] + "..."
+
+
+def _put(headers: dict[str, str], name: str, value: Any, scrub: Callable[[str], str]) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool):
+        text = "true" if value else "false"
+    elif name.endswith("_reason"):
+        text = scrub(str(value))
+    else:
+        text = str(value)
+    headers[HEADER_PREFIX + name.replace("_", "-")] = header_value(text)

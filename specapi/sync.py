@@ -8,16 +8,34 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Coroutine
-from typing import Any, TypeVar
+from collections.abc import Coroutine, Iterable
+from typing import Any, Dict, Generic, List, Literal, Optional, TypeVar, Union, overload
+
+import httpx2
+from openai._types import Body, Headers, NotGiven, Omit, Query, SequenceNotStr, not_given, omit
+from openai.pagination import SyncPage
+from openai.types import ChatModel, Completion, Metadata, Model, ReasoningEffort
+from openai.types.chat import (
+    ChatCompletionAudioParam,
+    ChatCompletionChunk,
+    ChatCompletionMessageParam,
+    ChatCompletionPredictionContentParam,
+    ChatCompletionStreamOptionsParam,
+    ChatCompletionToolChoiceOptionParam,
+    ChatCompletionToolUnionParam,
+    completion_create_params,
+)
 
 from .client import AsyncSpeculativeOpenAI
+from .client import given_arguments as _given
+from .raw import RawResponse
 from .streaming import SpeculativeStream
 from .types import SpeculativeChatCompletion, SpeculativeCompletion
 
 __all__ = ["SpeculativeOpenAI", "SyncSpeculativeStream"]
 
 T = TypeVar("T")
+ChunkT = TypeVar("ChunkT")
 
 
 class _LoopThread:
@@ -51,8 +69,16 @@ class SpeculativeOpenAI:
     def __init__(self, **options: Any) -> None:
         self._async = AsyncSpeculativeOpenAI(**options)
         self._loop = _LoopThread()
+        self._resources()
+
+    def _resources(self) -> None:
         self.completions = _Completions(self)
         self.chat = _Chat(self)
+        self.models = _Models(self)
+
+    def _call(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        """Run `coro` on the loop thread; a stream comes back as a plain iterator."""
+        return _wrap(self._loop.run(coro), self._loop)
 
     @property
     def async_client(self) -> AsyncSpeculativeOpenAI:
@@ -63,8 +89,7 @@ class SpeculativeOpenAI:
         copy = object.__new__(SpeculativeOpenAI)
         copy._async = self._async.with_options(**changes)
         copy._loop = self._loop
-        copy.completions = _Completions(copy)
-        copy.chat = _Chat(copy)
+        copy._resources()
         return copy
 
     copy = with_options
@@ -81,10 +106,10 @@ class SpeculativeOpenAI:
         self.close()
 
 
-class SyncSpeculativeStream:
+class SyncSpeculativeStream(Generic[ChunkT]):
     """A plain iterator over an async `SpeculativeStream`, driven on the client's loop thread."""
 
-    def __init__(self, stream: SpeculativeStream[Any], loop: _LoopThread) -> None:
+    def __init__(self, stream: SpeculativeStream[ChunkT], loop: _LoopThread) -> None:
         self._stream = stream
         self._loop = loop
 
@@ -92,10 +117,10 @@ class SyncSpeculativeStream:
     def speculative(self) -> Any:
         return self._stream.speculative
 
-    def __iter__(self) -> SyncSpeculativeStream:
+    def __iter__(self) -> SyncSpeculativeStream[ChunkT]:
         return self
 
-    def __next__(self) -> Any:
+    def __next__(self) -> ChunkT:
         try:
             return self._loop.run(self._stream.__anext__())
         except StopAsyncIteration:
@@ -104,7 +129,7 @@ class SyncSpeculativeStream:
     def close(self) -> None:
         self._loop.run(self._stream.close())
 
-    def __enter__(self) -> SyncSpeculativeStream:
+    def __enter__(self) -> SyncSpeculativeStream[ChunkT]:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
@@ -115,22 +140,280 @@ def _wrap(result: Any, loop: _LoopThread) -> Any:
     return SyncSpeculativeStream(result, loop) if isinstance(result, SpeculativeStream) else result
 
 
+class _RawCreate:
+    """`with_raw_response` on the sync client: the async one's, run on the loop thread."""
+
+    def __init__(self, client: SpeculativeOpenAI, resource: Any) -> None:
+        self._client = client
+        self._resource = resource
+
+    def create(self, **params: Any) -> RawResponse[Any]:
+        raw = self._client._loop.run(self._resource.with_raw_response.create(**params))
+        return RawResponse(_wrap(raw.parse(), self._client._loop), raw.headers, raw.http_response)
+
+
 class _Completions:
     def __init__(self, client: SpeculativeOpenAI) -> None:
         self._client = client
+        self.with_raw_response = _RawCreate(client, client._async.completions)
 
-    def create(self, **kwargs: Any) -> SpeculativeCompletion | SyncSpeculativeStream:
-        return _wrap(self._client._loop.run(self._client._async.completions.create(**kwargs)), self._client._loop)
+    @overload
+    def create(
+        self,
+        *,
+        prompt: Union[str, SequenceNotStr[str], Iterable[int], Iterable[Iterable[int]], None],
+        stream: Optional[Literal[False]] | Omit = omit,
+        model: Union[str, Literal["gpt-3.5-turbo-instruct", "davinci-002", "babbage-002"]] | None = None,
+        best_of: Optional[int] | Omit = omit,
+        echo: Optional[bool] | Omit = omit,
+        frequency_penalty: Optional[float] | Omit = omit,
+        logit_bias: Optional[Dict[str, int]] | Omit = omit,
+        logprobs: Optional[int] | Omit = omit,
+        max_tokens: Optional[int] | Omit = omit,
+        n: Optional[int] | Omit = omit,
+        presence_penalty: Optional[float] | Omit = omit,
+        seed: Optional[int] | Omit = omit,
+        stop: Union[str, SequenceNotStr[str], None] | Omit = omit,
+        stream_options: Optional[ChatCompletionStreamOptionsParam] | Omit = omit,
+        suffix: Optional[str] | Omit = omit,
+        temperature: Optional[float] | Omit = omit,
+        top_p: Optional[float] | Omit = omit,
+        user: str | Omit = omit,
+        prediction: Optional[ChatCompletionPredictionContentParam] | str | Omit = omit,
+        extra_headers: Headers | None = None,
+        extra_query: Query | None = None,
+        extra_body: Body | None = None,
+        timeout: float | httpx2.Timeout | None | NotGiven = not_given,
+    ) -> SpeculativeCompletion:
+        ...
+
+    @overload
+    def create(
+        self,
+        *,
+        prompt: Union[str, SequenceNotStr[str], Iterable[int], Iterable[Iterable[int]], None],
+        stream: Literal[True],
+        model: Union[str, Literal["gpt-3.5-turbo-instruct", "davinci-002", "babbage-002"]] | None = None,
+        best_of: Optional[int] | Omit = omit,
+        echo: Optional[bool] | Omit = omit,
+        frequency_penalty: Optional[float] | Omit = omit,
+        logit_bias: Optional[Dict[str, int]] | Omit = omit,
+        logprobs: Optional[int] | Omit = omit,
+        max_tokens: Optional[int] | Omit = omit,
+        n: Optional[int] | Omit = omit,
+        presence_penalty: Optional[float] | Omit = omit,
+        seed: Optional[int] | Omit = omit,
+        stop: Union[str, SequenceNotStr[str], None] | Omit = omit,
+        stream_options: Optional[ChatCompletionStreamOptionsParam] | Omit = omit,
+        suffix: Optional[str] | Omit = omit,
+        temperature: Optional[float] | Omit = omit,
+        top_p: Optional[float] | Omit = omit,
+        user: str | Omit = omit,
+        prediction: Optional[ChatCompletionPredictionContentParam] | str | Omit = omit,
+        extra_headers: Headers | None = None,
+        extra_query: Query | None = None,
+        extra_body: Body | None = None,
+        timeout: float | httpx2.Timeout | None | NotGiven = not_given,
+    ) -> SyncSpeculativeStream[Completion]:
+        ...
+
+    def create(
+        self,
+        *,
+        prompt: Union[str, SequenceNotStr[str], Iterable[int], Iterable[Iterable[int]], None],
+        stream: Optional[Literal[False]] | Literal[True] | Omit = omit,
+        model: Union[str, Literal["gpt-3.5-turbo-instruct", "davinci-002", "babbage-002"]] | None = None,
+        best_of: Optional[int] | Omit = omit,
+        echo: Optional[bool] | Omit = omit,
+        frequency_penalty: Optional[float] | Omit = omit,
+        logit_bias: Optional[Dict[str, int]] | Omit = omit,
+        logprobs: Optional[int] | Omit = omit,
+        max_tokens: Optional[int] | Omit = omit,
+        n: Optional[int] | Omit = omit,
+        presence_penalty: Optional[float] | Omit = omit,
+        seed: Optional[int] | Omit = omit,
+        stop: Union[str, SequenceNotStr[str], None] | Omit = omit,
+        stream_options: Optional[ChatCompletionStreamOptionsParam] | Omit = omit,
+        suffix: Optional[str] | Omit = omit,
+        temperature: Optional[float] | Omit = omit,
+        top_p: Optional[float] | Omit = omit,
+        user: str | Omit = omit,
+        prediction: Optional[ChatCompletionPredictionContentParam] | str | Omit = omit,
+        extra_headers: Headers | None = None,
+        extra_query: Query | None = None,
+        extra_body: Body | None = None,
+        timeout: float | httpx2.Timeout | None | NotGiven = not_given,
+    ) -> SpeculativeCompletion | SyncSpeculativeStream[Completion]:
+        """As `AsyncSpeculativeOpenAI().completions.create`, run on the client's loop thread."""
+        return self._client._call(self._client._async.completions.create(**_given(locals())))
+
 
 
 class _ChatCompletions:
     def __init__(self, client: SpeculativeOpenAI) -> None:
         self._client = client
+        self.with_raw_response = _RawCreate(client, client._async.chat.completions)
 
-    def create(self, **kwargs: Any) -> SpeculativeChatCompletion | SyncSpeculativeStream:
-        return _wrap(self._client._loop.run(self._client._async.chat.completions.create(**kwargs)), self._client._loop)
+    @overload
+    def create(
+        self,
+        *,
+        messages: Iterable[ChatCompletionMessageParam],
+        stream: Optional[Literal[False]] | Omit = omit,
+        model: Union[str, ChatModel] | None = None,
+        audio: Optional[ChatCompletionAudioParam] | Omit = omit,
+        frequency_penalty: Optional[float] | Omit = omit,
+        function_call: completion_create_params.FunctionCall | Omit = omit,
+        functions: Iterable[completion_create_params.Function] | Omit = omit,
+        logit_bias: Optional[Dict[str, int]] | Omit = omit,
+        logprobs: Optional[bool] | Omit = omit,
+        max_completion_tokens: Optional[int] | Omit = omit,
+        max_tokens: Optional[int] | Omit = omit,
+        metadata: Optional[Metadata] | Omit = omit,
+        modalities: Optional[List[Literal["text", "audio"]]] | Omit = omit,
+        moderation: Optional[completion_create_params.Moderation] | Omit = omit,
+        n: Optional[int] | Omit = omit,
+        parallel_tool_calls: bool | Omit = omit,
+        prediction: Optional[ChatCompletionPredictionContentParam] | Omit = omit,
+        presence_penalty: Optional[float] | Omit = omit,
+        prompt_cache_key: Optional[str] | Omit = omit,
+        prompt_cache_options: completion_create_params.PromptCacheOptions | Omit = omit,
+        prompt_cache_retention: Optional[Literal["in_memory", "24h"]] | Omit = omit,
+        reasoning_effort: Optional[ReasoningEffort] | Omit = omit,
+        response_format: completion_create_params.ResponseFormat | Omit = omit,
+        safety_identifier: Optional[str] | Omit = omit,
+        seed: Optional[int] | Omit = omit,
+        service_tier: Optional[Literal["auto", "default", "flex", "scale", "priority", "fast"]] | Omit = omit,
+        stop: Union[str, SequenceNotStr[str], None] | Omit = omit,
+        store: Optional[bool] | Omit = omit,
+        stream_options: Optional[ChatCompletionStreamOptionsParam] | Omit = omit,
+        temperature: Optional[float] | Omit = omit,
+        tool_choice: ChatCompletionToolChoiceOptionParam | Omit = omit,
+        tools: Iterable[ChatCompletionToolUnionParam] | Omit = omit,
+        top_logprobs: Optional[int] | Omit = omit,
+        top_p: Optional[float] | Omit = omit,
+        user: str | Omit = omit,
+        verbosity: Optional[Literal["low", "medium", "high"]] | Omit = omit,
+        web_search_options: completion_create_params.WebSearchOptions | Omit = omit,
+        extra_headers: Headers | None = None,
+        extra_query: Query | None = None,
+        extra_body: Body | None = None,
+        timeout: float | httpx2.Timeout | None | NotGiven = not_given,
+    ) -> SpeculativeChatCompletion:
+        ...
+
+    @overload
+    def create(
+        self,
+        *,
+        messages: Iterable[ChatCompletionMessageParam],
+        stream: Literal[True],
+        model: Union[str, ChatModel] | None = None,
+        audio: Optional[ChatCompletionAudioParam] | Omit = omit,
+        frequency_penalty: Optional[float] | Omit = omit,
+        function_call: completion_create_params.FunctionCall | Omit = omit,
+        functions: Iterable[completion_create_params.Function] | Omit = omit,
+        logit_bias: Optional[Dict[str, int]] | Omit = omit,
+        logprobs: Optional[bool] | Omit = omit,
+        max_completion_tokens: Optional[int] | Omit = omit,
+        max_tokens: Optional[int] | Omit = omit,
+        metadata: Optional[Metadata] | Omit = omit,
+        modalities: Optional[List[Literal["text", "audio"]]] | Omit = omit,
+        moderation: Optional[completion_create_params.Moderation] | Omit = omit,
+        n: Optional[int] | Omit = omit,
+        parallel_tool_calls: bool | Omit = omit,
+        prediction: Optional[ChatCompletionPredictionContentParam] | Omit = omit,
+        presence_penalty: Optional[float] | Omit = omit,
+        prompt_cache_key: Optional[str] | Omit = omit,
+        prompt_cache_options: completion_create_params.PromptCacheOptions | Omit = omit,
+        prompt_cache_retention: Optional[Literal["in_memory", "24h"]] | Omit = omit,
+        reasoning_effort: Optional[ReasoningEffort] | Omit = omit,
+        response_format: completion_create_params.ResponseFormat | Omit = omit,
+        safety_identifier: Optional[str] | Omit = omit,
+        seed: Optional[int] | Omit = omit,
+        service_tier: Optional[Literal["auto", "default", "flex", "scale", "priority", "fast"]] | Omit = omit,
+        stop: Union[str, SequenceNotStr[str], None] | Omit = omit,
+        store: Optional[bool] | Omit = omit,
+        stream_options: Optional[ChatCompletionStreamOptionsParam] | Omit = omit,
+        temperature: Optional[float] | Omit = omit,
+        tool_choice: ChatCompletionToolChoiceOptionParam | Omit = omit,
+        tools: Iterable[ChatCompletionToolUnionParam] | Omit = omit,
+        top_logprobs: Optional[int] | Omit = omit,
+        top_p: Optional[float] | Omit = omit,
+        user: str | Omit = omit,
+        verbosity: Optional[Literal["low", "medium", "high"]] | Omit = omit,
+        web_search_options: completion_create_params.WebSearchOptions | Omit = omit,
+        extra_headers: Headers | None = None,
+        extra_query: Query | None = None,
+        extra_body: Body | None = None,
+        timeout: float | httpx2.Timeout | None | NotGiven = not_given,
+    ) -> SyncSpeculativeStream[ChatCompletionChunk]:
+        ...
+
+    def create(
+        self,
+        *,
+        messages: Iterable[ChatCompletionMessageParam],
+        stream: Optional[Literal[False]] | Literal[True] | Omit = omit,
+        model: Union[str, ChatModel] | None = None,
+        audio: Optional[ChatCompletionAudioParam] | Omit = omit,
+        frequency_penalty: Optional[float] | Omit = omit,
+        function_call: completion_create_params.FunctionCall | Omit = omit,
+        functions: Iterable[completion_create_params.Function] | Omit = omit,
+        logit_bias: Optional[Dict[str, int]] | Omit = omit,
+        logprobs: Optional[bool] | Omit = omit,
+        max_completion_tokens: Optional[int] | Omit = omit,
+        max_tokens: Optional[int] | Omit = omit,
+        metadata: Optional[Metadata] | Omit = omit,
+        modalities: Optional[List[Literal["text", "audio"]]] | Omit = omit,
+        moderation: Optional[completion_create_params.Moderation] | Omit = omit,
+        n: Optional[int] | Omit = omit,
+        parallel_tool_calls: bool | Omit = omit,
+        prediction: Optional[ChatCompletionPredictionContentParam] | Omit = omit,
+        presence_penalty: Optional[float] | Omit = omit,
+        prompt_cache_key: Optional[str] | Omit = omit,
+        prompt_cache_options: completion_create_params.PromptCacheOptions | Omit = omit,
+        prompt_cache_retention: Optional[Literal["in_memory", "24h"]] | Omit = omit,
+        reasoning_effort: Optional[ReasoningEffort] | Omit = omit,
+        response_format: completion_create_params.ResponseFormat | Omit = omit,
+        safety_identifier: Optional[str] | Omit = omit,
+        seed: Optional[int] | Omit = omit,
+        service_tier: Optional[Literal["auto", "default", "flex", "scale", "priority", "fast"]] | Omit = omit,
+        stop: Union[str, SequenceNotStr[str], None] | Omit = omit,
+        store: Optional[bool] | Omit = omit,
+        stream_options: Optional[ChatCompletionStreamOptionsParam] | Omit = omit,
+        temperature: Optional[float] | Omit = omit,
+        tool_choice: ChatCompletionToolChoiceOptionParam | Omit = omit,
+        tools: Iterable[ChatCompletionToolUnionParam] | Omit = omit,
+        top_logprobs: Optional[int] | Omit = omit,
+        top_p: Optional[float] | Omit = omit,
+        user: str | Omit = omit,
+        verbosity: Optional[Literal["low", "medium", "high"]] | Omit = omit,
+        web_search_options: completion_create_params.WebSearchOptions | Omit = omit,
+        extra_headers: Headers | None = None,
+        extra_query: Query | None = None,
+        extra_body: Body | None = None,
+        timeout: float | httpx2.Timeout | None | NotGiven = not_given,
+    ) -> SpeculativeChatCompletion | SyncSpeculativeStream[ChatCompletionChunk]:
+        """As `AsyncSpeculativeOpenAI().chat.completions.create`, run on the client's loop thread."""
+        return self._client._call(self._client._async.chat.completions.create(**_given(locals())))
+
 
 
 class _Chat:
     def __init__(self, client: SpeculativeOpenAI) -> None:
         self.completions = _ChatCompletions(client)
+
+
+class _Models:
+    """`client.models`: the target's models (`list()` returns an iterable `SyncPage`)."""
+
+    def __init__(self, client: SpeculativeOpenAI) -> None:
+        self._client = client
+
+    def list(self, **options: Any) -> SyncPage[Model]:
+        page = self._client._loop.run(self._client._async.models.list(**options))
+        return SyncPage[Model].model_construct(data=list(page.data), object=getattr(page, "object", "list"))
+
+    def retrieve(self, model: str, **options: Any) -> Model:
+        return self._client._loop.run(self._client._async.models.retrieve(model, **options))

@@ -95,7 +95,7 @@ async def test_model_argument_overrides_the_target_model():
     async with AsyncSpeculativeOpenAI(target=target, draft=draft, policy="fixed") as client:
         start = len(provider.calls)
         resp = await client.completions.create(prompt=prompt, model="sim-target-clone", max_tokens=20, temperature=0)
-        sent = [c.body.get("model") for c in provider.calls[start:]]
+        sent = [c.body.get("model") for c in provider.calls[start:] if c.method == "POST"]
     alone_target, _ = simulated_endpoints(provider=provider)
     async with AsyncSpeculativeOpenAI(target=alone_target, verification="none") as alone:
         plain = await alone.completions.create(prompt=prompt, model="sim-target-clone", max_tokens=20, temperature=0)

@@ -526,7 +526,7 @@ async def test_chat_with_tools_goes_to_the_target_unchanged(provider, client):
     assert provider.sent("draft") == []
     [body] = provider.sent("target")
     assert body == {"model": "target", "messages": messages, "tools": tools, "tool_choice": "auto", "max_tokens": 9, "temperature": 0}
-    assert resp.speculative.speculated is False and "tools" in resp.speculative.fallback_reason
+    assert resp.speculative.speculated is False and "tool" in resp.speculative.fallback_reason
     assert resp.choices[0].message.content == "r0"
 
 

@@ -26,6 +26,7 @@ DOCUMENTED = {
     # exceptions
     "SpecAPIError",
     "ConfigurationError",
+    "InvalidRequestError",
     "UnsupportedRequestError",
     "EndpointError",
     "DraftError",
@@ -91,12 +92,19 @@ def test_the_drawn_tree_is_the_expected_one():
     assert _drawn_tree(_exceptions.__doc__) == {
         "SpecAPIError": None,
         "ConfigurationError": "SpecAPIError",
+        "InvalidRequestError": "ConfigurationError",
         "UnsupportedRequestError": "SpecAPIError",
         "EndpointError": "SpecAPIError",
         "DraftError": "EndpointError",
         "TargetError": "EndpointError",
         "MalformedResponseError": "EndpointError",
     }
+
+
+def test_create_argument_errors_are_also_the_sdks_bad_request():
+    assert issubclass(specapi.InvalidRequestError, openai.BadRequestError)
+    err = specapi.InvalidRequestError("max_tokens must be an integer >= 1, got -1")
+    assert (err.status_code, err.param, err.message) == (400, "max_tokens", "max_tokens must be an integer >= 1, got -1")
 
 
 def test_argument_errors_are_also_value_errors():

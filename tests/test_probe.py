@@ -225,12 +225,14 @@ def test_probe_command_against_the_toy_server_over_http(capsys):
         assert report["requests"] == served.requests + served.failed > 0
         assert (report["prompt_tokens"], report["completion_tokens"]) == (served.prompt_tokens, served.completion_tokens)
 
+        assert report["verification"] == {"completions": "echo", "chat": "prompt-logprobs"}
         code = cli_logic(["probe", "--base-url", srv.base_url, "--model", "target"])
-        table = capsys.readouterr().out
+        captured = capsys.readouterr()
+        table = captured.out
         assert code == 0
         assert "verification for completions" in table and "echo" in table
         assert "verification for chat" in table and "prompt-logprobs" in table
-        assert "probing cost" in table
+        assert "probing cost" in captured.err and "probing cost" not in table
 
         gc.collect()  # connections the command left open are reported now, not at exit
     leaked = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]

@@ -118,7 +118,7 @@ def test_stats_headers_and_speculative_field_agree(sdk):
     headers = raw.headers
     assert stats["speculated"] is True and stats["exact"] is True
     assert headers["x-specapi-speculated"] == "true" and headers["x-specapi-exact"] == "true"
-    assert int(headers["x-specapi-rounds"]) == stats["rounds"] > 0
+    assert int(headers["x-specapi-num-rounds"]) == stats["num_rounds"] > 0
     assert int(headers["x-specapi-drafted-tokens"]) == stats["drafted_tokens"] >= stats["accepted_tokens"]
     assert int(headers["x-specapi-accepted-tokens"]) == stats["accepted_tokens"]
     assert float(headers["x-specapi-acceptance-rate"]) == pytest.approx(stats["acceptance_rate"], abs=1e-6)
@@ -126,6 +126,7 @@ def test_stats_headers_and_speculative_field_agree(sdk):
     assert int(headers["x-specapi-generated-tokens"]) == stats["generated_tokens"] == MAX_TOKENS
     assert int(headers["x-specapi-target-requests"]) == stats["target"]["requests"] > 0
     assert int(headers["x-specapi-draft-requests"]) == stats["draft"]["requests"] > 0
+    assert headers["x-specapi-target-cost-usd"] == stats["target"]["cost_usd"]  # one money format: a decimal string
     cost = Decimal(headers["x-specapi-cost-usd"])
     assert cost == Decimal(stats["cost_usd"]) == Decimal(stats["target"]["cost_usd"]) + Decimal(stats["draft"]["cost_usd"]) > 0
     assert headers["x-request-id"]
@@ -331,7 +332,7 @@ def test_metrics_count_requests_and_speculation():
     assert metric(text, "specapi_requests_total", route="/v1/chat/completions", status="200") == 1
     assert metric(text, "specapi_requests_total", route="/v1/completions", status="400") == 1
     assert metric(text, "specapi_responses_total", route="/v1/completions", speculated="true", exact="true") == 1
-    assert metric(text, "specapi_rounds_total") >= stats["rounds"] > 0
+    assert metric(text, "specapi_rounds_total") >= stats["num_rounds"] > 0
     drafted, accepted = metric(text, "specapi_drafted_tokens_total"), metric(text, "specapi_accepted_tokens_total")
     assert drafted >= stats["drafted_tokens"] and 0 <= accepted <= drafted
     assert metric(text, "specapi_drafted_tokens_by_position_total", position="0") > 0

@@ -90,8 +90,25 @@ def test_cli_exits_2_for_an_unknown_policy(capsys):
 
 
 def test_policy_drafter_and_verification_reach_the_client():
-    settings = resolve_settings(parse(REQUIRED + ["--policy", "fixed", "--drafter", "model"]), {"SPECAPI_VERIFICATION": "echo"})
-    assert dict(settings.config.client_options) == {"policy": "fixed", "drafter": "model", "verification": "echo"}
+    settings = resolve_settings(parse(REQUIRED + ["--policy", "fixed", "--drafter", "model", "--no-pipeline"]), {"SPECAPI_VERIFICATION": "echo"})
+    assert dict(settings.config.client_options) == {"policy": "fixed", "drafter": "model", "verification": "echo", "pipeline": False}
+    piped = resolve_settings(parse(REQUIRED), {"SPECAPI_PIPELINE": "0"})
+    assert piped.config.client_options["pipeline"] is False
+
+
+def test_prompt_lookup_needs_no_draft_endpoint():
+    settings = resolve_settings(parse(["--target-base-url", "http://t/v1", "--target-model", "big", "--drafter", "lookup"]), {})
+    assert settings.config.draft is None and settings.config.client_options["drafter"] == "lookup"
+    from specapi.server.app import create_app
+
+    assert create_app(settings.config) is not None  # the proxy builds its client without a draft
+    with pytest.raises(SettingsError, match="--draft-model"):
+        resolve_settings(parse(["--target-base-url", "http://t/v1", "--target-model", "big", "--drafter", "model"]), {})
+
+
+def test_choices_are_checked_and_named():
+    with pytest.raises(SettingsError, match="must be one of adaptive, fixed"):
+        resolve_settings(parse(REQUIRED + ["--policy", "sometimes"]), {})
 
 
 def _free_port() -> int:

@@ -106,7 +106,7 @@ def test_raw_event_stream_is_openai_shaped(proxy):
     with_stats = [e for e in events[:-1] if "speculative" in e]
     assert with_stats == [events[-2]]
     stats = with_stats[0]["speculative"]
-    assert stats["generated_tokens"] == MAX_TOKENS and stats["rounds"] > 0
+    assert stats["generated_tokens"] == MAX_TOKENS and stats["num_rounds"] > 0
     assert stats["accepted_tokens"] <= stats["drafted_tokens"]
 
 

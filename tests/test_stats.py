@@ -87,7 +87,7 @@ def test_statistics_of_nothing_are_zero_not_errors():
 def test_to_dict_is_json_serialisable_and_keeps_cost_exact():
     s = _stats()
     d = json.loads(json.dumps(s.to_dict()))
-    assert d["rounds"] == 3 and d["drafted_tokens"] == 10 and d["accepted_tokens"] == 5
+    assert d["num_rounds"] == 3 and d["drafted_tokens"] == 10 and d["accepted_tokens"] == 5
     assert d["acceptance_rate"] == pytest.approx(0.5)
     assert Decimal(d["cost_usd"]) == Decimal("0.0021")
     assert Decimal(d["target"]["cost_usd"]) == Decimal("0.002")
@@ -102,3 +102,41 @@ def test_stats_are_immutable_and_with_returns_a_copy():
     assert (s.speculated, t.speculated, t.fallback_reason) == (True, False, "why")
     with pytest.raises(AttributeError):
         s.exact = False  # type: ignore[misc]
+
+
+def test_repr_is_short_and_names_the_figures():
+    s = _stats().with_(rounds=_stats().rounds * 40)  # many rounds: the repr does not grow with them
+    text = repr(s)
+    assert len(text) < 250
+    assert "num_rounds=120" in text and "acceptance_rate=0.50" in text and "cost_usd='0.0021'" in text
+
+
+def test_summary_is_one_line_with_tokens_rounds_acceptance_exactness_path_and_cost_per_role():
+    line = _stats().summary()
+    assert "\n" not in line
+    for part in ("10 tokens", "3 rounds", "5/10", "50%", "exact", "path echo", "draft $0.0001", "target $0.002"):
+        assert part in line, part
+    unknown = _stats().with_(draft=usage(cost_usd=None), exact=False, exact_reason="top-k lists cover 99%").summary()
+    assert "draft unknown" in unknown and "not exact (top-k lists cover 99%)" in unknown
+    alone = SpeculativeStats(speculated=False, fallback_reason="tools", generated_tokens=4, verification="none").summary()
+    assert "target alone (tools)" in alone
+
+
+def test_to_dict_uses_the_attribute_names_and_can_carry_the_rounds():
+    s = _stats()
+    d = json.loads(json.dumps(s.to_dict(rounds=True)))
+    for name in ("num_rounds", "drafted_tokens", "accepted_tokens", "acceptance_rate", "mean_accepted_length", "generated_tokens",
+                 "tokens_per_target_call", "wall_s", "ttft_s", "exact", "verification", "speculated"):
+        assert d[name] == pytest.approx(getattr(s, name)), name
+    assert [r["accepted"] for r in d["rounds"]] == [r.accepted for r in s.rounds]
+    assert d["rounds"][0]["accepted_by_position"] == list(s.rounds[0].accepted_by_position)
+    assert "rounds" not in s.to_dict()
+
+
+def test_headers_are_the_dict_under_the_same_names():
+    s = _stats()
+    headers, d = s.to_headers(), s.to_dict()
+    assert headers["x-specapi-num-rounds"] == str(d["num_rounds"])
+    assert headers["x-specapi-target-cost-usd"] == d["target"]["cost_usd"] == "0.002"
+    assert headers["x-specapi-speculated"] == "true"
+    assert "x-specapi-fallback-reason" not in headers  # null: left out

@@ -1,7 +1,7 @@
 """`specapi bench`: measure whether a draft/target pair pays off against the target alone, and why.
 
 Modules: ``scenarios`` (what to run: built-in simulator scenarios, prompts files), ``runner`` (the same
-requests through the target alone and through specapi, alternating), ``predict`` (speculation.md's
+requests through the target alone and through specapi, alternating), ``predict`` (docs/performance.md's
 arithmetic as pure functions: E(K), round cost, best draft length, break-even acceptance), ``summary``
 (figures, prediction and exactness per scenario: the JSON report), ``explain`` (the explanation per
 scenario), ``report`` (the rich terminal table), ``html`` (a self-contained HTML report with plots),

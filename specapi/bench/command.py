@@ -19,40 +19,61 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from ..cli_options import ENDPOINTS, EXIT_FAILED, EXIT_OK, EXIT_USAGE, Option, UsageError, add_options, boolean, positive_int, resolve, speculation_options
 from .scenarios import DEFAULT_SCENARIOS, SCENARIOS, Scenario, get_scenario, load_prompts, quick, with_requests
 
 __all__ = ["add_arguments", "run", "build_scenarios"]
 
 
+def _temperature(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value <= 2.0:
+        raise ValueError("must be in [0, 2]")
+    return value
+
+
+_SCENARIO_DEFAULT = "the scenario's"
+SIMULATOR: tuple[Option, ...] = (
+    Option("--quick", "SPECAPI_BENCH_QUICK", boolean, False, "no simulated latency, 2 short requests per scenario (for tests)"),
+)
+REQUESTS: tuple[Option, ...] = (
+    Option("--prompts", "SPECAPI_PROMPTS", str, None, 'a JSONL file: one {"prompt": ...} or {"messages": [...]} per line',
+           default_text="the scenario's prompts"),
+    Option("--max-tokens", "SPECAPI_MAX_TOKENS", positive_int, None, "tokens per request at most", default_text=_SCENARIO_DEFAULT),
+    Option("--temperature", "SPECAPI_TEMPERATURE", _temperature, None, "sampling temperature (0 = greedy)", default_text=_SCENARIO_DEFAULT),
+    Option("--requests", "SPECAPI_REQUESTS", positive_int, None, "measured requests per scenario (prompts repeat as needed)",
+           default_text=_SCENARIO_DEFAULT),
+    Option("--concurrency", "SPECAPI_CONCURRENCY", positive_int, None, "requests in flight at once on each side", default_text=_SCENARIO_DEFAULT),
+    Option("--seed", "SPECAPI_SEED", int, None, "seed for sampling and the simulator", default_text=_SCENARIO_DEFAULT),
+)
+OUTPUT: tuple[Option, ...] = (
+    Option("--json", "SPECAPI_BENCH_JSON", str, None, "write the full report as JSON to this file", default_text="none"),
+    Option("--html", "SPECAPI_BENCH_HTML", str, None, "write a self-contained HTML report with charts to this file", default_text="none"),
+)
+SPECULATION = speculation_options(default_text=_SCENARIO_DEFAULT)
+OPTIONS: tuple[Option, ...] = (*SIMULATOR, *ENDPOINTS, *SPECULATION, *REQUESTS, *OUTPUT)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    sim = parser.add_argument_group("simulator (default)")
+    sim = parser.add_argument_group("simulator (the default, when no --target-model is given)")
     sim.add_argument(
-        "--scenario", action="append", choices=sorted(SCENARIOS), help=f"run this scenario (repeatable; default: {', '.join(DEFAULT_SCENARIOS)})"
+        "--scenario", action="append", choices=sorted(SCENARIOS), metavar="NAME",
+        help=f"run this scenario (repeatable; one of {', '.join(sorted(SCENARIOS))}; default: {', '.join(DEFAULT_SCENARIOS)})",
     )
-    sim.add_argument("--quick", action="store_true", help="no simulated latency, 2 short requests per scenario (for tests)")
+    add_options(sim, SIMULATOR)
     sim.add_argument("--list", action="store_true", help="list the scenarios and exit")
+    add_options(parser.add_argument_group("real endpoints (with --target-model, one scenario on your endpoints)"), ENDPOINTS)
+    add_options(parser.add_argument_group("speculation (overrides the scenarios' own settings)"), SPECULATION)
+    add_options(parser.add_argument_group("requests (override the scenarios' own settings)"), REQUESTS)
+    add_options(parser.add_argument_group("output (the table goes to stdout, progress to stderr)"), OUTPUT)
 
-    real = parser.add_argument_group("real endpoints")
-    real.add_argument("--target-base-url", default=os.environ.get("SPECAPI_TARGET_BASE_URL"))
-    real.add_argument("--target-model", default=os.environ.get("SPECAPI_TARGET_MODEL"))
-    real.add_argument("--target-api-key", default=os.environ.get("SPECAPI_TARGET_API_KEY"))
-    real.add_argument("--draft-base-url", default=os.environ.get("SPECAPI_DRAFT_BASE_URL"))
-    real.add_argument("--draft-model", default=os.environ.get("SPECAPI_DRAFT_MODEL"), help="omit for prompt lookup only")
-    real.add_argument("--draft-api-key", default=os.environ.get("SPECAPI_DRAFT_API_KEY"))
-    real.add_argument("--prompts", metavar="FILE.jsonl", help='one {"prompt": ...} or {"messages": [...]} per line')
 
-    common = parser.add_argument_group("requests (override the scenarios' own settings)")
-    common.add_argument("--max-tokens", type=int)
-    common.add_argument("--temperature", type=float)
-    common.add_argument("--num-speculative-tokens", type=int)
-    common.add_argument("--policy", choices=["adaptive", "fixed"])
-    common.add_argument("--requests", type=int, help="measured requests per scenario (prompts repeat as needed)")
-    common.add_argument("--concurrency", type=int, help="requests in flight at once on each side")
-    common.add_argument("--seed", type=int)
-
-    out = parser.add_argument_group("output")
-    out.add_argument("--json", metavar="FILE", help="write the report as JSON")
-    out.add_argument("--html", metavar="FILE", help="write a self-contained HTML report with plots")
+def _resolved(args: argparse.Namespace) -> argparse.Namespace:
+    """`args` with every option resolved from the command line, the environment or its default."""
+    if getattr(args, "_resolved", False):
+        return args
+    values = resolve(args, OPTIONS, os.environ)
+    return argparse.Namespace(**{**vars(args), **values, "_resolved": True})
 
 
 def _positive(name: str, value: int | None) -> None:
@@ -64,8 +85,9 @@ def _overridden(scenario: Scenario, args: argparse.Namespace) -> Scenario:
     client = dict(scenario.client)
     if args.num_speculative_tokens is not None:
         client["num_speculative_tokens"] = args.num_speculative_tokens
-    if args.policy is not None:
-        client["policy"] = args.policy
+    for name in ("policy", "drafter", "verification", "pipeline"):
+        if getattr(args, name) is not None:
+            client[name] = getattr(args, name)
     changes: dict[str, Any] = {"client": client}
     if args.max_tokens is not None:
         changes["max_tokens"] = args.max_tokens
@@ -85,6 +107,7 @@ def _overridden(scenario: Scenario, args: argparse.Namespace) -> Scenario:
 
 def build_scenarios(args: argparse.Namespace) -> list[Scenario]:
     """The scenarios to run, with the command line's overrides applied."""
+    args = _resolved(args)
     for name in ("max_tokens", "num_speculative_tokens", "requests", "concurrency"):
         _positive(name.replace("_", "-"), getattr(args, name))
     if args.temperature is not None and not 0.0 <= args.temperature <= 2.0:
@@ -151,37 +174,41 @@ async def _run_all(args: argparse.Namespace, scenarios: list[Scenario], console:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Exit codes: 0 every comparison held; 1 an output differed while claiming to be exact, or a request
+    failed; 2 bad options or prompts."""
     from rich.console import Console
 
     from .. import __version__
     from .report import print_report
     from .summary import report as build_report
 
-    console = Console()
-    if not console.is_terminal:
-        console = Console(width=150)  # a pipe or a file: keep the table whole rather than 80 columns wide
+    out = Console()
+    if not out.is_terminal:
+        out = Console(width=80)  # a pipe or a file: the same 80 columns every time
+    err = Console(stderr=True)
     if args.list:
         for name, scenario in SCENARIOS.items():
-            console.print(f"[bold]{name}[/bold]{' (default)' if name in DEFAULT_SCENARIOS else ''}: {scenario.description}")
-        return 0
+            out.print(f"[bold]{name}[/bold]{' (default)' if name in DEFAULT_SCENARIOS else ''}: {scenario.description}")
+        return EXIT_OK
     try:
+        args = _resolved(args)
         scenarios = build_scenarios(args)
-    except (ValueError, KeyError, OSError) as exc:
+    except (UsageError, ValueError, KeyError, OSError) as exc:
         print(f"specapi bench: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     mode = "endpoints" if args.target_model else ("simulator, quick" if args.quick else "simulator")
-    runs = asyncio.run(_run_all(args, scenarios, console))
+    runs = asyncio.run(_run_all(args, scenarios, err))
     data = build_report(runs, mode=mode, version=__version__)
-    print_report(data, console)
+    print_report(data, out)
     if args.json:
         Path(args.json).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-        console.print(f"JSON report: {args.json}")
+        err.print(f"JSON report: {args.json}")
     if args.html:
         from .html import write_html
 
         write_html(data, args.html)
-        console.print(f"HTML report: {args.html}")
+        err.print(f"HTML report: {args.html}")
     # A run fails on errors and on outputs that differ while claiming to be exact; outputs the engine
     # itself marked approximate are reported, not failed.
     failed = any(any(m.get("claimed_exact", True) for m in s["mismatches"]) or s["errors"] for s in data["scenarios"])
-    return 1 if failed else 0
+    return EXIT_FAILED if failed else EXIT_OK

@@ -1,7 +1,7 @@
 """Plain-language explanations of a scenario's result, from its summary dict. Pure functions.
 
 The explanation says whether speculation won, why (a round's cost against the tokens it yields, per
-speculation.md's arithmetic), what it cost and why (stateless APIs re-bill the context every call),
+docs/performance.md's arithmetic), what it cost and why (stateless APIs re-bill the context every call),
 how far the prediction was from the result and what accounts for the gap, and whether every output
 was the target's own.
 """
@@ -49,10 +49,10 @@ def gap_reasons(summary: dict[str, Any]) -> list[str]:
         )
     if spec.get("pipelined_rounds"):
         reasons.append(
-            f"{spec['pipelined_rounds']} of {spec['rounds']} rounds used a draft prefetched during the previous verify "
+            f"{spec['pipelined_rounds']} of {spec['num_rounds']} rounds used a draft prefetched during the previous verify "
             "call (pipelining); the prediction models the overlap only on average"
         )
-    if spec.get("lookup_rounds") and spec["lookup_rounds"] != spec.get("rounds"):
+    if spec.get("lookup_rounds") and spec["lookup_rounds"] != spec.get("num_rounds"):
         reasons.append(f"{spec['lookup_rounds']} rounds were drafted by prompt lookup (no call) and the rest by the draft model")
     if summary["settings"].get("policy") == "adaptive":
         reasons.append("the adaptive policy changes the draft length between rounds; the prediction uses the most common length")
@@ -97,20 +97,33 @@ def _cost_sentence(summary: dict[str, Any]) -> str:
     return text
 
 
+def _failed_comparison(summary: dict[str, Any], note: str) -> str:
+    """What to say when one side has no successful request: that, and why, with no figures."""
+    errors = summary["errors"]
+    sides = [name for name, key in (("the target alone", "baseline"), ("speculation", "speculative")) if not summary[key].get("requests")]
+    which = " and ".join(sides) if sides else "one side"
+    text = f"The comparison failed: no request succeeded with {which}, so there is no speedup or cost to report."
+    if errors:
+        text += f" {len(errors)} request(s) failed; the first: {errors[0]}"
+    return text + (f" {note}" if note else "")
+
+
 def explain(summary: dict[str, Any], *, note: str = "") -> str:
     """A short paragraph for one scenario's summary (see `summary.summarize`)."""
     spec = summary["speculative"]
     speedup = summary.get("speedup")
+    if speedup is None:
+        return _failed_comparison(summary, note)
     sentences = [f"Speculation was {verdict(speedup)}."]
     aim = summary.get("aim")
     if aim and aim.get("met") is not None:
         bound = "below" if aim["below"] else "at least"
-        outcome = "met" if aim["met"] else f"NOT met, {speedup:.3f}x"
-        sentences[-1] = sentences[-1][:-1] + f" (aim: {bound} {aim['speedup']:.2f}x: {outcome})."
+        outcome = "as expected" if aim["met"] else "not reached on this run"
+        sentences[-1] = sentences[-1][:-1] + f" (this scenario is expected to give {bound} {aim['speedup']:.2f}x: {outcome})."
 
     model = summary.get("latency_model")
     prediction = summary.get("prediction")
-    if spec.get("rounds") == 0:
+    if spec.get("num_rounds") == 0:
         reasons = "; ".join(spec.get("fallback_reasons") or []) or "no rounds were run"
         sentences.append(f"No measured request speculated: {reasons}.")
     if model and prediction:
@@ -126,8 +139,8 @@ def explain(summary: dict[str, Any], *, note: str = "") -> str:
             + f"): {_ms(per_token)} per token against the target's {_ms(model['target_per_token_s'])} per token alone "
             f"(plus {_ms(model['target_fixed_s'])} once per request)."
         )
-        if "prefill-fanout" in spec.get("verification", []) and spec.get("rounds"):
-            calls = spec["by_role"]["target"]["requests"] / spec["rounds"]
+        if "prefill-fanout" in spec.get("verification", []) and spec.get("num_rounds"):
+            calls = spec["by_role"]["target"]["requests"] / spec["num_rounds"]
             sentences.append(
                 f"This target does not score supplied tokens (no echo with logprobs, as OpenAI's API), so each round verifies "
                 f"with one-token calls sent in parallel, one per draft position plus one (prefill-fanout): {calls:.1f} target calls per round."
@@ -162,7 +175,7 @@ def explain(summary: dict[str, Any], *, note: str = "") -> str:
             sentences.append(f"The arithmetic's best draft length is {best_k} (predicted {prediction['best_speedup']:.2f}x{extrapolated}).")
     base_ttft, spec_ttft = summary["baseline"]["ttft_s"], spec["ttft_s"]
     if base_ttft and spec_ttft and spec_ttft > 1.2 * base_ttft:
-        if spec.get("rounds") == 0:
+        if spec.get("num_rounds") == 0:
             why = "with speculation off, the target's answer came in one call that specapi does not stream, so the first token arrived with the last"
         elif model and model["draft_share"] == 0:
             why = "the first text waits for a whole verify call instead of the target's first token"

@@ -1,25 +1,33 @@
-"""The HTML report: one self-contained file (inline CSS, plots as base64 PNG) a person can read at a glance.
+"""The HTML report: one self-contained file (inline CSS, charts as inline SVG) a person can read at a glance.
 
 Top: the summary table and a chart of achieved against predicted speedup per scenario. Then, per
-scenario, its explanation and four plots: latency per request (target alone against speculative, with
+scenario, its explanation and four charts: latency per request (target alone against speculative, with
 the time to first token marked), tokens per round, acceptance by draft position, and cost (or billed
-tokens, when the prices are zero) per role. Plots are drawn with matplotlib's object API (no pyplot
-state), so writing a report has no global side effects.
+tokens, when the prices are zero) per role.
+
+Rules the charts follow: one colour rule for speedups everywhere (`report.SPEEDUP_BAND`: green a win,
+red a loss, amber about even, in the table and the chart alike); legends sit below the axes, never on
+the data; axes are fitted to the data they show; every axis and figure has its unit. Charts are drawn
+with matplotlib's object API (no pyplot state) and embedded as SVG with text kept as text, so the page
+stays small. The arithmetic behind the predictions is in the repository's docs/performance.md.
 """
 
 from __future__ import annotations
 
-import base64
 import io
+import re
 from collections import Counter
 from decimal import Decimal
 from html import escape
 from pathlib import Path
 from typing import Any
 
+import matplotlib
 from matplotlib.figure import Figure
 
-__all__ = ["overview_png", "render_html", "scenario_png", "write_html"]
+from .report import SPEEDUP_BAND
+
+__all__ = ["overview_svg", "render_html", "scenario_svg", "write_html", "speedup_class"]
 
 _BASE = "#7f8c8d"
 _SPEC = "#2e86de"
@@ -27,25 +35,43 @@ _DRAFT = "#f39c12"
 _TARGET = "#34495e"
 _GOOD = "#27ae60"
 _BAD = "#c0392b"
+_EVEN = "#d4ac0d"
+_LINE = "#8e44ad"
+_COLOURS = {"good": _GOOD, "bad": _BAD, "even": _EVEN}
 
 
-def _png(figure: Figure) -> bytes:
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=110)
-    return buffer.getvalue()
+def speedup_class(value: float | None) -> str:
+    """"good", "bad" or "even" by the one colour rule (the terminal table uses the same band)."""
+    if value is None:
+        return "none"
+    return "good" if value >= SPEEDUP_BAND[1] else ("bad" if value <= SPEEDUP_BAND[0] else "even")
 
 
-def overview_png(report: dict[str, Any]) -> bytes:
+def _svg(figure: Figure) -> str:
+    buffer = io.StringIO()
+    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "specapi"}):
+        figure.savefig(buffer, format="svg", metadata={"Date": None})
+    text = buffer.getvalue()
+    text = text[text.index("<svg") :]  # inline: without the XML declaration and doctype
+    return re.sub(r"<metadata>.*?</metadata>", "", text, flags=re.S)
+
+
+def _legend_below(ax: Any, columns: int = 3) -> None:
+    """The legend under the axes, so it never covers data."""
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=columns, frameon=False)
+
+
+def overview_svg(report: dict[str, Any]) -> str:
     """Achieved and predicted speedup per scenario, against the target alone (1x)."""
     scenarios = report["scenarios"]
-    figure = Figure(figsize=(9, 0.6 + 0.55 * max(1, len(scenarios))), layout="constrained")
+    figure = Figure(figsize=(11, 1.2 + 0.55 * max(1, len(scenarios))), layout="constrained")
     ax = figure.add_subplot()
     names = [s["name"] for s in scenarios][::-1]
     achieved = [s["speedup"] or 0.0 for s in scenarios][::-1]
     predicted = [s["predicted_speedup"] for s in scenarios][::-1]
     rows = range(len(names))
-    colors = [_GOOD if a >= 1.0 else _BAD for a in achieved]
-    ax.barh([r + 0.18 for r in rows], achieved, height=0.36, color=colors, label="achieved")
+    colors = [_COLOURS.get(speedup_class(a), _BASE) for a in achieved]
+    ax.barh([r + 0.18 for r in rows], achieved, height=0.36, color=colors, label="achieved (colour: win, even, loss)")
     ax.barh(
         [r - 0.18 for r in rows], [p or 0.0 for p in predicted], height=0.36, color="none", edgecolor="#34495e", hatch="//", label="predicted"
     )
@@ -56,9 +82,9 @@ def overview_png(report: dict[str, Any]) -> bytes:
     ax.set_yticks(list(rows), names)
     ax.set_xlabel("speedup over the target alone (time alone / time with speculation)")
     ax.set_ylim(-0.6, len(names) - 0.2)
-    ax.set_xlim(0, max([*achieved, *[p or 0 for p in predicted], 1.2]) * 1.15)
-    ax.legend(loc="lower right", fontsize=8)
-    return _png(figure)
+    ax.set_xlim(0, max([*achieved, *[p or 0 for p in predicted], 1.0]) * 1.12)
+    _legend_below(ax, columns=2)
+    return _svg(figure)
 
 
 def _latency_panel(ax: Any, summary: dict[str, Any]) -> None:
@@ -72,12 +98,13 @@ def _latency_panel(ax: Any, summary: dict[str, Any]) -> None:
     spec_ttft = [r["speculative_ttft_s"] for r in requests]
     ax.scatter([x - 0.2 for x, t in zip(xs, base_ttft) if t is not None], [t for t in base_ttft if t is not None], marker="_", s=300, color="black", zorder=3, label="first token")
     ax.scatter([x + 0.2 for x, t in zip(xs, spec_ttft) if t is not None], [t for t in spec_ttft if t is not None], marker="_", s=300, color="black", zorder=3)
-    ax.set_xticks(xs, [f"#{r['index']}" + ("" if r["rounds"] else "\n(alone)") for r in requests])
+    ax.set_xticks(xs, [f"#{r['index']}" + ("" if r["num_rounds"] else "\n(alone)") for r in requests])
     ax.set_ylabel("seconds per request")
+    ax.set_xlabel("request")
     speedup = summary["speedup"]
-    ax.set_title("Latency per request" + (f" ({speedup:.2f}x)" if speedup else ""))
-    ax.set_ylim(0, max([*base, *spec, 0.001]) * 1.3)
-    ax.legend(fontsize=8, loc="upper center", ncol=3)
+    ax.set_title("Latency per request" + (f" (speedup {speedup:.2f}x)" if speedup else ""))
+    ax.set_ylim(0, max([*base, *spec, 0.001]) * 1.08)
+    _legend_below(ax)
 
 
 def _rounds_panel(ax: Any, summary: dict[str, Any]) -> None:
@@ -91,15 +118,17 @@ def _rounds_panel(ax: Any, summary: dict[str, Any]) -> None:
     xs = sorted(counts)
     ax.bar(xs, [counts[x] for x in xs], color=_SPEC, width=0.8)
     mean = sum(summary["tokens_per_round"]) / len(summary["tokens_per_round"])
-    ax.axvline(mean, color="black", linestyle="--", linewidth=1, label=f"mean {mean:.2f}")
+    ax.axvline(mean, color="black", linestyle="--", linewidth=1, label=f"measured mean {mean:.2f}")
     prediction = summary.get("prediction")
     if prediction:
-        ax.axvline(prediction["expected_tokens_per_round"], color=_DRAFT, linewidth=1.5, label=f"E(K) {prediction['expected_tokens_per_round']:.2f}")
-    ax.set_xticks(range(0, max(xs) + 1))
+        ax.axvline(prediction["expected_tokens_per_round"], color=_LINE, linewidth=1.5, label=f"predicted E(K) {prediction['expected_tokens_per_round']:.2f}")
+    ax.set_xticks(range(min(xs), max(xs) + 1))
+    ax.set_xlim(min(xs) - 0.6, max(xs) + 0.6)
+    ax.set_ylim(0, max(counts.values()) * 1.08)
     ax.set_xlabel("tokens produced in a round (accepted + 1)")
-    ax.set_ylabel("rounds")
+    ax.set_ylabel("rounds (count)")
     ax.set_title(f"Tokens per round ({len(summary['tokens_per_round'])} rounds)")
-    ax.legend(fontsize=8)
+    _legend_below(ax, columns=2)
 
 
 def _acceptance_panel(ax: Any, summary: dict[str, Any]) -> None:
@@ -113,17 +142,19 @@ def _acceptance_panel(ax: Any, summary: dict[str, Any]) -> None:
         return
     xs = list(range(1, len(by_position) + 1))
     ax.bar(xs, by_position, color=_SPEC, label="accepted (share of rounds)")
-    ax.plot(list(range(1, len(conditional) + 1)), conditional, color=_DRAFT, marker="o", label="given earlier ones accepted")
+    ax.plot(list(range(1, len(conditional) + 1)), conditional, color=_LINE, marker="o", label="given earlier ones accepted")
     break_even = summary.get("break_even_acceptance")
     if break_even is not None:
-        ax.axhline(break_even, color=_BAD, linestyle=":", label=f"break-even {break_even:.2f}")
-    ax.set_ylim(0, 1.05)
+        ax.axhline(break_even, color="black", linestyle=":", label=f"break-even {break_even:.2f}")
+    top = max([*by_position, *conditional, break_even or 0.0, 0.05])
+    ax.set_ylim(0, min(1.0, top) * 1.08)
+    ax.set_xlim(0.4, len(by_position) + 0.6)
     ax.set_xticks(xs)
     ax.set_xlabel("draft position")
-    ax.set_ylabel("acceptance")
+    ax.set_ylabel("acceptance (fraction of rounds)")
     source = summary.get("acceptance_source", "")
     ax.set_title("Acceptance by draft position" + (" (warm-up)" if source == "warm-up requests" else ""))
-    ax.legend(fontsize=8, loc="lower left")
+    _legend_below(ax)
 
 
 def _cost_panel(ax: Any, summary: dict[str, Any]) -> None:
@@ -137,7 +168,7 @@ def _cost_panel(ax: Any, summary: dict[str, Any]) -> None:
         ax.bar(labels, [base_target, spec_target], color=_TARGET, label="target")
         ax.bar(labels, [0.0, spec_draft], bottom=[base_target, spec_target], color=_DRAFT, label="draft")
         ax.set_ylabel("USD (all measured requests)")
-        ax.set_ylim(0, max(base_target, spec_target + spec_draft) * 1.2)
+        ax.set_ylim(0, max(base_target, spec_target + spec_draft) * 1.12)
         ratio = summary["cost_ratio"]
         ax.set_title("Cost per role" + (f" ({ratio:.1f}x)" if ratio else ""))
         for i, total in enumerate([base_target, spec_target + spec_draft]):
@@ -152,19 +183,20 @@ def _cost_panel(ax: Any, summary: dict[str, Any]) -> None:
         ax.bar(labels, [0, draft["prompt_tokens"] + draft["completion_tokens"]], bottom=[p + c for p, c in zip(prompt, completion)], color=_DRAFT, label="draft")
         ax.set_ylabel("billed tokens (prices are zero)")
         ax.set_title("Billed tokens per role")
-    ax.legend(fontsize=8)
+        ax.set_ylim(0, max(p + c for p, c in zip(prompt, completion)) * 1.08 + draft["prompt_tokens"] + draft["completion_tokens"])
+    _legend_below(ax)
 
 
-def scenario_png(summary: dict[str, Any]) -> bytes:
-    """The four plots of one scenario in one image."""
-    figure = Figure(figsize=(11, 7), layout="constrained")
+def scenario_svg(summary: dict[str, Any]) -> str:
+    """The four charts of one scenario in one figure."""
+    figure = Figure(figsize=(11, 8), layout="constrained")
     axes = figure.subplots(2, 2)
     _latency_panel(axes[0][0], summary)
     _rounds_panel(axes[0][1], summary)
     _acceptance_panel(axes[1][0], summary)
     _cost_panel(axes[1][1], summary)
     figure.suptitle(summary["name"], fontsize=13, fontweight="bold")
-    return _png(figure)
+    return _svg(figure)
 
 
 _CSS = """
@@ -172,12 +204,12 @@ body { font-family: -apple-system, 'Segoe UI', Helvetica, Arial, sans-serif; mar
 h1 { margin-bottom: 0.2em; } .muted { color: #666; }
 table { border-collapse: collapse; margin: 1em 0; font-size: 14px; }
 th, td { border-bottom: 1px solid #ddd; padding: 6px 10px; text-align: right; }
-th { background: #f4f6f8; } td:first-child, th:first-child { text-align: left; }
+th { background: #f4f6f8; } td:first-child, th:first-child { text-align: left; white-space: nowrap; }
 .good { color: #1e8449; font-weight: bold; } .bad { color: #b03a2e; font-weight: bold; } .even { color: #9a7d0a; font-weight: bold; }
 section { margin-top: 2.5em; border-top: 2px solid #eee; padding-top: 1em; }
 .explanation { background: #f8f9fa; border-left: 4px solid #2e86de; padding: 0.8em 1em; line-height: 1.5; }
 .alarm { border-left-color: #c0392b; background: #fdedec; }
-img { max-width: 100%; } code { background: #f4f6f8; padding: 1px 4px; }
+svg { max-width: 100%; height: auto; } code { background: #f4f6f8; padding: 1px 4px; }
 """
 
 
@@ -187,9 +219,8 @@ def _cell(value: Any, spec: str = ".2f", suffix: str = "") -> str:
 
 def _speedup_cell(value: float | None) -> str:
     if value is None:
-        return "<td>–</td>"
-    css = "good" if value >= 1.05 else ("bad" if value <= 0.95 else "even")
-    return f'<td class="{css}">{value:.2f}x</td>'
+        return "<td class=bad>failed</td>"
+    return f'<td class="{speedup_class(value)}">{value:.2f}x</td>'
 
 
 def _summary_rows(report: dict[str, Any]) -> str:
@@ -197,29 +228,43 @@ def _summary_rows(report: dict[str, Any]) -> str:
     for s in report["scenarios"]:
         base, spec = s["baseline"], s["speculative"]
         prediction = s.get("prediction") or {}
-        aim = s.get("aim")
-        aim_cell = "–"
-        if aim and aim.get("met") is not None:
-            aim_cell = f"{'&lt;' if aim['below'] else '≥'}{aim['speedup']:g}x " + ("<span class=good>met</span>" if aim["met"] else "<span class=bad>missed</span>")
-        exact = "<span class=good>yes</span>" if s["exact_outputs"] else "<span class=bad>NO</span>"
+        if s["speedup"] is None:
+            exact = "<span class=bad>not compared</span>"
+        else:
+            exact = "<span class=good>yes</span>" if s["exact_outputs"] else "<span class=bad>NO</span>"
         best = "–" if s["best_draft_length"] is None else f"{s['best_draft_length']} ({prediction.get('best_speedup', 0):.2f}x)"
-        cost = _cell(s["cost_ratio"], ".2f", "x") if s["cost_ratio"] is not None else f"free ({_cell(s.get('billed_tokens_ratio'), '.1f', 'x')} tokens)"
+        tokens = _cell(s.get("billed_tokens_ratio"), ".1f", "x")
+        cost = f"{_cell(s['cost_ratio'], '.2f', 'x')} ({tokens})" if s["cost_ratio"] is not None else f"free ({tokens})"
         rows.append(
             "<tr>"
             f"<td><a href='#{escape(s['name'])}'>{escape(s['name'])}</a></td>"
-            f"<td>{_cell(base['wall_s'], '.3f')} s ({_cell(base['ttft_s'], '.3f')})</td>"
-            f"<td>{_cell(spec['wall_s'], '.3f')} s ({_cell(spec['ttft_s'], '.3f')})</td>"
+            f"<td>{_cell(base['wall_s'], '.3f')}</td><td>{_cell(base['ttft_s'], '.3f')}</td>"
+            f"<td>{_cell(spec['wall_s'], '.3f')}</td><td>{_cell(spec['ttft_s'], '.3f')}</td>"
             f"{_speedup_cell(s['speedup'])}<td>{_cell(s['predicted_speedup'], '.2f', 'x')}</td><td>{best}</td>"
-            f"<td>{_cell(s['acceptance_rate'])}</td>"
-            f"<td>{'never' if s['break_even_acceptance'] is None and prediction else _cell(s['break_even_acceptance'])}</td>"
-            f"<td>{cost}</td><td>{exact}</td><td>{aim_cell}</td>"
+            f"<td>{_cell(s['acceptance_rate'], '.0%')}</td>"
+            f"<td>{'never' if s['break_even_acceptance'] is None and prediction else _cell(s['break_even_acceptance'], '.0%')}</td>"
+            f"<td>{cost}</td><td>{exact}</td>"
             "</tr>"
         )
     return "\n".join(rows)
 
 
-def _image(png: bytes, alt: str) -> str:
-    return f'<img alt="{escape(alt)}" src="data:image/png;base64,{base64.b64encode(png).decode("ascii")}">'
+_HEADER = (
+    "<tr><th rowspan=2>scenario</th><th colspan=2>target alone (s)</th><th colspan=2>speculative (s)</th>"
+    "<th rowspan=2>speedup</th><th rowspan=2>predicted speedup</th><th rowspan=2>best draft length (predicted speedup)</th>"
+    "<th rowspan=2>acceptance</th><th rowspan=2>break-even acceptance</th><th rowspan=2>cost ratio (billed tokens ratio)</th>"
+    "<th rowspan=2>every output the target's</th></tr>"
+    "<tr><th>per request</th><th>first token</th><th>per request</th><th>first token</th></tr>"
+)
+_DOCS = (
+    "The arithmetic behind the predictions: <a href='docs/performance.md'>docs/performance.md</a>; the algorithm: "
+    "<a href='docs/algorithm.md'>docs/algorithm.md</a>; what exact means on each verification path: "
+    "<a href='docs/verification.md'>docs/verification.md</a> (in the specapi repository)."
+)
+
+
+def _figure(svg: str, caption: str) -> str:
+    return f"<figure>{svg}<figcaption class=muted>{escape(caption)}</figcaption></figure>"
 
 
 def render_html(report: dict[str, Any]) -> str:
@@ -240,19 +285,22 @@ def render_html(report: dict[str, Any]) -> str:
             f"<p>{escape(s['description'])}</p><p class=muted>{escape(where)}; {escape(settings)}</p>"
             f"<div class='explanation{alarm}'>{escape(s['explanation'])}</div>"
             + (f"<p class=bad>Outputs that differ from the target alone's:</p><ul>{mismatches}</ul>" if mismatches else "")
-            + _image(scenario_png(s), f"plots for {s['name']}")
+            + _figure(scenario_svg(s), f"{s['name']}: latency per request, tokens per round, acceptance by draft position, cost per role")
             + "</section>"
         )
+    low, high = SPEEDUP_BAND
     return (
         "<!doctype html><html><head><meta charset='utf-8'><title>specapi bench</title>"
         f"<style>{_CSS}</style></head><body>"
         f"<h1>specapi bench</h1><p class=muted>specapi {escape(report['specapi_version'])}, {escape(report['mode'])}. "
-        "Speedup = time per request with the target alone / time with speculation (above 1: speculation wins). "
-        "Predicted from the measured acceptance and call latencies with speculation.md's arithmetic.</p>"
-        "<table><tr><th>scenario</th><th>target alone (TTFT)</th><th>speculative (TTFT)</th><th>speedup</th><th>predicted</th>"
-        "<th>best K (pred.)</th><th>acceptance</th><th>break-even</th><th>cost ratio</th><th>exact</th><th>aim</th></tr>"
-        f"{_summary_rows(report)}</table>"
-        + _image(overview_png(report), "achieved and predicted speedup per scenario")
+        "Speedup = time per request with the target alone / time with speculation (above 1: speculation wins); "
+        f"<span class=good>green</span> at {high:.2f}x or more, <span class=bad>red</span> at {low:.2f}x or less, "
+        "<span class=even>amber</span> in between. Times in seconds; acceptance and break-even as the share of draft tokens kept; "
+        "cost ratio = money with speculation / money alone (billed tokens ratio in brackets). "
+        "Predicted speedups come from the measured acceptance and call latencies.</p>"
+        f"<p class=muted>{_DOCS}</p>"
+        f"<table>{_HEADER}{_summary_rows(report)}</table>"
+        + _figure(overview_svg(report), "achieved (solid) and predicted (hatched) speedup per scenario; 1x is the target alone")
         + "".join(sections)
         + "</body></html>\n"
     )

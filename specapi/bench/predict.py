@@ -1,6 +1,6 @@
 """What speculation should achieve, from measured acceptance and latencies. Pure functions, no I/O.
 
-The arithmetic is speculation.md's, with fixed per-call costs:
+The arithmetic is docs/performance.md's, with fixed per-call costs:
 
 * a round drafting K tokens yields E(K) tokens: ``1 + s_1 + ... + s_K`` where ``s_i`` is the chance
   that the first i draft tokens are all accepted (``s_i = a_1 * ... * a_i``, ``a_i`` the acceptance at

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from decimal import Decimal
 from typing import Any
 
-from ..stats import RoleUsage, RoundRecord
+from ..stats import RoleUsage, RoundRecord, money
 from . import predict as arithmetic
 from .explain import explain
 from .runner import Calibration, Sample, ScenarioRun
@@ -53,8 +53,7 @@ def _round(value: float | None, digits: int = 6) -> float | None:
     return None if value is None else round(value, digits)
 
 
-def _money(value: Decimal | None) -> str | None:
-    return None if value is None else str(value)
+_money = money  # one money format everywhere: a decimal string in USD, or None when unknown
 
 
 def _total_cost(samples: Sequence[Sample]) -> Decimal | None:
@@ -304,13 +303,14 @@ def summarize(run: ScenarioRun) -> dict[str, Any]:
                 "baseline_ttft_s": _round(base.ttft_s) if base else None,
                 "speculative_ttft_s": _round(spec.ttft_s),
                 "generated_tokens": spec.generated_tokens,
-                "rounds": len(spec.rounds),
+                "num_rounds": len(spec.rounds),
                 "accepted_tokens": sum(r.accepted for r in spec.rounds),
                 "drafted_tokens": sum(r.drafted for r in spec.rounds),
                 "fallback_reason": spec.stats.fallback_reason if spec.stats else None,
                 "verification": spec.stats.verification if spec.stats else None,
                 "identical_output": (base.text == spec.text) if base and base.error is None and spec.error is None else None,
                 "errors": [e for e in (base.error if base else None, spec.error) if e],
+                "speculative": spec.stats.to_dict() if spec.stats is not None else None,
             }
         )
 
@@ -328,7 +328,7 @@ def summarize(run: ScenarioRun) -> dict[str, Any]:
         "baseline": baseline,
         "speculative": {
             **speculative,
-            "rounds": len(measured_rounds),
+            "num_rounds": len(measured_rounds),
             "drafted_tokens": drafted,
             "accepted_tokens": sum(r.accepted for r in measured_rounds),
             "tokens_per_round": _round(from_rounds / len(measured_rounds), 4) if measured_rounds else None,

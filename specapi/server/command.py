@@ -6,9 +6,12 @@ keys: command lines are visible to other users of the machine (`ps`).
     SPECAPI_TARGET_BASE_URL  SPECAPI_TARGET_MODEL  SPECAPI_TARGET_API_KEY
     SPECAPI_DRAFT_BASE_URL   SPECAPI_DRAFT_MODEL   SPECAPI_DRAFT_API_KEY
     SPECAPI_API_KEY (clients' key)  SPECAPI_HOST  SPECAPI_PORT  SPECAPI_NUM_SPECULATIVE_TOKENS
-    SPECAPI_POLICY  SPECAPI_DRAFTER  SPECAPI_VERIFICATION
+    SPECAPI_POLICY  SPECAPI_DRAFTER  SPECAPI_VERIFICATION  SPECAPI_PIPELINE
     SPECAPI_MAX_REQUEST_BYTES  SPECAPI_MAX_TOKENS_LIMIT  SPECAPI_UPSTREAM_TIMEOUT  SPECAPI_MAX_RETRIES
     SPECAPI_SHUTDOWN_TIMEOUT  SPECAPI_LOG_LEVEL
+
+The draft endpoint is optional with `--drafter lookup` (prompt lookup drafts from the request itself)
+or `--verification none`.
 
 Exit codes: 0 after a clean shutdown, 1 if the server could not start, 2 for missing or invalid settings.
 """
@@ -20,35 +23,20 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 
 import uvicorn
 from starlette.applications import Starlette
 
 from .._exceptions import ConfigurationError
+from ..cli_options import ENDPOINTS, Option, UsageError, add_options, resolve, speculation_options
 from ..endpoint import Endpoint
 from .app import create_app
 from .config import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_TOKENS_LIMIT, ServerConfig
 from .errors import redact
 
 __all__ = ["add_arguments", "run", "serve", "resolve_settings", "Settings", "SettingsError", "OPTIONS"]
-
-
-@dataclass(frozen=True)
-class _Option:
-    flag: str
-    env: str
-    kind: Callable[[str], Any]
-    default: Any
-    help: str
-    required: bool = False
-    secret: bool = False
-
-    @property
-    def dest(self) -> str:
-        return self.flag.lstrip("-").replace("-", "_")
 
 
 def _positive_float(text: str) -> float:
@@ -65,26 +53,27 @@ def _port(text: str) -> int:
     return value
 
 
-OPTIONS: tuple[_Option, ...] = (
-    _Option("--target-base-url", "SPECAPI_TARGET_BASE_URL", str, None, "the target's OpenAI-format base URL (e.g. http://gpu:8000/v1)", True),
-    _Option("--target-model", "SPECAPI_TARGET_MODEL", str, None, "the target model (the one clients get output from)", True),
-    _Option("--target-api-key", "SPECAPI_TARGET_API_KEY", str, None, "the target's API key (prefer the environment variable)", secret=True),
-    _Option("--draft-base-url", "SPECAPI_DRAFT_BASE_URL", str, None, "the draft's OpenAI-format base URL", True),
-    _Option("--draft-model", "SPECAPI_DRAFT_MODEL", str, None, "the draft model (cheap, proposes tokens)", True),
-    _Option("--draft-api-key", "SPECAPI_DRAFT_API_KEY", str, None, "the draft's API key (prefer the environment variable)", secret=True),
-    _Option("--api-key", "SPECAPI_API_KEY", str, None, "the key clients must send (Authorization: Bearer KEY); none = open", secret=True),
-    _Option("--host", "SPECAPI_HOST", str, "127.0.0.1", "address to listen on"),
-    _Option("--port", "SPECAPI_PORT", _port, 8000, "port to listen on"),
-    _Option("--num-speculative-tokens", "SPECAPI_NUM_SPECULATIVE_TOKENS", int, 4, "draft tokens per round (the start, when adaptive)"),
-    _Option("--policy", "SPECAPI_POLICY", str, "adaptive", "draft length: adaptive (stops speculating when the target alone is faster) or fixed"),
-    _Option("--drafter", "SPECAPI_DRAFTER", str, "auto", "auto, model or lookup"),
-    _Option("--verification", "SPECAPI_VERIFICATION", str, "auto", "auto, echo, prompt-logprobs, prefill-fanout, ..., or none"),
-    _Option("--max-request-bytes", "SPECAPI_MAX_REQUEST_BYTES", int, DEFAULT_MAX_REQUEST_BYTES, "larger request bodies get HTTP 413"),
-    _Option("--max-tokens-limit", "SPECAPI_MAX_TOKENS_LIMIT", int, DEFAULT_MAX_TOKENS_LIMIT, "larger max_tokens get HTTP 400"),
-    _Option("--upstream-timeout", "SPECAPI_UPSTREAM_TIMEOUT", _positive_float, 60.0, "seconds per upstream request"),
-    _Option("--max-retries", "SPECAPI_MAX_RETRIES", int, 3, "retries of transient upstream failures per request"),
-    _Option("--shutdown-timeout", "SPECAPI_SHUTDOWN_TIMEOUT", _positive_float, 30.0, "seconds to let in-flight requests finish on SIGTERM"),
-    _Option("--log-level", "SPECAPI_LOG_LEVEL", str.lower, "info", "uvicorn log level (debug, info, warning, error)"),
+def _required(option: Option) -> Option:
+    return replace(option, required=True)
+
+
+OPTIONS: tuple[Option, ...] = (
+    _required(ENDPOINTS[0]),
+    _required(replace(ENDPOINTS[1], help="the target model (the one clients get output from)")),
+    ENDPOINTS[2],
+    replace(ENDPOINTS[3], help="the draft's OpenAI-format base URL (required unless --drafter lookup or --verification none)", default_text=None),
+    replace(ENDPOINTS[4], help="the draft model (required unless --drafter lookup or --verification none)"),
+    ENDPOINTS[5],
+    Option("--api-key", "SPECAPI_API_KEY", str, None, "the key clients must send (Authorization: Bearer KEY); none = open", secret=True),
+    Option("--host", "SPECAPI_HOST", str, "127.0.0.1", "address to listen on"),
+    Option("--port", "SPECAPI_PORT", _port, 8000, "port to listen on"),
+    *speculation_options(),
+    Option("--max-request-bytes", "SPECAPI_MAX_REQUEST_BYTES", int, DEFAULT_MAX_REQUEST_BYTES, "larger request bodies get HTTP 413"),
+    Option("--max-tokens-limit", "SPECAPI_MAX_TOKENS_LIMIT", int, DEFAULT_MAX_TOKENS_LIMIT, "larger max_tokens get HTTP 400"),
+    Option("--upstream-timeout", "SPECAPI_UPSTREAM_TIMEOUT", _positive_float, 60.0, "seconds per upstream request"),
+    Option("--max-retries", "SPECAPI_MAX_RETRIES", int, 3, "retries of transient upstream failures per request"),
+    Option("--shutdown-timeout", "SPECAPI_SHUTDOWN_TIMEOUT", _positive_float, 30.0, "seconds to let in-flight requests finish on SIGTERM"),
+    Option("--log-level", "SPECAPI_LOG_LEVEL", str.lower, "info", "uvicorn log level", choices=("critical", "error", "warning", "info", "debug", "trace")),
 )
 
 
@@ -103,62 +92,35 @@ class Settings:
     log_level: str
 
 
-def _metavar(option: _Option) -> str:
-    if option.secret:
-        return "KEY"
-    if option.dest.endswith("base_url"):
-        return "URL"
-    if option.dest.endswith("model"):
-        return "NAME"
-    return option.dest.rsplit("_", 1)[-1].upper()
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    for option in OPTIONS:
-        default = "" if option.default is None else f" (default: {option.default})"
-        parser.add_argument(
-            option.flag,
-            dest=option.dest,
-            default=None,
-            metavar=_metavar(option),
-            help=f"{option.help}; env {option.env}{'' if option.secret else default}",
-        )
+    add_options(parser, OPTIONS)
 
 
 def resolve_settings(args: argparse.Namespace, environ: Mapping[str, str]) -> Settings:
     """Options, else environment variables, else defaults; raises `SettingsError` naming every problem."""
-    values: dict[str, Any] = {}
-    missing: list[str] = []
-    problems: list[str] = []
-    for option in OPTIONS:
-        given = getattr(args, option.dest, None)
-        source = option.flag
-        if given is None or given == "":
-            given, source = environ.get(option.env) or None, option.env
-        if given is None:
-            if option.required:
-                missing.append(f"{option.flag} (or {option.env})")
-            values[option.dest] = option.default
-            continue
-        try:
-            values[option.dest] = option.kind(given)
-        except ValueError as exc:
-            shown = "***" if option.secret else repr(given)
-            problems.append(f"{source}={shown} is invalid ({exc})")
-    if missing:
-        problems.insert(0, "missing required settings: " + ", ".join(missing))
-    if problems:
-        raise SettingsError("; ".join(problems))
+    drafter = getattr(args, "drafter", None) or environ.get("SPECAPI_DRAFTER") or "auto"
+    verification = getattr(args, "verification", None) or environ.get("SPECAPI_VERIFICATION") or "auto"
+    needs_draft = drafter != "lookup" and verification != "none"  # prompt lookup drafts from the request itself
+    options = [_required(o) if needs_draft and o.dest in ("draft_base_url", "draft_model") else o for o in OPTIONS]
+    try:
+        values = resolve(args, options, environ)
+    except UsageError as exc:
+        raise SettingsError(str(exc)) from exc
     try:
         common = {"timeout": values["upstream_timeout"], "max_retries": values["max_retries"]}
+        draft = None
+        if values["draft_model"]:
+            draft = Endpoint(base_url=values["draft_base_url"], model=values["draft_model"], api_key=values["draft_api_key"], **common)
         config = ServerConfig(
             target=Endpoint(base_url=values["target_base_url"], model=values["target_model"], api_key=values["target_api_key"], **common),
-            draft=Endpoint(base_url=values["draft_base_url"], model=values["draft_model"], api_key=values["draft_api_key"], **common),
+            draft=draft,
             num_speculative_tokens=values["num_speculative_tokens"],
             api_key=values["api_key"],
             max_request_bytes=values["max_request_bytes"],
             max_tokens_limit=values["max_tokens_limit"],
-            client_options={"policy": values["policy"], "drafter": values["drafter"], "verification": values["verification"]},
+            client_options={
+                "policy": values["policy"], "drafter": values["drafter"], "verification": values["verification"], "pipeline": values["pipeline"],
+            },
         )
     except ConfigurationError as exc:
         raise SettingsError(str(exc)) from exc

@@ -2,47 +2,83 @@
 
     specapi simulate --port 8000 --profile vllm --latency lan
 
-Point any OpenAI client at ``http://127.0.0.1:8000/v1`` with models ``sim-target`` and ``sim-draft``.
+Point any OpenAI client at ``http://127.0.0.1:8000/v1`` with models ``sim-target`` and ``sim-draft``
+(the command prints its base URL and every model it serves on stderr when it starts). Exit codes: 0
+after Ctrl-C, 2 for invalid options.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 
+from ..cli_options import EXIT_OK, EXIT_USAGE, Option, UsageError, add_options, resolve
 from .faults import Faults
 from .latency import LATENCY_PROFILES
+from .models import MODEL_SPECS
 from .profiles import CAPABILITY_PROFILES
 from .server import run_server
 
-__all__ = ["add_arguments", "run"]
+__all__ = ["add_arguments", "run", "OPTIONS"]
+
+
+def _rate(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise ValueError("must be in [0, 1]")
+    return value
+
+
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError("must be >= 0")
+    return value
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("--host", "SPECAPI_SIM_HOST", str, "127.0.0.1", "address to listen on"),
+    Option("--port", "SPECAPI_SIM_PORT", int, 8000, "port to listen on"),
+    Option("--profile", "SPECAPI_SIM_PROFILE", str, "vllm", "which server to imitate", choices=tuple(sorted(CAPABILITY_PROFILES))),
+    Option("--latency", "SPECAPI_SIM_LATENCY", str, "lan", "timing and prices", choices=tuple(sorted(LATENCY_PROFILES))),
+    Option("--seed", "SPECAPI_SIM_SEED", int, 0, "seed of sampling and faults"),
+    Option("--error-rate", "SPECAPI_SIM_ERROR_RATE", _rate, 0.0, "fraction of requests answered with HTTP 500"),
+    Option("--rate-limit-rate", "SPECAPI_SIM_RATE_LIMIT_RATE", _rate, 0.0, "fraction of requests answered with HTTP 429"),
+    Option("--fail-first", "SPECAPI_SIM_FAIL_FIRST", _count, 0, "answer the first N requests with HTTP 503"),
+    Option("--log-level", "SPECAPI_LOG_LEVEL", str.lower, "info", "uvicorn log level", choices=("critical", "error", "warning", "info", "debug")),
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--profile", choices=sorted(CAPABILITY_PROFILES), default="vllm",
-                        help="which server to imitate (default: vllm)")
-    parser.add_argument("--latency", choices=sorted(LATENCY_PROFILES), default="lan",
-                        help="timing and prices (default: lan)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--error-rate", type=float, default=0.0, help="fraction of requests answered with 500")
-    parser.add_argument("--rate-limit-rate", type=float, default=0.0, help="fraction answered with 429")
-    parser.add_argument("--fail-first", type=int, default=0, help="answer the first N requests with 503")
-    parser.add_argument("--log-level", default="info")
+    add_options(parser, OPTIONS)
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        values = resolve(args, OPTIONS, os.environ)
+    except UsageError as exc:
+        print(f"specapi simulate: {exc}", file=sys.stderr)
+        return EXIT_USAGE
     faults = Faults(
-        error_rate=args.error_rate, rate_limit_rate=args.rate_limit_rate, fail_first=args.fail_first, seed=args.seed
+        error_rate=values["error_rate"], rate_limit_rate=values["rate_limit_rate"], fail_first=values["fail_first"], seed=values["seed"]
     )
-    print(f"specapi simulate: {args.profile} server, {args.latency} latency, on http://{args.host}:{args.port}/v1")
+    base_url = f"http://{values['host']}:{values['port']}/v1"
+    print(
+        f"specapi simulate: a {values['profile']}-like server with {values['latency']} latency on {base_url}\n"
+        f"  models: sim-target (the target), sim-draft (the draft); also {', '.join(m for m in MODEL_SPECS if m not in ('sim-target', 'sim-draft'))}\n"
+        f"  try: specapi run --target-base-url {base_url} --target-model sim-target "
+        f"--draft-base-url {base_url} --draft-model sim-draft \"def fib(n):\"",
+        file=sys.stderr,
+        flush=True,
+    )
     run_server(
-        host=args.host,
-        port=args.port,
-        capabilities=args.profile,
-        latency=args.latency,
-        seed=args.seed,
+        host=values["host"],
+        port=values["port"],
+        capabilities=values["profile"],
+        latency=values["latency"],
+        seed=values["seed"],
         faults=faults,
-        log_level=args.log_level,
+        log_level=values["log_level"],
     )
-    return 0
+    return EXIT_OK

@@ -1,0 +1,196 @@
+"""Options the `specapi` subcommands share, each with help text, a default and a `SPECAPI_*` variable.
+
+An `Option` is resolved from the command line, else its environment variable, else its default
+(`resolve(args, options, environ)`), and its help says all three. `bench`, `run` and `serve` take the
+same endpoint options (`ENDPOINTS`) and speculation options (`speculation_options()`):
+
+    --target-base-url URL    SPECAPI_TARGET_BASE_URL     --draft-base-url URL    SPECAPI_DRAFT_BASE_URL
+    --target-model NAME      SPECAPI_TARGET_MODEL        --draft-model NAME      SPECAPI_DRAFT_MODEL
+    --target-api-key KEY     SPECAPI_TARGET_API_KEY      --draft-api-key KEY     SPECAPI_DRAFT_API_KEY
+    --num-speculative-tokens SPECAPI_NUM_SPECULATIVE_TOKENS   --policy adaptive|fixed      SPECAPI_POLICY
+    --drafter auto|model|lookup  SPECAPI_DRAFTER     --verification auto|PATH|none  SPECAPI_VERIFICATION
+    --pipeline/--no-pipeline     SPECAPI_PIPELINE (1/0, true/false)
+
+Every subcommand prints its results on stdout and its diagnostics (progress, notes, errors) on stderr.
+Exit codes: 0 success; 1 the work failed (an endpoint failed, or a comparison found a difference);
+2 a usage error (bad or missing options); 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = [
+    "Option",
+    "UsageError",
+    "ENDPOINTS",
+    "speculation_options",
+    "add_options",
+    "resolve",
+    "boolean",
+    "positive_int",
+    "EXIT_OK",
+    "EXIT_FAILED",
+    "EXIT_USAGE",
+]
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+#: `specapi.paths.VERIFICATIONS`, spelled out: `paths` imports `probe`, which imports this module.
+VERIFICATION_CHOICES = ("auto", "echo", "prompt-logprobs", "prefill-fanout", "predicted-outputs", "prefix-match", "none")
+
+
+class UsageError(Exception):
+    """Missing or invalid options (exit code 2)."""
+
+
+def boolean(text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("must be true or false (1/0)")
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise ValueError("must be >= 1")
+    return value
+
+
+@dataclass(frozen=True)
+class Option:
+    """One command-line option: `--flag`, its `SPECAPI_*` variable, how to read it, its default, its help."""
+
+    flag: str
+    env: str
+    kind: Callable[[str], Any]
+    default: Any
+    help: str
+    required: bool = False
+    secret: bool = False
+    choices: tuple[str, ...] | None = None
+    #: Shown instead of the default (e.g. "the scenario's"), when None means "decided elsewhere".
+    default_text: str | None = None
+
+    @property
+    def dest(self) -> str:
+        return self.flag.lstrip("-").replace("-", "_")
+
+    @property
+    def is_flag(self) -> bool:
+        return self.kind is boolean
+
+    def describe(self) -> str:
+        parts = [self.help]
+        if self.choices and len(self.choices) > 3:  # up to 3 show in the metavar
+            parts.append("one of " + ", ".join(self.choices))
+        if not self.secret:
+            shown = self.default_text if self.default_text is not None else self.default
+            if shown is not None:
+                parts.append(f"default: {shown}")
+        parts.append(f"env {self.env}")
+        return "; ".join(parts)
+
+
+def _metavar(option: Option) -> str:
+    if option.secret:
+        return "KEY"
+    if option.dest.endswith("base_url"):
+        return "URL"
+    if option.dest.endswith("model"):
+        return "NAME"
+    if option.choices:
+        return "{" + ",".join(option.choices) + "}" if len(option.choices) <= 3 else option.dest.rsplit("_", 1)[-1].upper()
+    return option.dest.rsplit("_", 1)[-1].upper()
+
+
+def add_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup, options: Iterable[Option]) -> None:
+    """Add the options (all defaulting to None, so `resolve` can tell given from not given)."""
+    for option in options:
+        if option.is_flag:
+            parser.add_argument(option.flag, dest=option.dest, default=None, action=argparse.BooleanOptionalAction, help=option.describe())
+        else:
+            parser.add_argument(option.flag, dest=option.dest, default=None, metavar=_metavar(option), help=option.describe())
+
+
+def resolve(args: argparse.Namespace, options: Iterable[Option], environ: Mapping[str, str]) -> dict[str, Any]:
+    """Each option's value: the command line's, else its variable's, else its default.
+
+    Raises `UsageError` naming every missing or invalid value (and where it came from).
+    """
+    values: dict[str, Any] = {}
+    missing: list[str] = []
+    problems: list[str] = []
+    for option in options:
+        given = getattr(args, option.dest, None)
+        source = option.flag
+        if given is None or given == "":
+            given, source = environ.get(option.env) or None, option.env
+        if given is None:
+            if option.required:
+                missing.append(f"{option.flag} (or {option.env})")
+            values[option.dest] = option.default
+            continue
+        if isinstance(given, bool) or not isinstance(given, str):
+            values[option.dest] = given  # argparse already read it (a --flag/--no-flag)
+            continue
+        try:
+            value = option.kind(given)
+            if option.choices and value not in option.choices:
+                raise ValueError("must be one of " + ", ".join(option.choices))
+            values[option.dest] = value
+        except ValueError as exc:
+            shown = "***" if option.secret else repr(given)
+            problems.append(f"{source}={shown} is invalid ({exc})")
+    if missing:
+        problems.insert(0, "missing required settings: " + ", ".join(missing))
+    if problems:
+        raise UsageError("; ".join(problems))
+    return values
+
+
+def _endpoint_options(role: str, *, model_help: str) -> tuple[Option, ...]:
+    upper = role.upper()
+    return (
+        Option(f"--{role}-base-url", f"SPECAPI_{upper}_BASE_URL", str, None, f"the {role}'s OpenAI-format base URL (e.g. http://gpu:8000/v1)",
+               default_text="OPENAI_BASE_URL, else OpenAI's API"),
+        Option(f"--{role}-model", f"SPECAPI_{upper}_MODEL", str, None, model_help),
+        Option(f"--{role}-api-key", f"SPECAPI_{upper}_API_KEY", str, None, f"the {role}'s API key (prefer the variable: command lines are visible in ps)",
+               secret=True),
+    )
+
+
+ENDPOINTS: tuple[Option, ...] = (
+    *_endpoint_options("target", model_help="the target model: the one whose output you get"),
+    *_endpoint_options("draft", model_help="the draft model (cheap, proposes tokens); omit for prompt lookup only"),
+)
+
+
+def speculation_options(*, default_text: str | None = None, **defaults: Any) -> tuple[Option, ...]:
+    """`--num-speculative-tokens`, `--policy`, `--drafter`, `--verification`, `--pipeline/--no-pipeline`.
+
+    `defaults` overrides the client's defaults (e.g. `policy="fixed"`); with `default_text`, every
+    default is None and described by that text (bench: "the scenario's").
+    """
+    base = {"num_speculative_tokens": 4, "policy": "adaptive", "drafter": "auto", "verification": "auto", "pipeline": True, **defaults}
+    if default_text is not None:
+        base = {name: None for name in base}
+
+    def option(flag: str, kind: Callable[[str], Any], help: str, choices: tuple[str, ...] | None = None) -> Option:
+        dest = flag.lstrip("-").replace("-", "_")
+        return Option(flag, "SPECAPI_" + dest.upper(), kind, base[dest], help, choices=choices, default_text=default_text)
+
+    return (
+        option("--num-speculative-tokens", positive_int, "draft tokens per round (the starting length when adaptive)"),
+        option("--policy", str, "draft length: adaptive (stops speculating when the target alone is faster) or fixed", ("adaptive", "fixed")),
+        option("--drafter", str, "who proposes: auto (prompt lookup, else the draft model), model, or lookup (no draft model)",
+               ("auto", "model", "lookup")),
+        option("--verification", str, "how the target checks drafts (see docs/verification.md); none = the target alone", VERIFICATION_CHOICES),
+        option("--pipeline", boolean, "draft the next round while the current one is verified"),
+    )

@@ -1,0 +1,126 @@
+"""The `specapi` command as a user meets it: help, environment variables, stdout vs stderr, exit codes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specapi.cli import build_parser, cli_logic
+from specapi.cli_options import VERIFICATION_CHOICES
+from specapi.paths import VERIFICATIONS
+from toyserver import ToyServer
+
+SUBCOMMANDS = ["bench", "run", "probe", "serve", "simulate"]
+
+
+def _subparser(name: str):  # type: ignore[no-untyped-def]
+    parser = build_parser()
+    [action] = [a for a in parser._actions if a.dest == "command"]
+    return action.choices[name]
+
+
+@pytest.mark.parametrize("name", SUBCOMMANDS)
+def test_every_option_has_help_and_an_environment_variable(name):
+    for action in _subparser(name)._actions:
+        if action.dest in ("help", "prompt", "list", "scenario"):
+            continue
+        assert action.help, f"{name} {action.option_strings} has no help"
+        assert "env SPECAPI_" in action.help, f"{name} {action.option_strings}: {action.help}"
+
+
+@pytest.mark.parametrize("name", ["bench", "run", "serve"])
+def test_speculation_options_are_the_same_everywhere(name):
+    flags = {flag for action in _subparser(name)._actions for flag in action.option_strings}
+    for flag in ("--drafter", "--pipeline", "--no-pipeline", "--policy", "--verification", "--num-speculative-tokens",
+                 "--target-base-url", "--target-model", "--draft-base-url", "--draft-model"):
+        assert flag in flags, f"{name} lacks {flag}"
+
+
+def test_verification_choices_are_the_engines():
+    assert VERIFICATION_CHOICES == tuple(VERIFICATIONS)
+
+
+def test_run_prints_the_text_on_stdout_and_statistics_on_stderr(capsys):
+    assert cli_logic(["run", "def fib(n):", "--max-tokens", "12", "--drafter", "model", "--no-pipeline"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.strip() and "tokens" not in captured.out and "rounds" not in captured.out
+    assert "12 tokens" in captured.err and "path echo" in captured.err
+    assert "None" not in captured.err and "cost draft $" in captured.err
+
+
+def test_run_json_has_the_python_statistics_shape(capsys):
+    assert cli_logic(["run", "def fib(n):", "--max-tokens", "12", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    stats = data["speculative"]
+    assert stats["num_rounds"] == len(stats["rounds"]) and isinstance(stats["rounds"], list)
+    assert stats["generated_tokens"] == 12 and data["text"]
+    assert isinstance(stats["cost_usd"], str) and isinstance(stats["target"]["cost_usd"], str)  # money: a decimal string
+
+
+def test_run_options_come_from_the_environment(monkeypatch, capsys):
+    monkeypatch.setenv("SPECAPI_MAX_TOKENS", "5")
+    monkeypatch.setenv("SPECAPI_JSON", "true")
+    assert cli_logic(["run", "def fib(n):"]) == 0
+    assert json.loads(capsys.readouterr().out)["speculative"]["generated_tokens"] == 5
+
+
+def test_run_exit_codes(capsys):
+    assert cli_logic(["run", "x", "--policy", "sometimes"]) == 2
+    assert "must be one of adaptive, fixed" in capsys.readouterr().err
+    assert cli_logic(["run", "x", "--target-base-url", "http://127.0.0.1:9/v1", "--target-model", "m", "--target-api-key", "k"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == "" and "target endpoint" in captured.err
+
+
+def test_probe_fails_clearly_on_an_unknown_model_and_a_refused_key(capsys):
+    with ToyServer(api_key="right") as srv:
+        assert cli_logic(["probe", "--base-url", srv.base_url, "--model", "nope", "--api-key", "right"]) == 1
+        captured = capsys.readouterr()
+        assert captured.out == "" and "404" in captured.err and "check --model" in captured.err
+        assert cli_logic(["probe", "--base-url", srv.base_url, "--model", "target", "--api-key", "wrong"]) == 1
+        captured = capsys.readouterr()
+        assert "401" in captured.err and "--api-key" in captured.err
+    assert cli_logic(["probe", "--model", "x"]) == 2
+    assert "--base-url" in capsys.readouterr().err
+
+
+def test_bench_table_fits_80_columns_and_progress_stays_off_stdout(capsys):
+    assert cli_logic(["bench", "--quick", "--scenario", "lan-code", "--scenario", "hosted-adaptive"]) == 0
+    out = capsys.readouterr().out
+    assert max(len(line) for line in out.splitlines()) <= 80
+    assert "lan-code" in out and "hosted-adaptive" in out
+    table = out.split("\n\n")[0] + out.split("\n\n")[1]
+    assert "x " in table or "x\n" in table  # the speedups are whole, e.g. "0.21x", not cut off
+
+
+def test_bench_against_an_unreachable_endpoint_says_the_comparison_failed(capsys):
+    argv = ["bench", "--target-base-url", "http://127.0.0.1:9/v1", "--target-model", "m", "--target-api-key", "k",
+            "--requests", "1", "--max-tokens", "4"]
+    assert cli_logic(argv) == 1
+    out = capsys.readouterr().out
+    assert "The comparison failed: no request succeeded" in out
+    assert "was could not" not in out and "Cost:" not in out
+
+
+def test_bench_speculation_options_reach_the_scenario(tmp_path, capsys):
+    path = tmp_path / "bench.json"
+    argv = ["bench", "--quick", "--scenario", "lan-code", "--drafter", "lookup", "--no-pipeline", "--verification", "echo", "--json", str(path)]
+    assert cli_logic(argv) == 0
+    assert "JSON report" in capsys.readouterr().err
+    (s,) = json.loads(path.read_text())["scenarios"]
+    assert s["speculative"]["by_role"]["draft"]["requests"] == 0  # prompt lookup: no draft model
+    for request in s["requests"]:
+        stats = request["speculative"]
+        assert stats["num_rounds"] == request["num_rounds"] and stats["draft"]["requests"] == 0
+
+
+def test_simulate_prints_its_base_url_and_models(monkeypatch, capsys):
+    import specapi.sim.command as command
+
+    started = {}
+    monkeypatch.setattr(command, "run_server", lambda **kw: started.update(kw))
+    assert cli_logic(["simulate", "--port", "8123", "--profile", "llamacpp"]) == 0
+    err = capsys.readouterr().err
+    assert "http://127.0.0.1:8123/v1" in err and "sim-target" in err and "sim-draft" in err
+    assert started["port"] == 8123 and started["capabilities"] == "llamacpp"
