@@ -366,3 +366,76 @@ def indexes(drafter: Any) -> Mapping[int, SuffixIndex]:
     for inner in getattr(drafter, "drafters", ()) or ():
         found.update(indexes(inner))
     return found
+
+
+def expected_tokens(index: SuffixIndex, context: Context, k: int, *, min_confidence: float = 0.3, min_match: int = 3) -> float:
+    """How many tokens the index expects to continue `context` with correctly (its confidence summed)."""
+    if not index.tokens:
+        return 0.0
+    return sum(c for _, c in _continuation(index, _query(context), k, min_confidence, min_match))
+
+
+class FreeDraftGate:
+    """One request's draft-length policy around the client's own: free drafts where it would not speculate.
+
+    When the client's policy would let the target generate this request alone (it measured that the
+    draft model does not pay), but the suffix index expects to continue the request's text for at least
+    `min_tokens` tokens, the request speculates with the free drafters only (`free_drafters()` is
+    called: no draft-model calls) at `max_length` tokens per round; the first round where no free
+    drafter proposes anything hands the rest to the target alone. Everything is also passed to the
+    client's policy, which keeps learning.
+    """
+
+    def __init__(self, inner: Any, expected: float, free_drafters: Any, *, max_length: int, min_tokens: float = 4.0) -> None:
+        self.inner = inner
+        self.name = getattr(inner, "name", "policy")
+        self.expected = expected
+        self.free_drafters = free_drafters
+        self.max_length = max_length
+        self.min_tokens = min_tokens
+        self.free = False
+        self._dry = False
+
+    @property
+    def reason(self) -> str:
+        if self.free:
+            return "suffix index: free drafts until none was proposed, then the target alone"
+        return getattr(self.inner, "reason", "")
+
+    def start_request(self) -> str:
+        from .policy import SPECULATE, TARGET_ALONE
+
+        mode = self.inner.start_request()
+        if mode == TARGET_ALONE and self.expected >= self.min_tokens:
+            self.free = True
+            self.free_drafters()
+            return SPECULATE
+        return mode
+
+    def choose(self, state: Any) -> int:
+        if not self.free:
+            return int(self.inner.choose(state))
+        return 0 if self._dry else self.max_length
+
+    def observe(self, record: Any) -> None:
+        self.inner.observe(record)
+
+    def observe_plain(self, tokens: int, latency_s: float) -> None:
+        self.inner.observe_plain(tokens, latency_s)
+        if self.free:
+            self._dry = True  # a round without a free proposal: the target finishes alone
+
+
+def gate_free_drafts(drafter: Any, policy: Any, context: Context, index: SuffixIndex) -> tuple[Any, Any]:
+    """This request's drafter and policy: a `FreeDraftGate` around `policy`, and a copy of a combined
+    drafter that the gate can restrict to its free drafters (what it learns is shared)."""
+    with_drafters = getattr(drafter, "with_drafters", None)
+    if with_drafters is not None:
+        drafter = with_drafters(list(drafter.drafters))
+    max_length = int(getattr(policy, "max_length", getattr(policy, "k", 16)))
+
+    def free_drafters() -> None:
+        if hasattr(drafter, "free_only"):
+            drafter.drafters = drafter.free_only().drafters
+
+    return drafter, FreeDraftGate(policy, expected_tokens(index, context, max_length), free_drafters, max_length=max_length)
