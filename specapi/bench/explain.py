@@ -102,11 +102,28 @@ def explain(summary: dict[str, Any], *, note: str = "") -> str:
     spec = summary["speculative"]
     speedup = summary.get("speedup")
     sentences = [f"Speculation was {verdict(speedup)}."]
+    warmed = summary.get("after_warmup")
+    if warmed and warmed.get("speedup") is not None:
+        money = ""
+        if warmed.get("baseline_cost_usd") is not None and warmed.get("speculative_cost_usd") is not None:
+            money = (
+                f"; {Decimal(warmed['speculative_cost_usd']):.6f} USD against {Decimal(warmed['baseline_cost_usd']):.6f} USD "
+                f"for the target alone ({warmed['cost_ratio']:.2f}x)"
+                if warmed.get("cost_ratio") is not None
+                else ""
+            )
+        sentences.append(
+            f"After the first {warmed['from_request']} requests (while the client learns from traffic), the other "
+            f"{warmed['requests']} ran {warmed['speedup']:.2f}x the target alone's speed "
+            f"({warmed['speculative_wall_s']:.3f} s against {warmed['baseline_wall_s']:.3f} s per request{money})."
+        )
     aim = summary.get("aim")
     if aim and aim.get("met") is not None:
+        judged = warmed["speedup"] if warmed and warmed.get("speedup") is not None else speedup
         bound = "below" if aim["below"] else "at least"
-        outcome = "met" if aim["met"] else f"NOT met, {speedup:.3f}x"
-        sentences[-1] = sentences[-1][:-1] + f" (aim: {bound} {aim['speedup']:.2f}x: {outcome})."
+        outcome = "met" if aim["met"] else f"NOT met, {judged:.3f}x"
+        where = " after warm-up" if warmed else ""
+        sentences[-1] = sentences[-1][:-1] + f" (aim{where}: {bound} {aim['speedup']:.2f}x: {outcome})."
 
     model = summary.get("latency_model")
     prediction = summary.get("prediction")

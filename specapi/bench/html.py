@@ -3,7 +3,8 @@
 Top: the summary table and a chart of achieved against predicted speedup per scenario. Then, per
 scenario, its explanation and four plots: latency per request (target alone against speculative, with
 the time to first token marked), tokens per round, acceptance by draft position, and cost (or billed
-tokens, when the prices are zero) per role. Plots are drawn with matplotlib's object API (no pyplot
+tokens, when the prices are zero) per role; where the client learns from traffic (``agentic``), speedup
+against request number. Plots are drawn with matplotlib's object API (no pyplot
 state), so writing a report has no global side effects.
 """
 
@@ -19,7 +20,7 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
-__all__ = ["overview_png", "render_html", "scenario_png", "write_html"]
+__all__ = ["learning_png", "overview_png", "render_html", "scenario_png", "write_html"]
 
 _BASE = "#7f8c8d"
 _SPEC = "#2e86de"
@@ -167,6 +168,27 @@ def scenario_png(summary: dict[str, Any]) -> bytes:
     return _png(figure)
 
 
+def learning_png(summary: dict[str, Any]) -> bytes:
+    """Speedup against request number, for scenarios where the client learns from traffic."""
+    figure = Figure(figsize=(11, 3.6), layout="constrained")
+    ax = figure.add_subplot()
+    requests = [r for r in summary["requests"] if r.get("speedup") is not None]
+    numbers = [r["index"] + 1 for r in requests]
+    speedups = [r["speedup"] for r in requests]
+    ax.plot(numbers, speedups, color=_SPEC, marker="o", label="speedup of this request")
+    ax.axhline(1.0, color="black", linewidth=1)
+    warmed = summary.get("after_warmup") or {}
+    if warmed.get("from_request"):
+        ax.axvspan(0.5, warmed["from_request"] + 0.5, color="#eeeeee", label="warm-up (the client is learning)")
+    if warmed.get("speedup") is not None:
+        ax.axhline(warmed["speedup"], color=_GOOD, linestyle="--", label=f"after warm-up: {warmed['speedup']:.2f}x")
+    ax.set_xlabel("request number")
+    ax.set_ylabel("time alone / time with speculation")
+    ax.set_title("Speedup as the suffix index learns from earlier requests")
+    ax.legend(fontsize=8)
+    return _png(figure)
+
+
 _CSS = """
 body { font-family: -apple-system, 'Segoe UI', Helvetica, Arial, sans-serif; margin: 2em auto; max-width: 1180px; color: #222; }
 h1 { margin-bottom: 0.2em; } .muted { color: #666; }
@@ -241,6 +263,7 @@ def render_html(report: dict[str, Any]) -> str:
             f"<div class='explanation{alarm}'>{escape(s['explanation'])}</div>"
             + (f"<p class=bad>Outputs that differ from the target alone's:</p><ul>{mismatches}</ul>" if mismatches else "")
             + _image(scenario_png(s), f"plots for {s['name']}")
+            + (_image(learning_png(s), f"speedup by request for {s['name']}") if s.get("after_warmup") else "")
             + "</section>"
         )
     return (

@@ -57,13 +57,17 @@ def summary_table(report: dict[str, Any]) -> Table:
         else:
             bound = "<" if aim["below"] else "≥"
             aim_text = Text(f"{bound}{aim['speedup']:g}x " + ("ok" if aim["met"] else "MISSED"), style="green" if aim["met"] else "red")
+        warmed = s.get("after_warmup")
+        speedup = _speedup_text(s["speedup"])
+        if warmed and warmed.get("speedup") is not None:
+            speedup.append(f"\n{warmed['speedup']:.2f}x warm")
         exact = Text("yes", style="green") if s["exact_outputs"] else Text("NO", style="bold red")
         break_even = s["break_even_acceptance"]
         table.add_row(
             s["name"],
             f"{_fmt(base['wall_s'], '.3f')} ({_fmt(base['ttft_s'], '.3f')})",
             f"{_fmt(spec['wall_s'], '.3f')} ({_fmt(spec['ttft_s'], '.3f')})",
-            _speedup_text(s["speedup"]),
+            speedup,
             _fmt(s["predicted_speedup"], ".2f", "x"),
             best,
             _fmt(s["acceptance_rate"], ".2f"),
