@@ -8,7 +8,7 @@ keys: command lines are visible to other users of the machine (`ps`).
     SPECAPI_API_KEY (clients' key)  SPECAPI_HOST  SPECAPI_PORT  SPECAPI_NUM_SPECULATIVE_TOKENS
     SPECAPI_POLICY  SPECAPI_DRAFTER  SPECAPI_VERIFICATION
     SPECAPI_MAX_REQUEST_BYTES  SPECAPI_MAX_TOKENS_LIMIT  SPECAPI_UPSTREAM_TIMEOUT  SPECAPI_MAX_RETRIES
-    SPECAPI_SHUTDOWN_TIMEOUT  SPECAPI_LOG_LEVEL
+    SPECAPI_SHUTDOWN_TIMEOUT  SPECAPI_LOG_LEVEL  SPECAPI_SUFFIX_SCOPE  SPECAPI_SUFFIX_MAX_TOKENS
 
 Exit codes: 0 after a clean shutdown, 1 if the server could not start, 2 for missing or invalid settings.
 """
@@ -30,7 +30,7 @@ from starlette.applications import Starlette
 from .._exceptions import ConfigurationError
 from ..endpoint import Endpoint
 from .app import create_app
-from .config import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_TOKENS_LIMIT, ServerConfig
+from .config import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_TOKENS_LIMIT, SUFFIX_SCOPES, ServerConfig
 from .errors import redact
 
 __all__ = ["add_arguments", "run", "serve", "resolve_settings", "Settings", "SettingsError", "OPTIONS"]
@@ -49,6 +49,12 @@ class _Option:
     @property
     def dest(self) -> str:
         return self.flag.lstrip("-").replace("-", "_")
+
+
+def _suffix_scope(text: str) -> str:
+    if text not in SUFFIX_SCOPES:
+        raise ValueError(f"must be one of {', '.join(SUFFIX_SCOPES)}")
+    return text
 
 
 def _positive_float(text: str) -> float:
@@ -77,7 +83,16 @@ OPTIONS: tuple[_Option, ...] = (
     _Option("--port", "SPECAPI_PORT", _port, 8000, "port to listen on"),
     _Option("--num-speculative-tokens", "SPECAPI_NUM_SPECULATIVE_TOKENS", int, 4, "draft tokens per round (the start, when adaptive)"),
     _Option("--policy", "SPECAPI_POLICY", str, "adaptive", "draft length: adaptive (stops speculating when the target alone is faster) or fixed"),
-    _Option("--drafter", "SPECAPI_DRAFTER", str, "auto", "auto, model or lookup"),
+    _Option("--drafter", "SPECAPI_DRAFTER", str, "auto", "auto, model, lookup or suffix"),
+    _Option(
+        "--suffix-scope",
+        "SPECAPI_SUFFIX_SCOPE",
+        _suffix_scope,
+        "model",
+        "who shares the suffix index learnt from traffic: model (every client of the upstream model) or api-key "
+        "(each client key its own: one tenant's text never shapes another's drafts, nor their timing)",
+    ),
+    _Option("--suffix-max-tokens", "SPECAPI_SUFFIX_MAX_TOKENS", int, 65_536, "cap of each suffix index, in tokens (oldest out first)"),
     _Option("--verification", "SPECAPI_VERIFICATION", str, "auto", "auto, echo, prompt-logprobs, prefill-fanout, ..., or none"),
     _Option("--max-request-bytes", "SPECAPI_MAX_REQUEST_BYTES", int, DEFAULT_MAX_REQUEST_BYTES, "larger request bodies get HTTP 413"),
     _Option("--max-tokens-limit", "SPECAPI_MAX_TOKENS_LIMIT", int, DEFAULT_MAX_TOKENS_LIMIT, "larger max_tokens get HTTP 400"),
@@ -159,6 +174,8 @@ def resolve_settings(args: argparse.Namespace, environ: Mapping[str, str]) -> Se
             max_request_bytes=values["max_request_bytes"],
             max_tokens_limit=values["max_tokens_limit"],
             client_options={"policy": values["policy"], "drafter": values["drafter"], "verification": values["verification"]},
+            suffix_scope=values["suffix_scope"],
+            suffix_max_tokens=values["suffix_max_tokens"],
         )
     except ConfigurationError as exc:
         raise SettingsError(str(exc)) from exc
