@@ -16,6 +16,7 @@ from ._exceptions import (
 from .client import AsyncSpeculativeOpenAI
 from .endpoint import Endpoint
 from .stats import RoleUsage, RoundRecord, SpeculativeStats
+from .suffix import SuffixIndex
 from .sync import SpeculativeOpenAI
 from .types import SpeculativeChatCompletion, SpeculativeCompletion
 
@@ -25,6 +26,7 @@ __all__ = [
     "AsyncSpeculativeOpenAI",
     "SpeculativeOpenAI",
     "Endpoint",
+    "SuffixIndex",
     "SpeculativeStats",
     "RoleUsage",
     "RoundRecord",

@@ -138,7 +138,9 @@ class _Runtime:
         """A request finished with `text`: the suffix index of its model remembers it."""
         learn(self.suffix_for(model), context, text)
 
-    def engine(self, chat: bool, prediction: str | None = None, model: str | None = None, context: Context | None = None) -> Engine:
+    def engine(
+        self, chat: bool, prediction: str | None = None, model: str | None = None, context: Context | None = None, max_tokens: int = 0
+    ) -> Engine:
         target, paths = self.target_for(model or self.target.endpoint.model)
         drafter = self.drafter
         if model is not None and model != self.target.endpoint.model:
@@ -150,7 +152,8 @@ class _Runtime:
                 drafter = CombinedDrafter([PredictionDrafter(prediction=prediction), *([drafter] if drafter else [])])
         policy = self.policy
         if context is not None and drafter is not None and indexes(drafter):
-            drafter, policy = gate_free_drafts(drafter, policy, context, self.suffix_for(model or self.target.endpoint.model))
+            index = self.suffix_for(model or self.target.endpoint.model)
+            drafter, policy = gate_free_drafts(drafter, policy, context, index, max_tokens)
         return Engine(
             target=target,
             paths=paths,
@@ -396,7 +399,7 @@ class _Resource:
     ) -> Any:
         """Run the engine: a stream of chunks, or one response collected from it."""
         runtime = self._runtime
-        engine = runtime.engine(chat=self.chat, prediction=_prediction_text(kwargs.get("prediction")), model=model, context=context)
+        engine = runtime.engine(chat=self.chat, prediction=_prediction_text(kwargs.get("prediction")), model=model, context=context, max_tokens=limit)
         request = GenerationRequest(context=context, max_tokens=limit, stop=stop, stream=stream)
         if stream:
             events = self._events(engine, request)

@@ -49,6 +49,8 @@ __all__ = [
 
 #: Default cap of one index, in tokens (a few tens of MB of Python objects at most).
 DEFAULT_MAX_TOKENS = 65_536
+#: Longest suffix-link walk when counting a new position (bounds the work per token).
+_MAX_WALK = 512
 
 
 @dataclass(frozen=True)
@@ -135,11 +137,15 @@ class SuffixIndex:
         count, recent, link = self._count, self._recent, self._link
         for c in tokens:
             last = self._extend(last, c)
-            v = last
-            while v > 0:  # every suffix of the text so far ends here once more
+            v, steps = last, 0
+            # Every suffix of the text so far ends here once more. The walk visits one state per class
+            # of suffixes, a handful in real text; in degenerate text (one token repeated thousands of
+            # times) it is cut, which only under-counts the shortest suffixes there.
+            while v > 0 and steps < _MAX_WALK:
                 count[v] += 1
                 recent[v] = serial
                 v = link[v]
+                steps += 1
 
     # -- the public interface -----------------------------------------------------------------
     @property
@@ -214,7 +220,7 @@ class SuffixIndex:
         count, recent = self._count, self._recent
         while len(tokens) < max_tokens and self._next[v]:
             c, u = max(self._next[v].items(), key=lambda item: (count[item[1]], recent[item[1]]))
-            cumulative *= count[u] / (count[v] + 1.0 / length)
+            cumulative *= min(1.0, count[u] / (count[v] + 1.0 / length))
             if cumulative < min_confidence:
                 break
             tokens.append(c)
@@ -380,14 +386,18 @@ class FreeDraftGate:
 
     When the client's policy would let the target generate this request alone (it measured that the
     draft model does not pay), but the suffix index expects to continue the request's text for at least
-    `min_tokens` tokens, the request speculates with the free drafters only (`free_drafters()` is
+    `min_tokens` tokens, and by the policy's measured call costs (`free_drafts_pay`) rounds of such
+    drafts beat the target alone on the request's `remaining` tokens, the request speculates with the free drafters only (`free_drafters()` is
     called: no draft-model calls) at `max_length` tokens per round; the first round where no free
     drafter proposes anything hands the rest to the target alone. Everything is also passed to the
     client's policy, which keeps learning.
     """
 
-    def __init__(self, inner: Any, expected: float, free_drafters: Any, *, max_length: int, min_tokens: float = 4.0) -> None:
+    def __init__(
+        self, inner: Any, expected: float, free_drafters: Any, *, max_length: int, remaining: int, min_tokens: float = 4.0
+    ) -> None:
         self.inner = inner
+        self.remaining = remaining
         self.name = getattr(inner, "name", "policy")
         self.expected = expected
         self.free_drafters = free_drafters
@@ -406,11 +416,19 @@ class FreeDraftGate:
         from .policy import SPECULATE, TARGET_ALONE
 
         mode = self.inner.start_request()
-        if mode == TARGET_ALONE and self.expected >= self.min_tokens:
+        if mode == TARGET_ALONE and self._pays():
             self.free = True
             self.free_drafters()
             return SPECULATE
         return mode
+
+    def _pays(self) -> bool:
+        """Free rounds beat the target alone, by the client policy's measured costs (if it has them)."""
+        if self.expected < self.min_tokens:
+            return False
+        measured = getattr(self.inner, "free_drafts_pay", None)
+        verdict = measured(self.expected, self.max_length, self.remaining) if measured is not None else None
+        return True if verdict is None else bool(verdict)
 
     def choose(self, state: Any) -> int:
         if not self.free:
@@ -426,7 +444,7 @@ class FreeDraftGate:
             self._dry = True  # a round without a free proposal: the target finishes alone
 
 
-def gate_free_drafts(drafter: Any, policy: Any, context: Context, index: SuffixIndex) -> tuple[Any, Any]:
+def gate_free_drafts(drafter: Any, policy: Any, context: Context, index: SuffixIndex, max_tokens: int) -> tuple[Any, Any]:
     """This request's drafter and policy: a `FreeDraftGate` around `policy`, and a copy of a combined
     drafter that the gate can restrict to its free drafters (what it learns is shared)."""
     with_drafters = getattr(drafter, "with_drafters", None)
@@ -438,4 +456,5 @@ def gate_free_drafts(drafter: Any, policy: Any, context: Context, index: SuffixI
         if hasattr(drafter, "free_only"):
             drafter.drafters = drafter.free_only().drafters
 
-    return drafter, FreeDraftGate(policy, expected_tokens(index, context, max_length), free_drafters, max_length=max_length)
+    expected = expected_tokens(index, context, max_length)
+    return drafter, FreeDraftGate(policy, expected, free_drafters, max_length=max_length, remaining=max_tokens)

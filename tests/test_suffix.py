@@ -192,3 +192,12 @@ async def test_a_prediction_is_sent_only_as_far_as_it_is_likely_to_hold():
     assert draft.text.startswith(sent.text) and 0 < len(sent.tokens) < len(draft.tokens)
     assert all(c >= 0.5 for c in sent.confidence)
     assert not screen_prediction(draft, min_confidence=0.5, min_expected_tokens=50).tokens  # would not pay
+
+
+def test_degenerate_repetition_is_indexed_in_bounded_time_and_proposes_the_repetition():
+    index = SuffixIndex(max_tokens=50_000)
+    index.add([7] * 20_000)  # one token repeated: the worst case for counting
+    assert index.tokens == 20_000
+    proposal = index.propose([1, 7, 7, 7], 5)
+    assert proposal.tokens == (7, 7, 7, 7, 7)
+    assert all(0.0 < c <= 1.0 for c in proposal.confidence)

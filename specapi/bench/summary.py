@@ -321,7 +321,9 @@ def summarize(run: ScenarioRun) -> dict[str, Any]:
     aim = None
     if scenario.aim is not None:
         met = None if judged is None else (judged < scenario.aim if scenario.aim_below else judged >= scenario.aim)
-        aim = {"speedup": scenario.aim, "below": scenario.aim_below, "met": met, "judged_on": "after warm-up" if warmed else "all requests"}
+        aim = {"speedup": scenario.aim, "below": scenario.aim_below, "met": met}
+        if warmed is not None:
+            aim["judged_on"] = "after warm-up"
 
     summary: dict[str, Any] = {
         "name": scenario.name,
