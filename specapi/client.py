@@ -33,7 +33,7 @@ from .stats import RoleUsage, SpeculativeStats
 from .streaming import SpeculativeStream, chat_chunks, completion_chunks, parse_chat_chunk, parse_completion
 from .types import SpeculativeChatCompletion, SpeculativeCompletion
 from .paths import PathResolver
-from .suffix import SuffixDrafter, SuffixIndex, gate_free_drafts, indexes, learn, with_index
+from .suffix import SuffixDrafter, SuffixIndex, gate_free_drafts, indexes, learn, with_index, without_suffix
 
 __all__ = ["AsyncSpeculativeOpenAI", "AsyncCompletions", "AsyncChatCompletions"]
 
@@ -151,7 +151,11 @@ class _Runtime:
             else:
                 drafter = CombinedDrafter([PredictionDrafter(prediction=prediction), *([drafter] if drafter else [])])
         policy = self.policy
-        if context is not None and drafter is not None and indexes(drafter):
+        if context is not None and context.seed is not None and not context.sampling.greedy and indexes(drafter):
+            # Drafts learnt from traffic change between calls, and with them the random draws: a seeded
+            # sampled request drafts without them, so that the same seed gives the same output again.
+            drafter = without_suffix(drafter)
+        elif context is not None and drafter is not None and indexes(drafter):
             index = self.suffix_for(model or self.target.endpoint.model)
             drafter, policy = gate_free_drafts(drafter, policy, context, index, max_tokens)
         return Engine(

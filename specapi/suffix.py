@@ -458,3 +458,13 @@ def gate_free_drafts(drafter: Any, policy: Any, context: Context, index: SuffixI
 
     expected = expected_tokens(index, context, max_length)
     return drafter, FreeDraftGate(policy, expected, free_drafters, max_length=max_length, remaining=max_tokens)
+
+
+def without_suffix(drafter: Any) -> Any:
+    """`drafter` without its suffix drafters (None if nothing else is left)."""
+    if isinstance(drafter, SuffixDrafter):
+        return None
+    inner = getattr(drafter, "drafters", None)
+    if inner is not None and hasattr(drafter, "with_drafters"):
+        return drafter.with_drafters([d for d in inner if not isinstance(d, SuffixDrafter)])
+    return drafter

@@ -201,3 +201,52 @@ def test_degenerate_repetition_is_indexed_in_bounded_time_and_proposes_the_repet
     proposal = index.propose([1, 7, 7, 7], 5)
     assert proposal.tokens == (7, 7, 7, 7, 7)
     assert all(0.0 < c <= 1.0 for c in proposal.confidence)
+
+
+# ------------------------------------------------------------------------------- the free-draft gate
+
+from specapi.policy import SPECULATE, TARGET_ALONE, PolicyState  # noqa: E402
+from specapi.suffix import FreeDraftGate  # noqa: E402
+
+
+class Alone:
+    """A client policy that has decided the target alone is faster; `pays` is its verdict on free drafts."""
+
+    name = "adaptive"
+    reason = "the target alone is faster"
+
+    def __init__(self, pays: bool | None) -> None:
+        self.pays = pays
+        self.seen: list[str] = []
+
+    def start_request(self) -> str:
+        return TARGET_ALONE
+
+    def choose(self, state: PolicyState) -> int:
+        return 0
+
+    def observe(self, record) -> None:  # type: ignore[no-untyped-def]
+        self.seen.append("round")
+
+    def observe_plain(self, tokens: int, latency_s: float) -> None:
+        self.seen.append("plain")
+
+    def free_drafts_pay(self, expected: float, k: int, remaining: int) -> bool | None:
+        return self.pays
+
+
+def test_the_gate_speculates_with_free_drafts_only_where_they_pay():
+    restricted: list[bool] = []
+    gate = FreeDraftGate(Alone(pays=True), 12.0, lambda: restricted.append(True), max_length=16, remaining=96)
+    assert gate.start_request() == SPECULATE and restricted == [True]
+    assert gate.choose(PolicyState(96, 0)) == 16
+    gate.observe_plain(1, 0.03)  # a round without a free proposal: the target finishes alone
+    assert gate.choose(PolicyState(95, 1)) == 0 and gate.inner.seen == ["plain"]
+
+    for inner, expected in ((Alone(pays=False), 12.0), (Alone(pays=None), 2.0)):
+        restricted.clear()
+        gate = FreeDraftGate(inner, expected, lambda: restricted.append(True), max_length=16, remaining=96)
+        assert gate.start_request() == TARGET_ALONE and not restricted
+        assert gate.reason == "the target alone is faster"
+    unmeasured = FreeDraftGate(Alone(pays=None), 12.0, lambda: None, max_length=16, remaining=96)
+    assert unmeasured.start_request() == SPECULATE  # costs unknown: a confident index is enough
