@@ -111,6 +111,8 @@ class _Runtime:
         self.suffix_index = suffix_index if suffix_index is not None else SuffixIndex()
         self._suffix_by_model: dict[str, SuffixIndex] = {target.model: self.suffix_index}
         self.drafter = _build_drafter(drafter, self.draft, self.suffix_index)
+        # Learning costs a little CPU per request: only where something drafts from it (or may, later).
+        self.learning = suffix_index is not None or bool(indexes(self.drafter))
         self.policy = policy
         self.pipeline = pipeline
         self.verification = verification
@@ -136,7 +138,8 @@ class _Runtime:
 
     def learn(self, context: Context, text: str, model: str) -> None:
         """A request finished with `text`: the suffix index of its model remembers it."""
-        learn(self.suffix_for(model), context, text)
+        if self.learning:
+            learn(self.suffix_for(model), context, text)
 
     def engine(
         self, chat: bool, prediction: str | None = None, model: str | None = None, context: Context | None = None, max_tokens: int = 0

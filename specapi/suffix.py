@@ -12,7 +12,8 @@ before, as far as the match's frequency statistics say it is likely to hold.
   (most recent on ties), with a confidence per position.
 - `SuffixDrafter`: the `Drafter` on an index. Zero network calls; the proposal is a point mass
   (logprob 0), so sampled output stays exact; its length follows the confidence.
-- `learn(index, context, text)`: called by the client when a request finishes (prompt + output).
+- `learn(index, context, text)`: called by the client when a request finishes (the end of the prompt,
+  and the output).
 - `screen_prediction(draft)`: what of a suffix draft is worth sending as a Predicted Output.
 
 The confidence of a step from a matched string s (of length L, occurring n times) to the token c
@@ -47,8 +48,9 @@ __all__ = [
     "with_index",
 ]
 
-#: Default cap of one index, in tokens (a few tens of MB of Python objects at most).
-DEFAULT_MAX_TOKENS = 65_536
+#: Default cap of one index, in tokens (about 10 MB of Python objects; an eviction rebuilds three
+#: quarters of it, which takes a few tenths of a second of CPU).
+DEFAULT_MAX_TOKENS = 32_768
 #: Longest suffix-link walk when counting a new position (bounds the work per token).
 _MAX_WALK = 512
 
@@ -232,6 +234,8 @@ class SuffixIndex:
 # -- text ---------------------------------------------------------------------------------------
 
 _QUERY_CHARS = 2048  # enough text for max_match tokens and more
+#: How much of a finished request's prompt the index learns (characters, about a quarter in tokens).
+PROMPT_TAIL_CHARS = 1024
 
 
 def _encoding() -> Any:
@@ -255,8 +259,15 @@ def context_text(context: Context, output: str | None = None) -> str:
 
 
 def learn(index: SuffixIndex, context: Context, output: str) -> None:
-    """Remember a finished request: its prompt and the text it produced."""
-    index.add(encode(context_text(context, output)))
+    """Remember a finished request: the end of its prompt (what leads into an answer) and its output.
+
+    Only the prompt's last `PROMPT_TAIL_CHARS` characters are kept: what an output repeats from its
+    own prompt is prompt lookup's job, and agents resend long histories that would fill the index.
+    """
+    prompt = context_text(context, "")
+    cut = len(prompt) > PROMPT_TAIL_CHARS
+    tokens = encode(prompt[-PROMPT_TAIL_CHARS:] + output)
+    index.add(tokens[1:] if cut else tokens)  # the first token of a cut text may be a fragment
 
 
 def _query(context: Context) -> list[int]:

@@ -92,7 +92,7 @@ OPTIONS: tuple[_Option, ...] = (
         "who shares the suffix index learnt from traffic: model (every client of the upstream model) or api-key "
         "(each client key its own: one tenant's text never shapes another's drafts, nor their timing)",
     ),
-    _Option("--suffix-max-tokens", "SPECAPI_SUFFIX_MAX_TOKENS", int, 65_536, "cap of each suffix index, in tokens (oldest out first)"),
+    _Option("--suffix-max-tokens", "SPECAPI_SUFFIX_MAX_TOKENS", int, 32_768, "cap of each suffix index, in tokens (oldest out first)"),
     _Option("--verification", "SPECAPI_VERIFICATION", str, "auto", "auto, echo, prompt-logprobs, prefill-fanout, ..., or none"),
     _Option("--max-request-bytes", "SPECAPI_MAX_REQUEST_BYTES", int, DEFAULT_MAX_REQUEST_BYTES, "larger request bodies get HTTP 413"),
     _Option("--max-tokens-limit", "SPECAPI_MAX_TOKENS_LIMIT", int, DEFAULT_MAX_TOKENS_LIMIT, "larger max_tokens get HTTP 400"),

@@ -57,7 +57,7 @@ class ServerConfig:
     max_tokens_limit: int = DEFAULT_MAX_TOKENS_LIMIT
     client_options: Mapping[str, Any] = field(default_factory=dict)
     suffix_scope: str = "model"
-    suffix_max_tokens: int = 65_536
+    suffix_max_tokens: int = 32_768
     max_tenants: int = DEFAULT_MAX_TENANTS
     clock: Callable[[], float] = field(default=time.perf_counter, repr=False, compare=False)
 
