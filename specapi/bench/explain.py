@@ -157,7 +157,14 @@ def explain(summary: dict[str, Any], *, note: str = "") -> str:
                 "of the target's own decoding."
             )
         break_even = summary.get("break_even_acceptance")
-        if break_even is None:
+        if spec.get("verification") == ["predicted-outputs"]:
+            # One target call per request, which generates the answer itself: the round arithmetic's
+            # draft lengths and break-even say nothing about it.
+            sentences.append(
+                "With Predicted Outputs the target generates each answer in one call, taking accepted prediction "
+                "tokens at prefill speed; rejected ones are billed as output."
+            )
+        elif break_even is None:
             sentences.append(
                 "Even a draft that is always right would not pay off here at any draft length up to 16: "
                 "the per-call costs exceed what a round can save."
@@ -171,7 +178,9 @@ def explain(summary: dict[str, Any], *, note: str = "") -> str:
             )
         best_k = prediction["best_draft_length"]
         extrapolated = ", extrapolating acceptance beyond the measured positions" if prediction["best_length_extrapolated"] else ""
-        if prediction["best_speedup"] < 1.0:
+        if spec.get("verification") == ["predicted-outputs"]:
+            pass
+        elif prediction["best_speedup"] < 1.0:
             sentences.append(
                 f"No draft length wins at this acceptance: the least slow, {best_k}, would reach {prediction['best_speedup']:.2f}x{extrapolated}."
             )
