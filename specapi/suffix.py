@@ -15,6 +15,8 @@ before, as far as the match's frequency statistics say it is likely to hold.
 - `learn(index, context, text)`: called by the client when a request finishes (the end of the prompt,
   and the output).
 - `screen_prediction(draft)`: what of a suffix draft is worth sending as a Predicted Output.
+- `FreeDraftGate` / `gate_free_drafts`: per request, lets a request the index knows speculate with free
+  drafts where the client's policy would otherwise let the target generate alone.
 
 The confidence of a step from a matched string s (of length L, occurring n times) to the token c
 (occurring after s m times) is m / (n + 1/L): a frequency, discounted for short matches seen once
@@ -39,13 +41,19 @@ from .context import Context
 
 __all__ = [
     "DEFAULT_MAX_TOKENS",
+    "FreeDraftGate",
+    "PROMPT_TAIL_CHARS",
     "Proposal",
     "SuffixIndex",
     "SuffixDrafter",
     "context_text",
+    "expected_tokens",
+    "gate_free_drafts",
+    "indexes",
     "learn",
     "screen_prediction",
     "with_index",
+    "without_suffix",
 ]
 
 #: Default cap of one index, in tokens (about 10 MB of Python objects; an eviction rebuilds three
