@@ -46,6 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     common.add_argument("--temperature", type=float)
     common.add_argument("--num-speculative-tokens", type=int)
     common.add_argument("--policy", choices=["adaptive", "fixed"])
+    common.add_argument("--drafter", choices=["auto", "model", "lookup", "suffix"], help="auto: suffix index, prompt lookup or the draft model, per round")
     common.add_argument("--requests", type=int, help="measured requests per scenario (prompts repeat as needed)")
     common.add_argument("--concurrency", type=int, help="requests in flight at once on each side")
     common.add_argument("--seed", type=int)
@@ -66,6 +67,8 @@ def _overridden(scenario: Scenario, args: argparse.Namespace) -> Scenario:
         client["num_speculative_tokens"] = args.num_speculative_tokens
     if args.policy is not None:
         client["policy"] = args.policy
+    if getattr(args, "drafter", None) is not None:
+        client["drafter"] = args.drafter
     changes: dict[str, Any] = {"client": client}
     if args.max_tokens is not None:
         changes["max_tokens"] = args.max_tokens
