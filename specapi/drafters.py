@@ -321,6 +321,7 @@ class CombinedDrafter:
         best: Draft | None = None
         best_name = ""
         best_rate = -1.0
+        chosen: Drafter | None = None  # the draft model, when it promises more than every free proposal
         considered: list[tuple[str, float]] = []
         for drafter in self.drafters:
             if isinstance(drafter, ModelDrafter):
@@ -340,10 +341,9 @@ class CombinedDrafter:
             rate = (1.0 + _geometric(learnt.acceptance, k)) / (verify + cost)
             considered.append((drafter.name, rate))
             if rate > best_rate:
-                best, best_rate = None, rate
-                chosen = drafter
+                best, best_rate, chosen = None, rate, drafter
         self.last_choice = considered
-        if best is None and paid and best_rate >= 0:
+        if chosen is not None:
             proposal = await chosen.draft(context, k, meter, seed)
             learnt = self._learnt[chosen.name]
             learnt.latency_s = proposal.latency_s if learnt.latency_s is None else 0.8 * learnt.latency_s + 0.2 * proposal.latency_s
