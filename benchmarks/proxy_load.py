@@ -228,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kind", choices=["completions", "chat", "mixed"], default="mixed")
     parser.add_argument("--latency", default="lan", help="simulator latency profile: lan, hosted, instant")
     parser.add_argument("--policy", default="fixed", help="the proxy's draft-length policy: fixed (speculate every round) or adaptive")
-    parser.add_argument("--drafter", default="auto", help="the proxy's drafter: auto (prompt lookup or the draft model), model, lookup")
+    parser.add_argument("--drafter", default="auto", help="the proxy's drafter: auto (suffix index, prompt lookup or the draft model, per round), model, lookup, suffix")
     parser.add_argument("--num-speculative-tokens", type=int, default=4)
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds for each whole load run")
     parser.add_argument("--no-direct", action="store_true", help="skip the target-alone comparison run")

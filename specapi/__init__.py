@@ -17,6 +17,7 @@ from ._exceptions import (
 from .client import AsyncSpeculativeOpenAI
 from .endpoint import Endpoint
 from .stats import RoleUsage, RoundRecord, SpeculativeStats
+from .suffix import SuffixIndex
 from .sync import SpeculativeOpenAI
 from .types import SpeculativeChatCompletion, SpeculativeCompletion
 
@@ -26,6 +27,7 @@ __all__ = [
     "AsyncSpeculativeOpenAI",
     "SpeculativeOpenAI",
     "Endpoint",
+    "SuffixIndex",
     "SpeculativeStats",
     "RoleUsage",
     "RoundRecord",

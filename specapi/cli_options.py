@@ -189,8 +189,8 @@ def speculation_options(*, default_text: str | None = None, **defaults: Any) -> 
     return (
         option("--num-speculative-tokens", positive_int, "draft tokens per round (the starting length when adaptive)"),
         option("--policy", str, "draft length: adaptive (stops speculating when the target alone is faster) or fixed", ("adaptive", "fixed")),
-        option("--drafter", str, "who proposes: auto (prompt lookup, else the draft model), model, or lookup (no draft model)",
-               ("auto", "model", "lookup")),
+        option("--drafter", str, "who proposes: auto (per round: the suffix index, prompt lookup or the draft model), model, "
+               "lookup (no draft model) or suffix (past requests' text, no draft model)", ("auto", "model", "lookup", "suffix")),
         option("--verification", str, "how the target checks drafts (see docs/verification.md); none = the target alone", VERIFICATION_CHOICES),
         option("--pipeline", boolean, "draft the next round while the current one is verified"),
     )

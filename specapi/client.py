@@ -47,6 +47,7 @@ from .stats import RoleUsage, SpeculativeStats
 from .streaming import SpeculativeStream, chat_chunks, completion_chunks, parse_chat_chunk, parse_completion
 from .types import SpeculativeChatCompletion, SpeculativeCompletion
 from .paths import PathResolver
+from .suffix import SuffixDrafter, SuffixIndex, gate_free_drafts, indexes, learn, with_index, without_suffix
 
 __all__ = ["AsyncSpeculativeOpenAI", "AsyncCompletions", "AsyncChatCompletions", "given_arguments"]
 
@@ -201,10 +202,16 @@ class _Runtime:
         pipeline: bool,
         sleep: Sleep,
         clock: Clock,
+        suffix_index: SuffixIndex | None = None,
     ) -> None:
         self.target = RoleClient("target", target, sleep=sleep, clock=clock)
         self.draft = RoleClient("draft", draft, sleep=sleep, clock=clock) if draft is not None else None
-        self.drafter = _build_drafter(drafter, self.draft)
+        # What finished requests taught: shared per target model (another `model=` gets its own).
+        self.suffix_index = suffix_index if suffix_index is not None else SuffixIndex()
+        self._suffix_by_model: dict[str, SuffixIndex] = {target.model: self.suffix_index}
+        self.drafter = _build_drafter(drafter, self.draft, self.suffix_index)
+        # Learning costs a little CPU per request: only where something drafts from it (or may, later).
+        self.learning = suffix_index is not None or bool(indexes(self.drafter))
         self.policy = policy
         self.pipeline = pipeline
         self.verification = verification
@@ -223,25 +230,49 @@ class _Runtime:
             self._by_model[model] = (role, PathResolver(role, self.verification))
         return self._by_model[model]
 
-    def engine(self, chat: bool, prediction: str | None = None, model: str | None = None) -> Engine:
+    def suffix_for(self, model: str) -> SuffixIndex:
+        if model not in self._suffix_by_model:
+            self._suffix_by_model[model] = SuffixIndex(max_tokens=self.suffix_index.max_tokens)
+        return self._suffix_by_model[model]
+
+    def learn(self, context: Context, text: str, model: str) -> None:
+        """A request finished with `text`: the suffix index of its model remembers it."""
+        if self.learning:
+            learn(self.suffix_for(model), context, text)
+
+    def engine(
+        self, chat: bool, prediction: str | None = None, model: str | None = None, context: Context | None = None, max_tokens: int = 0
+    ) -> Engine:
         target, paths = self.target_for(model or self.target.endpoint.model)
         drafter = self.drafter
+        if model is not None and model != self.target.endpoint.model:
+            drafter = with_index(drafter, self.suffix_for(model))
         if prediction:
-            others = list(getattr(drafter, "drafters", [drafter] if drafter else []))
-            drafter = CombinedDrafter([PredictionDrafter(prediction=prediction), *others])
+            if isinstance(drafter, CombinedDrafter):
+                drafter = drafter.with_drafters([PredictionDrafter(prediction=prediction), *drafter.drafters])
+            else:
+                drafter = CombinedDrafter([PredictionDrafter(prediction=prediction), *([drafter] if drafter else [])])
+        policy = self.policy
+        if context is not None and context.seed is not None and not context.sampling.greedy and indexes(drafter):
+            # Drafts learnt from traffic change between calls, and with them the random draws: a seeded
+            # sampled request drafts without them, so that the same seed gives the same output again.
+            drafter = without_suffix(drafter)
+        elif context is not None and drafter is not None and indexes(drafter):
+            index = self.suffix_for(model or self.target.endpoint.model)
+            drafter, policy = gate_free_drafts(drafter, policy, context, index, max_tokens)
         return Engine(
             target=target,
             paths=paths,
             chat=chat,
             drafter=drafter,
             draft_meter_endpoint=self.draft,
-            policy=self.policy,
+            policy=policy,
             clock=self.clock,
             pipeline=self.pipeline,
         )
 
 
-def _build_drafter(choice: str | Drafter, draft: RoleClient | None) -> Drafter | None:
+def _build_drafter(choice: str | Drafter, draft: RoleClient | None, index: SuffixIndex) -> Drafter | None:
     if not isinstance(choice, str):
         return choice
     if choice == "model":
@@ -250,9 +281,12 @@ def _build_drafter(choice: str | Drafter, draft: RoleClient | None) -> Drafter |
         return ModelDrafter(draft)
     if choice == "lookup":
         return LookupDrafter()
+    if choice == "suffix":
+        return SuffixDrafter(index)
     if choice == "auto":
-        return CombinedDrafter([LookupDrafter(), ModelDrafter(draft)]) if draft is not None else LookupDrafter()
-    raise ConfigurationError(f"drafter must be 'auto', 'model', 'lookup' or a drafter object, got {choice!r}")
+        free: list[Drafter] = [SuffixDrafter(index), LookupDrafter()]
+        return CombinedDrafter([*free, ModelDrafter(draft)] if draft is not None else free)
+    raise ConfigurationError(f"drafter must be 'auto', 'model', 'lookup', 'suffix' or a drafter object, got {choice!r}")
 
 
 def _build_policy(choice: str | DraftLengthPolicy, k: int) -> DraftLengthPolicy:
@@ -278,11 +312,15 @@ class AsyncSpeculativeOpenAI:
         policy: "adaptive" (default: chooses the length each round from measured acceptance and
             latencies, and stops speculating when the target alone is faster), "fixed", or an object
             with the `DraftLengthPolicy` interface.
-        drafter: "auto" (default: prompt lookup when the text repeats the prompt, the draft model
-            otherwise), "model", "lookup", or an object with the `Drafter` interface.
+        drafter: "auto" (default: each round, whichever of the suffix index, prompt lookup and the
+            draft model promises the most tokens per second), "model", "lookup", "suffix" (drafts
+            from what earlier requests of this client produced, no model), or an object with the
+            `Drafter` interface.
         verification: "auto" (default: completions echo; vLLM chat prompt_logprobs for chat) or "none"
             (never speculate: a baseline that goes through the same code).
         pipeline: draft the next round while the current one is verified (default True).
+        suffix_index: the `SuffixIndex` that finished requests are learnt into and suffix drafts come
+            from (default: a new one, shared by `with_options` copies; pass one to share it further).
         sleep, clock: injectable for tests and the simulator.
     """
 
@@ -296,6 +334,7 @@ class AsyncSpeculativeOpenAI:
         drafter: str | Drafter = "auto",
         verification: str = "auto",
         pipeline: bool = True,
+        suffix_index: SuffixIndex | None = None,
         sleep: Sleep = asyncio.sleep,
         clock: Clock = time.perf_counter,
     ) -> None:
@@ -312,6 +351,7 @@ class AsyncSpeculativeOpenAI:
             pipeline=pipeline,
             sleep=sleep,
             clock=clock,
+            suffix_index=suffix_index,
         )
         self._owns_connections = True
         self._options = {
@@ -322,6 +362,7 @@ class AsyncSpeculativeOpenAI:
             "drafter": drafter,
             "verification": verification,
             "pipeline": pipeline,
+            "suffix_index": self._runtime.suffix_index,
             "sleep": sleep,
             "clock": clock,
         }
@@ -446,8 +487,13 @@ class _Resource:
 
     async def _events(self, engine: Engine, request: GenerationRequest) -> AsyncIterator[Piece | Finished]:
         events = engine.generate(request)
+        text: list[str] = []
         try:
             async for event in events:
+                if isinstance(event, Piece):
+                    text.append(event.text)
+                else:
+                    self._runtime.learn(request.context, "".join(text), engine.target.endpoint.model)
                 yield event
         finally:
             await events.aclose()
@@ -466,7 +512,7 @@ class _Resource:
     ) -> Any:
         """Run the engine: a stream of chunks, or one response collected from it."""
         runtime = self._runtime
-        engine = runtime.engine(chat=self.chat, prediction=_prediction_text(kwargs.get("prediction")), model=model)
+        engine = runtime.engine(chat=self.chat, prediction=_prediction_text(kwargs.get("prediction")), model=model, context=context, max_tokens=limit)
         request = GenerationRequest(context=context, max_tokens=limit, stop=stop, stream=stream)
         if stream:
             events = self._events(engine, request)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy as _copy
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -11,6 +13,7 @@ from ._wire import WireError, chat_tokens, completion_tokens
 from .acceptance import DEFAULT_EOS_TOKENS
 from .alignment import ScoredToken, complete_utf8_prefix, token_bytes
 from .context import Context, Prefill
+from .stats import RoundRecord
 
 __all__ = ["Draft", "Drafter", "ModelDrafter", "LookupDrafter", "PredictionDrafter", "CombinedDrafter", "lookup_continuation"]
 
@@ -22,6 +25,8 @@ class Draft:
     tokens: tuple[ScoredToken, ...]
     latency_s: float = 0.0
     drafter: str = ""
+    #: Per token, how likely the draft holds up to there, when the drafter knows (the suffix drafter).
+    confidence: tuple[float, ...] = ()
 
     @property
     def text(self) -> str:
@@ -232,39 +237,124 @@ class PredictionDrafter(LookupDrafter):
 
 
 @dataclass
-class CombinedDrafter:
-    """Each round, the drafter with the best expected yield.
+class _Learnt:
+    """What a combined drafter has learnt of one drafter (exponentially forgetting)."""
 
-    It tracks each drafter's acceptance (exponentially weighted). A free drafter (lookup, prediction)
-    proposes when it has a proposal and its acceptance is not clearly below the draft model's, since
-    it costs no call; otherwise the draft model drafts.
+    accepted: float = 1.0  # accepted tokens, and rounds that ended in a rejection: alpha = a / (a + r)
+    rejections: float = 1.0
+    calibration: float = 1.0  # accepted tokens / the confidence the drafter claimed for them
+    latency_s: float | None = None  # a draft call, for drafters that make one
+    claimed: float | None = None  # the confidence sum of its last draft, until its round is recorded
+
+    @property
+    def acceptance(self) -> float:
+        return self.accepted / (self.accepted + self.rejections)
+
+
+@dataclass
+class CombinedDrafter:
+    """Each round, the drafter with the best expected yield per second.
+
+    For each drafter it learns the acceptance per token (accepted tokens against rejections,
+    exponentially forgetting), how far its own confidence can be trusted (for drafters that report
+    one, such as the suffix drafter), and what a draft costs (the latency of model calls); and, from
+    the rounds, what a verify call costs. Each round the free drafters propose (no call), and the
+    expected rate of each candidate, (1 + expected accepted tokens) / (draft cost + verify cost), is
+    compared with the draft model's, estimated from what it did before; the model is called only if
+    it wins. So one request can mix suffix drafts, prompt lookup and the draft model.
     """
 
     drafters: Sequence[Drafter]
     name: str = "combined"
-    tolerance: float = 0.9
 
     def __post_init__(self) -> None:
-        self._accept = {d.name: 0.5 for d in self.drafters}
+        self._learnt = {d.name: _Learnt() for d in self.drafters}
+        self._verify_s: list[float | None] = [None]  # shared by copies (`with_drafters`)
+        self.last_choice: list[tuple[str, float]] = []  # (drafter, expected rate) considered last round
 
+    def with_drafters(self, drafters: Sequence[Drafter]) -> CombinedDrafter:
+        """The same learnt figures over other drafters (e.g. with a per-call prediction added)."""
+        copy = _copy.copy(self)
+        copy.drafters = list(drafters)
+        for d in copy.drafters:
+            self._learnt.setdefault(d.name, _Learnt())
+        return copy
+
+    def free_only(self) -> CombinedDrafter:
+        """The drafters that make no call (for whole-answer paths, where a draft call adds its latency)."""
+        return self.with_drafters([d for d in self.drafters if not isinstance(d, ModelDrafter)])
+
+    # -- learning -----------------------------------------------------------------------------
     def record(self, drafter: str, drafted: int, accepted: int) -> None:
-        name = drafter.removesuffix("+pipelined")
-        if name in self._accept and drafted:
-            self._accept[name] = 0.7 * self._accept[name] + 0.3 * (accepted / drafted)
+        learnt = self._learnt.get(drafter.removesuffix("+pipelined"))
+        if learnt is None or not drafted:
+            return
+        learnt.accepted = 0.9 * learnt.accepted + accepted
+        learnt.rejections = 0.9 * learnt.rejections + (accepted < drafted)
+        if learnt.claimed:
+            learnt.calibration = 0.8 * learnt.calibration + 0.2 * min(2.0, accepted / learnt.claimed)
+            learnt.claimed = None
+
+    def observe(self, record: RoundRecord) -> None:
+        """A round's latencies (the engine calls this after `record`)."""
+        if record.verify_latency_s > 0:
+            known = self._verify_s[0]
+            self._verify_s[0] = record.verify_latency_s if known is None else 0.8 * known + 0.2 * record.verify_latency_s
 
     def acceptance(self, name: str) -> float:
-        return self._accept[name]
+        return self._learnt[name].acceptance
+
+    # -- choosing -----------------------------------------------------------------------------
+    def expected_accepted(self, name: str, draft: Draft) -> float:
+        """Tokens of `draft` expected to be accepted: its calibrated confidence, else geometric."""
+        learnt = self._learnt[name]
+        if draft.confidence:
+            return min(len(draft.tokens), learnt.calibration * sum(draft.confidence[: len(draft.tokens)]))
+        return _geometric(learnt.acceptance, len(draft.tokens))
 
     async def draft(self, context: Context, k: int, meter: Meter, seed: int | None) -> Draft:
-        free = [d for d in self.drafters if not isinstance(d, ModelDrafter)]
         paid = [d for d in self.drafters if isinstance(d, ModelDrafter)]
-        best_paid = max((self._accept[d.name] for d in paid), default=0.0)
-        for drafter in sorted(free, key=lambda d: -self._accept[d.name]):
-            if paid and self._accept[drafter.name] < best_paid * self.tolerance:
-                continue  # its proposals hold up worse than the model's: not worth a verify call
-            draft = await drafter.draft(context, k, meter, seed)
-            if draft.tokens:
-                return draft
+        verify = self._verify_s[0]
+        model_cost = next((self._learnt[d.name].latency_s for d in paid if self._learnt[d.name].latency_s is not None), None)
+        if verify is None:
+            verify = model_cost if model_cost is not None else 1.0  # before any round: a draft call ~ a verify call
+        best: Draft | None = None
+        best_name = ""
+        best_rate = -1.0
+        chosen: Drafter | None = None  # the draft model, when it promises more than every free proposal
+        considered: list[tuple[str, float]] = []
+        for drafter in self.drafters:
+            if isinstance(drafter, ModelDrafter):
+                continue
+            started = time.perf_counter()
+            proposal = await drafter.draft(context, k, meter, seed)
+            if not proposal.tokens:
+                continue
+            cost = time.perf_counter() - started
+            rate = (1.0 + self.expected_accepted(drafter.name, proposal)) / (verify + cost)
+            considered.append((drafter.name, rate))
+            if rate > best_rate:
+                best, best_name, best_rate = proposal, drafter.name, rate
         for drafter in paid:
-            return await drafter.draft(context, k, meter, seed)
-        return Draft(tokens=(), drafter=self.name)
+            learnt = self._learnt[drafter.name]
+            cost = learnt.latency_s if learnt.latency_s is not None else verify
+            rate = (1.0 + _geometric(learnt.acceptance, k)) / (verify + cost)
+            considered.append((drafter.name, rate))
+            if rate > best_rate:
+                best, best_rate, chosen = None, rate, drafter
+        self.last_choice = considered
+        if chosen is not None:
+            proposal = await chosen.draft(context, k, meter, seed)
+            learnt = self._learnt[chosen.name]
+            learnt.latency_s = proposal.latency_s if learnt.latency_s is None else 0.8 * learnt.latency_s + 0.2 * proposal.latency_s
+            return proposal
+        if best is None:
+            return Draft(tokens=(), drafter=self.name)
+        if best.confidence:
+            self._learnt[best_name].claimed = sum(best.confidence[: len(best.tokens)])
+        return best
+
+
+def _geometric(acceptance: float, k: int) -> float:
+    """Expected accepted tokens of k drafted, each kept with probability `acceptance` given the earlier ones."""
+    return sum(acceptance**i for i in range(1, k + 1))

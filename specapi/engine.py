@@ -559,6 +559,9 @@ class Engine:
         observe = getattr(self.drafter, "record", None)
         if observe is not None:
             observe(draft.drafter, record.drafted, record.accepted)
+        observe_round = getattr(self.drafter, "observe", None)  # a drafter that weighs costs (CombinedDrafter)
+        if observe_round is not None:
+            observe_round(record)
         return new, decision.handover or (decision.stalled and not new)
 
 

@@ -7,6 +7,7 @@ requests of a client, so what they learn carries over to later requests.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -189,6 +190,14 @@ class AdaptiveDraftLength:
             if rate > best_rate:
                 best_k, best_rate = k, rate
         return best_k, best_rate
+
+    def free_drafts_pay(self, expected: float, k: int, remaining: int) -> bool | None:
+        """Whether rounds of free drafts (no draft call) of `k` tokens, each expected to have `expected`
+        tokens accepted, beat the target generating `remaining` tokens alone; None while unmeasured."""
+        if not self._verify.known or not self._target.has_slope:
+            return None
+        rounds = math.ceil(remaining / (1.0 + min(expected, k)))
+        return rounds * self._verify.predict(k) * self.margin < self._target.predict(remaining)
 
     # -- the strategy interface ---------------------------------------------------------------
     def start_request(self) -> str:

@@ -2,7 +2,8 @@
 construction and the draft only helps (Predicted Outputs) or is only measured (prefix match).
 
 - `PredictedOutputsPath`: the draft's continuation goes to the target as OpenAI's `prediction`; the
-  server reports how many predicted tokens it accepted and rejected (rejected ones are billed).
+  server reports how many predicted tokens it accepted and rejected (rejected ones are billed). Only
+  free drafters propose here, and a suffix draft is sent only as far as it is likely to pay.
 - `PrefixMatchPath`: the draft and the target generate side by side; the draft is compared with the
   target's text. Always exact, never faster than the target alone, and reported as such.
 """
@@ -16,6 +17,7 @@ from ._calls import Meter, RoleClient
 from .context import Context
 from .drafters import Draft, Drafter
 from .stats import RoundRecord
+from .suffix import screen_prediction
 from .verifiers import generation_request
 
 __all__ = ["WholeResult", "PredictedOutputsPath", "PrefixMatchPath"]
@@ -48,7 +50,11 @@ class PredictedOutputsPath:
         self, context: Context, drafter: Drafter, draft_meter: Meter, target_meter: Meter, max_tokens: int | None, seeds: tuple[int | None, int | None], stop: list[str] | None
     ) -> WholeResult:
         started = self.target.clock()
-        draft = await drafter.draft(context, max_tokens or _PREDICTION_TOKENS, draft_meter, seeds[0])
+        # A draft call here delays the answer by its whole latency: a combined drafter proposes
+        # with its free drafters only (suffix index, lookup, the user's prediction).
+        free_only = getattr(drafter, "free_only", None)
+        draft = await (free_only() if free_only is not None else drafter).draft(context, max_tokens or _PREDICTION_TOKENS, draft_meter, seeds[0])
+        draft = screen_prediction(draft)  # a suffix draft goes only as far as it is likely to pay
         draft_latency = self.target.clock() - started
         path, body = generation_request(context, max_tokens, seeds[1], stop)
         if draft.text:

@@ -9,8 +9,9 @@ import pytest
 
 from specapi.bench import command
 from specapi.bench.runner import run_scenario
-from specapi.bench.scenarios import DEFAULT_SCENARIOS, SCENARIOS, get_scenario, load_prompts, quick
-from specapi.bench.summary import REQUIRED_KEYS, SIDE_KEYS, summarize
+from specapi.bench.html import render_html
+from specapi.bench.scenarios import _AGENT_TASKS, DEFAULT_SCENARIOS, SCENARIOS, get_scenario, load_prompts, quick
+from specapi.bench.summary import REQUIRED_KEYS, SIDE_KEYS, report, summarize
 from specapi.cli import cli_logic
 from specapi.sim import Faults, SimProvider, simulated_endpoints
 
@@ -126,3 +127,23 @@ def test_modules_have_docstrings_and_real_exports(module):
 
     for name in specapi.bench.__all__:
         assert hasattr(specapi.bench, name), name
+
+
+@pytest.mark.parametrize("name", ["agentic", "agentic-hosted"])
+async def test_the_agentic_scenario_warms_up_and_reports_the_speedup_after_it(name):
+    scenario = quick(get_scenario(name), requests=8, max_tokens=40)
+    # Without simulated latency the adaptive policy's measurements are noise: fix the draft length.
+    scenario = dataclasses.replace(scenario, client={**scenario.client, "policy": "fixed", "num_speculative_tokens": 16})
+    target, draft = simulated_endpoints(profile=scenario.sim.profile, latency="instant")
+    run = await run_scenario(scenario, target, draft)
+    s = summarize(run)
+    assert s["exact_outputs"] is True and not s["errors"]
+    warmed = s["after_warmup"]
+    assert warmed["from_request"] == scenario.learning_requests == 4 and warmed["requests"] == 4
+    assert warmed["baseline_cost_usd"] is not None  # money is reported after warm-up too
+    first, later = s["requests"][: len(_AGENT_TASKS)], s["requests"][len(_AGENT_TASKS) :]
+    # A task seen before is drafted by the suffix index; the first time it cannot be.
+    assert not any("suffix" in r["drafters"] for r in first)
+    assert all(r["drafters"].get("suffix") for r in later)
+    html = render_html(report([run], mode="test", version="0"))
+    assert name + ": speedup by request number as the client learns" in html

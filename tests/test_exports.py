@@ -16,6 +16,7 @@ DOCUMENTED = {
     "AsyncSpeculativeOpenAI",
     "SpeculativeOpenAI",
     "Endpoint",
+    "SuffixIndex",
     # statistics
     "SpeculativeStats",
     "RoleUsage",

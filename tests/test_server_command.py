@@ -111,6 +111,15 @@ def test_choices_are_checked_and_named():
         resolve_settings(parse(REQUIRED + ["--policy", "sometimes"]), {})
 
 
+def test_the_suffix_scope_comes_from_the_option_or_the_environment():
+    assert resolve_settings(parse(REQUIRED), {}).config.suffix_scope == "model"
+    settings = resolve_settings(parse(REQUIRED + ["--suffix-max-tokens", "1000"]), {"SPECAPI_SUFFIX_SCOPE": "api-key"})
+    assert settings.config.suffix_scope == "api-key" and settings.config.suffix_max_tokens == 1000
+    with pytest.raises(SettingsError) as info:
+        resolve_settings(parse(REQUIRED + ["--suffix-scope", "everyone"]), {})
+    assert "--suffix-scope='everyone' is invalid" in str(info.value)
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

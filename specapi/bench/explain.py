@@ -115,11 +115,28 @@ def explain(summary: dict[str, Any], *, note: str = "") -> str:
     if speedup is None:
         return _failed_comparison(summary, note)
     sentences = [f"Speculation was {verdict(speedup)}."]
+    warmed = summary.get("after_warmup")
+    if warmed and warmed.get("speedup") is not None:
+        money = ""
+        if warmed.get("baseline_cost_usd") is not None and warmed.get("speculative_cost_usd") is not None:
+            money = (
+                f"; {Decimal(warmed['speculative_cost_usd']):.6f} USD against {Decimal(warmed['baseline_cost_usd']):.6f} USD "
+                f"for the target alone ({warmed['cost_ratio']:.2f}x)"
+                if warmed.get("cost_ratio") is not None
+                else ""
+            )
+        sentences.append(
+            f"After the first {warmed['from_request']} requests (while the client learns from traffic), the other "
+            f"{warmed['requests']} ran {warmed['speedup']:.2f}x the target alone's speed "
+            f"({warmed['speculative_wall_s']:.3f} s against {warmed['baseline_wall_s']:.3f} s per request{money})."
+        )
     aim = summary.get("aim")
     if aim and aim.get("met") is not None:
+        judged = warmed["speedup"] if warmed and warmed.get("speedup") is not None else speedup
         bound = "below" if aim["below"] else "at least"
-        outcome = "as expected" if aim["met"] else "not reached on this run"
-        sentences[-1] = sentences[-1][:-1] + f" (this scenario is expected to give {bound} {aim['speedup']:.2f}x: {outcome})."
+        outcome = "as expected" if aim["met"] else f"not reached on this run: {judged:.2f}x"
+        where = " after warm-up" if warmed else ""
+        sentences[-1] = sentences[-1][:-1] + f" (this scenario is expected to give{where} {bound} {aim['speedup']:.2f}x: {outcome})."
 
     model = summary.get("latency_model")
     prediction = summary.get("prediction")
@@ -153,7 +170,14 @@ def explain(summary: dict[str, Any], *, note: str = "") -> str:
                 "of the target's own decoding."
             )
         break_even = summary.get("break_even_acceptance")
-        if break_even is None:
+        if spec.get("verification") == ["predicted-outputs"]:
+            # One target call per request, which generates the answer itself: the round arithmetic's
+            # draft lengths and break-even say nothing about it.
+            sentences.append(
+                "With Predicted Outputs the target generates each answer in one call, taking accepted prediction "
+                "tokens at prefill speed; rejected ones are billed as output."
+            )
+        elif break_even is None:
             sentences.append(
                 "Even a draft that is always right would not pay off here at any draft length up to 16: "
                 "the per-call costs exceed what a round can save."
@@ -167,7 +191,9 @@ def explain(summary: dict[str, Any], *, note: str = "") -> str:
             )
         best_k = prediction["best_draft_length"]
         extrapolated = ", extrapolating acceptance beyond the measured positions" if prediction["best_length_extrapolated"] else ""
-        if prediction["best_speedup"] < 1.0:
+        if spec.get("verification") == ["predicted-outputs"]:
+            pass
+        elif prediction["best_speedup"] < 1.0:
             sentences.append(
                 f"No draft length wins at this acceptance: the least slow, {best_k}, would reach {prediction['best_speedup']:.2f}x{extrapolated}."
             )

@@ -3,7 +3,8 @@
 Top: the summary table and a chart of achieved against predicted speedup per scenario. Then, per
 scenario, its explanation and four charts: latency per request (target alone against speculative, with
 the time to first token marked), tokens per round, acceptance by draft position, and cost (or billed
-tokens, when the prices are zero) per role.
+tokens, when the prices are zero) per role; where the client learns from traffic (``agentic``), speedup
+against request number.
 
 Rules the charts follow: one colour rule for speedups everywhere (`report.SPEEDUP_BAND`: green a win,
 red a loss, amber about even, in the table and the chart alike); legends sit below the axes, never on
@@ -27,7 +28,7 @@ from matplotlib.figure import Figure
 
 from .report import SPEEDUP_BAND
 
-__all__ = ["overview_svg", "render_html", "scenario_svg", "write_html", "speedup_class"]
+__all__ = ["overview_svg", "render_html", "scenario_svg", "learning_svg", "write_html", "speedup_class"]
 
 _BASE = "#7f8c8d"
 _SPEC = "#2e86de"
@@ -199,6 +200,27 @@ def scenario_svg(summary: dict[str, Any]) -> str:
     return _svg(figure)
 
 
+def learning_svg(summary: dict[str, Any]) -> str:
+    """Speedup against request number, for scenarios where the client learns from traffic."""
+    figure = Figure(figsize=(11, 3.6), layout="constrained")
+    ax = figure.add_subplot()
+    requests = [r for r in summary["requests"] if r.get("speedup") is not None]
+    numbers = [r["index"] + 1 for r in requests]
+    speedups = [r["speedup"] for r in requests]
+    ax.plot(numbers, speedups, color=_SPEC, marker="o", label="speedup of this request")
+    ax.axhline(1.0, color="black", linewidth=1)
+    warmed = summary.get("after_warmup") or {}
+    if warmed.get("from_request"):
+        ax.axvspan(0.5, warmed["from_request"] + 0.5, color="#eeeeee", label="warm-up (the client is learning)")
+    if warmed.get("speedup") is not None:
+        ax.axhline(warmed["speedup"], color=_GOOD, linestyle="--", label=f"after warm-up: {warmed['speedup']:.2f}x")
+    ax.set_xlabel("request number")
+    ax.set_ylabel("time alone / time with speculation")
+    ax.set_title("Speedup as the suffix index learns from earlier requests")
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=3, frameon=False)
+    return _svg(figure)
+
+
 _CSS = """
 body { font-family: -apple-system, 'Segoe UI', Helvetica, Arial, sans-serif; margin: 2em auto; max-width: 1180px; color: #222; }
 h1 { margin-bottom: 0.2em; } .muted { color: #666; }
@@ -286,6 +308,7 @@ def render_html(report: dict[str, Any]) -> str:
             f"<div class='explanation{alarm}'>{escape(s['explanation'])}</div>"
             + (f"<p class=bad>Outputs that differ from the target alone's:</p><ul>{mismatches}</ul>" if mismatches else "")
             + _figure(scenario_svg(s), f"{s['name']}: latency per request, tokens per round, acceptance by draft position, cost per role")
+            + (_figure(learning_svg(s), f"{s['name']}: speedup by request number as the client learns") if s.get("after_warmup") else "")
             + "</section>"
         )
     low, high = SPEEDUP_BAND

@@ -56,11 +56,15 @@ def summary_table(report: dict[str, Any]) -> Table:
             exact = Text("failed", style="bold red")
         else:
             exact = Text("yes", style="green") if s["exact_outputs"] else Text("NO", style="bold red")
+        warmed = s.get("after_warmup")
+        speedup = _speedup_text(s["speedup"])
+        if warmed and warmed.get("speedup") is not None:
+            speedup.append(f"\n{warmed['speedup']:.2f}x warm")
         table.add_row(
             s["name"],
             _fmt(base["wall_s"], ".3f"),
             _fmt(spec["wall_s"], ".3f"),
-            _speedup_text(s["speedup"]),
+            speedup,
             _fmt(s["predicted_speedup"], ".2f", "x"),
             _fmt(s["acceptance_rate"], ".0%"),
             _cost(s),

@@ -11,6 +11,8 @@ wins and where it loses:
   policy should notice and let the target generate alone;
 * ``lookup-edit``: no draft model, prompt lookup on an editing task (the answer repeats the prompt);
 * ``lan-adaptive``: the LAN pair with the adaptive policy and pipelined drafting;
+* ``agentic`` / ``agentic-hosted`` (not run by default): a coding agent's requests, which repeat structure
+  across requests, on the LAN pair and on the hosted pair; the suffix index warms up over the stream;
 * ``token-boundary`` (not run by default): an exactness check on prompts whose last token can merge
   with the answer's first.
 
@@ -82,6 +84,9 @@ class Scenario:
     open connections and run the capability probe; ``warmup_max_tokens`` (None: ``max_tokens``) keeps
     them short, except where an adaptive policy must learn from whole requests. ``aim`` is the speedup
     the scenario is expected to reach (or stay below, with ``aim_below``), shown next to the result.
+    ``learning_requests``: the first measured requests during which the client is still learning from
+    traffic (the suffix index warms up); the report gives the speedup after them too (and ``aim``
+    applies to it).
     """
 
     name: str
@@ -99,6 +104,7 @@ class Scenario:
     aim: float | None = None
     aim_below: bool = False
     note: str = ""
+    learning_requests: int = 0
 
     @property
     def draft_length(self) -> int:
@@ -133,6 +139,8 @@ class Scenario:
             "warmup_max_tokens": self.warmup_max_tokens or self.max_tokens,
             "concurrency": self.concurrency,
         }
+        if self.learning_requests:
+            settings["learning_requests"] = self.learning_requests
         if self.sim is not None:
             settings["simulator"] = {"profile": self.sim.profile, "latency": self.sim.latency, "seed": self.sim.seed}
         return settings
@@ -218,6 +226,47 @@ _EDIT_PROMPTS = (
     _edit_prompt(_INDENT_SOURCE, "textwrap.indent"),
     _edit_prompt(_FNMATCH_SOURCE, "fnmatch.filter"),
 )
+
+
+_AGENT_PREAMBLE = """You are a coding agent working in a Python repository. Each step, answer with one tool call
+as JSON; a write_file call carries the whole new file. Tools:
+  {"tool": "read_file", "path": "..."}
+  {"tool": "write_file", "path": "...", "content": "..."}
+  {"tool": "run_tests", "path": "..."}
+"""
+
+#: (module, the start of the function the agent rewrites): what an agent's write_file calls look like.
+_AGENT_TASKS = (
+    ("fnmatch", 'def fnmatch(name, pat):\n    """Test whether FILENAME matches PATTERN.'),
+    ("abc", 'def abstractmethod(funcobj):\n    """A decorator indicating abstract methods.'),
+    ("textwrap", 'def dedent(text):\n    """Remove any common leading whitespace from every line in `text`.'),
+    ("string", 'def capwords(s, sep=None):\n    """capwords(s [,sep]) -> string'),
+)
+
+
+def _agent_step(step: int) -> tuple[str, str, str]:
+    """(instructions, observation, the call begun) of one agent step: the same tool-call JSON and code
+    come back across steps, around observations that change every time."""
+    module, start = _AGENT_TASKS[step % len(_AGENT_TASKS)]
+    observation = f"Step {step + 1}. Observation: run_tests(tests/test_{module}.py) failed, {3 + step % 5} errors (run {1000 + 37 * step})."
+    call = f'{{"tool": "write_file", "path": "lib/{module}.py", "content": """\n{start}'
+    return _AGENT_PREAMBLE, observation, call
+
+
+def _agentic_requests(count: int, *, chat: bool) -> tuple[BenchRequest, ...]:
+    requests = []
+    for step in range(count):
+        instructions, observation, call = _agent_step(step)
+        label = f"step {step + 1}: {_AGENT_TASKS[step % len(_AGENT_TASKS)][0]}"
+        if chat:
+            messages = (
+                {"role": "system", "content": instructions},
+                {"role": "user", "content": f"{observation}\nContinue this call exactly where it stops:\n{call}"},
+            )
+            requests.append(BenchRequest(messages=messages, label=label))
+        else:
+            requests.append(BenchRequest(prompt=f"{instructions}\n{observation}\nCall: {call}", label=label))
+    return tuple(requests)
 
 
 def load_prompts(path: str | Path) -> tuple[BenchRequest, ...]:
@@ -315,6 +364,36 @@ _BUILT_IN = (
         warmup=3,
         warmup_max_tokens=None,
         aim=2.0,
+    ),
+    Scenario(
+        name="agentic",
+        description=(
+            "a coding agent's stream of requests (tool-call JSON and the code it writes, repeating across steps "
+            "around changing observations), default client with 16 tokens at most per round, LAN vLLM-like pair: "
+            "the suffix index learns from each finished request"
+        ),
+        requests=_agentic_requests(16, chat=False),
+        sim=SimSetup(profile="vllm", latency="lan"),
+        client={"num_speculative_tokens": 16},
+        max_tokens=96,
+        warmup=0,
+        learning_requests=4,
+        aim=3.0,
+        note="The first request of each task is drafted by the model and prompt lookup; later ones mostly by the suffix index.",
+    ),
+    Scenario(
+        name="agentic-hosted",
+        description=(
+            "the same agent as chat requests on the OpenAI-like hosted pair (gpt-4o-like prices, Predicted Outputs): "
+            "the suffix index's confident continuation goes as the prediction, no draft-model calls"
+        ),
+        requests=_agentic_requests(16, chat=True),
+        sim=SimSetup(profile="openai", latency="hosted"),
+        client={},
+        max_tokens=96,
+        warmup=0,
+        learning_requests=4,
+        aim=1.0,
     ),
     Scenario(
         name="token-boundary",

@@ -13,8 +13,10 @@ last chunk of a stream) and `x-specapi-*` headers. A client that disconnects can
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import hmac
 import logging
+from collections import OrderedDict
 import re
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
@@ -28,6 +30,7 @@ from starlette.routing import Route
 
 from ..client import AsyncSpeculativeOpenAI
 from ..stats import SpeculativeStats
+from ..suffix import SuffixIndex
 from ..streaming import SpeculativeStream
 from .arguments import CHAT_FIELDS, COMPLETION_FIELDS, chat_arguments, completion_arguments, parse_json_object, read_body
 from .config import ServerConfig
@@ -63,12 +66,15 @@ class _Proxy:
         self.config = config
         self.metrics = ProxyMetrics()
         self.secrets = config.secrets
+        self._tenants: OrderedDict[str, AsyncSpeculativeOpenAI] = OrderedDict()
         self._client: AsyncSpeculativeOpenAI | None = self._build_client()  # validates the configuration now
 
     def _build_client(self) -> AsyncSpeculativeOpenAI:
         config = self.config
+        self._tenants.clear()
+        options = {"suffix_index": SuffixIndex(max_tokens=config.suffix_max_tokens), **config.client_options}
         return AsyncSpeculativeOpenAI(
-            target=config.target, draft=config.draft, num_speculative_tokens=config.num_speculative_tokens, **config.client_options
+            target=config.target, draft=config.draft, num_speculative_tokens=config.num_speculative_tokens, **options
         )
 
     @property
@@ -76,6 +82,23 @@ class _Proxy:
         if self._client is None:  # after a shutdown, a restarted app builds a fresh client
             self._client = self._build_client()
         return self._client
+
+    def client_for(self, request: Request) -> AsyncSpeculativeOpenAI:
+        """The client serving `request`: the shared one, or (suffix scope "api-key") a copy with the
+        suffix index of the key the request presented. Copies share connections and the policy."""
+        shared = self.client
+        if self.config.suffix_scope != "api-key":
+            return shared
+        _, _, given = request.headers.get("authorization", "").partition(" ")
+        tenant = hashlib.sha256(given.strip().encode()).hexdigest()
+        client = self._tenants.get(tenant)
+        if client is None:
+            client = shared.with_options(suffix_index=SuffixIndex(max_tokens=self.config.suffix_max_tokens))
+            self._tenants[tenant] = client
+            while len(self._tenants) > self.config.max_tenants:
+                self._tenants.popitem(last=False)
+        self._tenants.move_to_end(tenant)
+        return client
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
@@ -121,13 +144,19 @@ class _Proxy:
         def arguments(body: dict[str, Any]) -> dict[str, Any]:
             return completion_arguments(body, model=self.config.target.model, max_tokens_limit=self.config.max_tokens_limit)
 
-        return await self._generate(request, "/v1/completions", arguments, self.client.completions.create, COMPLETION_FIELDS)
+        def create(**kwargs: Any) -> Awaitable[Any]:
+            return self.client_for(request).completions.create(**kwargs)
+
+        return await self._generate(request, "/v1/completions", arguments, create, COMPLETION_FIELDS)
 
     async def chat_completions(self, request: Request) -> Response:
         def arguments(body: dict[str, Any]) -> dict[str, Any]:
             return chat_arguments(body, model=self.config.target.model, max_tokens_limit=self.config.max_tokens_limit)
 
-        return await self._generate(request, "/v1/chat/completions", arguments, self.client.chat.completions.create, CHAT_FIELDS)
+        def create(**kwargs: Any) -> Awaitable[Any]:
+            return self.client_for(request).chat.completions.create(**kwargs)
+
+        return await self._generate(request, "/v1/chat/completions", arguments, create, CHAT_FIELDS)
 
     async def _generate(
         self,

@@ -8,7 +8,7 @@ keys: command lines are visible to other users of the machine (`ps`).
     SPECAPI_API_KEY (clients' key)  SPECAPI_HOST  SPECAPI_PORT  SPECAPI_NUM_SPECULATIVE_TOKENS
     SPECAPI_POLICY  SPECAPI_DRAFTER  SPECAPI_VERIFICATION  SPECAPI_PIPELINE
     SPECAPI_MAX_REQUEST_BYTES  SPECAPI_MAX_TOKENS_LIMIT  SPECAPI_UPSTREAM_TIMEOUT  SPECAPI_MAX_RETRIES
-    SPECAPI_SHUTDOWN_TIMEOUT  SPECAPI_LOG_LEVEL
+    SPECAPI_SHUTDOWN_TIMEOUT  SPECAPI_LOG_LEVEL  SPECAPI_SUFFIX_SCOPE  SPECAPI_SUFFIX_MAX_TOKENS
 
 The draft endpoint is optional with `--drafter lookup` (prompt lookup drafts from the request itself)
 or `--verification none`.
@@ -33,10 +33,16 @@ from .._exceptions import ConfigurationError
 from ..cli_options import ENDPOINTS, Option, UsageError, add_options, resolve, speculation_options
 from ..endpoint import Endpoint
 from .app import create_app
-from .config import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_TOKENS_LIMIT, ServerConfig
+from .config import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_TOKENS_LIMIT, SUFFIX_SCOPES, ServerConfig
 from .errors import redact
 
 __all__ = ["add_arguments", "run", "serve", "resolve_settings", "Settings", "SettingsError", "OPTIONS"]
+
+
+def _suffix_scope(text: str) -> str:
+    if text not in SUFFIX_SCOPES:
+        raise ValueError(f"must be one of {', '.join(SUFFIX_SCOPES)}")
+    return text
 
 
 def _positive_float(text: str) -> float:
@@ -68,6 +74,16 @@ OPTIONS: tuple[Option, ...] = (
     Option("--host", "SPECAPI_HOST", str, "127.0.0.1", "address to listen on"),
     Option("--port", "SPECAPI_PORT", _port, 8000, "port to listen on"),
     *speculation_options(),
+    Option(
+        "--suffix-scope",
+        "SPECAPI_SUFFIX_SCOPE",
+        _suffix_scope,
+        "model",
+        "who shares the suffix index learnt from traffic: model (every client of the upstream model) or api-key "
+        "(each client key its own: one tenant's text never shapes another's drafts, nor their timing)",
+        choices=SUFFIX_SCOPES,
+    ),
+    Option("--suffix-max-tokens", "SPECAPI_SUFFIX_MAX_TOKENS", int, 32_768, "cap of each suffix index, in tokens (oldest out first)"),
     Option("--max-request-bytes", "SPECAPI_MAX_REQUEST_BYTES", int, DEFAULT_MAX_REQUEST_BYTES, "larger request bodies get HTTP 413"),
     Option("--max-tokens-limit", "SPECAPI_MAX_TOKENS_LIMIT", int, DEFAULT_MAX_TOKENS_LIMIT, "larger max_tokens get HTTP 400"),
     Option("--upstream-timeout", "SPECAPI_UPSTREAM_TIMEOUT", _positive_float, 60.0, "seconds per upstream request"),
@@ -121,6 +137,8 @@ def resolve_settings(args: argparse.Namespace, environ: Mapping[str, str]) -> Se
             client_options={
                 "policy": values["policy"], "drafter": values["drafter"], "verification": values["verification"], "pipeline": values["pipeline"],
             },
+            suffix_scope=values["suffix_scope"],
+            suffix_max_tokens=values["suffix_max_tokens"],
         )
     except ConfigurationError as exc:
         raise SettingsError(str(exc)) from exc

@@ -12,12 +12,16 @@ from typing import Any
 from .._exceptions import ConfigurationError
 from ..endpoint import Endpoint
 
-__all__ = ["ServerConfig", "DEFAULT_MAX_REQUEST_BYTES", "DEFAULT_MAX_TOKENS_LIMIT"]
+__all__ = ["ServerConfig", "DEFAULT_MAX_REQUEST_BYTES", "DEFAULT_MAX_TOKENS_LIMIT", "DEFAULT_MAX_TENANTS", "SUFFIX_SCOPES"]
 
 #: Largest request body accepted (bytes); larger ones get HTTP 413.
 DEFAULT_MAX_REQUEST_BYTES = 1 << 20
 #: Largest `max_tokens` / `max_completion_tokens` accepted; chat requests without one get this bound.
 DEFAULT_MAX_TOKENS_LIMIT = 4096
+#: How the suffix index (drafts learnt from traffic) is shared: per upstream model, or per client API key.
+SUFFIX_SCOPES = ("model", "api-key")
+#: With `suffix_scope="api-key"`, the most keys that keep an index (least recently used ones are dropped).
+DEFAULT_MAX_TENANTS = 256
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -35,6 +39,13 @@ class ServerConfig:
         max_tokens_limit: larger `max_tokens` get HTTP 400; chat requests without one are bounded by it.
         client_options: extra keyword arguments for `AsyncSpeculativeOpenAI` (`verification`, `policy`,
             `drafter`, `sleep`, `clock`, ...).
+        suffix_scope: "model" (default): one suffix index per upstream model, learnt from every
+            client's requests; "api-key": one per client API key (the bearer token a client sends), so
+            one tenant's text never shapes another's drafts. Output never depends on it (the target
+            verifies every draft), but timing does: with a shared index, a request that repeats what
+            another client recently sent or received runs faster, which that client could measure.
+        suffix_max_tokens: the cap of each suffix index, in tokens (the oldest sequences leave first).
+        max_tenants: with "api-key", how many keys keep an index (least recently used dropped first).
         clock: seconds, for the proxy's own latency metrics (injectable for tests).
     """
 
@@ -45,6 +56,9 @@ class ServerConfig:
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
     max_tokens_limit: int = DEFAULT_MAX_TOKENS_LIMIT
     client_options: Mapping[str, Any] = field(default_factory=dict)
+    suffix_scope: str = "model"
+    suffix_max_tokens: int = 32_768
+    max_tenants: int = DEFAULT_MAX_TENANTS
     clock: Callable[[], float] = field(default=time.perf_counter, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -52,7 +66,9 @@ class ServerConfig:
             raise ConfigurationError("target must be an Endpoint")
         if self.draft is not None and not isinstance(self.draft, Endpoint):
             raise ConfigurationError("draft must be an Endpoint or None")
-        for name in ("num_speculative_tokens", "max_request_bytes", "max_tokens_limit"):
+        if self.suffix_scope not in SUFFIX_SCOPES:
+            raise ConfigurationError(f"suffix_scope must be one of {', '.join(SUFFIX_SCOPES)}, got {self.suffix_scope!r}")
+        for name in ("num_speculative_tokens", "max_request_bytes", "max_tokens_limit", "suffix_max_tokens", "max_tenants"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigurationError(f"{name} must be an integer >= 1, got {value!r}")

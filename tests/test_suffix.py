@@ -1,0 +1,252 @@
+"""The suffix index against a brute-force search, its memory bound, and the suffix drafter."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from specapi._calls import Meter
+from specapi.acceptance import SamplingParams
+from specapi.context import Context
+from specapi.endpoint import Endpoint
+from specapi.suffix import SuffixDrafter, SuffixIndex, context_text, learn, screen_prediction
+
+tokens = st.lists(st.integers(0, 3), max_size=14)
+corpora = st.lists(tokens, min_size=1, max_size=6)
+
+
+def occurrences(sequences: list[list[int]], pattern: list[int]) -> list[tuple[int, int]]:
+    """(sequence number, end) of every occurrence of `pattern` (brute force)."""
+    n = len(pattern)
+    return [(i, end) for i, seq in enumerate(sequences) for end in range(n, len(seq) + 1) if seq[end - n : end] == pattern]
+
+
+def longest_match(sequences: list[list[int]], query: list[int], max_match: int) -> int:
+    for length in range(min(len(query), max_match), 0, -1):
+        if occurrences(sequences, query[len(query) - length :]):
+            return length
+    return 0
+
+
+def brute_propose(sequences: list[list[int]], query: list[int], k: int, max_match: int) -> tuple[list[int], list[float]]:
+    length = longest_match(sequences, query, max_match)
+    if length == 0:
+        return [], []
+    current = query[len(query) - length :]
+    out: list[int] = []
+    conf: list[float] = []
+    cumulative = 1.0
+    while len(out) < k:
+        here = occurrences(sequences, current)
+        following: dict[int, tuple[int, int]] = {}
+        for i, end in here:
+            if end < len(sequences[i]):
+                c = sequences[i][end]
+                count, newest = following.get(c, (0, -1))
+                following[c] = (count + 1, max(newest, i))
+        if not following:
+            break
+        c = max(following, key=lambda t: following[t])
+        cumulative *= following[c][0] / (len(here) + 1.0 / len(current))
+        out.append(c)
+        conf.append(cumulative)
+        current = current + [c]
+    return out, conf
+
+
+@settings(max_examples=300, deadline=None)
+@given(corpora, tokens)
+def test_longest_match_and_counts_agree_with_brute_force(sequences, query):
+    index = SuffixIndex(max_tokens=10_000, max_match=6)
+    for seq in sequences:
+        index.add(seq)
+    v, length = index.match(query)
+    assert length == longest_match(sequences, query, 6)
+    matched = query[len(query) - length :]
+    if length:
+        assert index.count(matched) == len(occurrences(sequences, matched))
+        expected: dict[int, int] = {}
+        for i, end in occurrences(sequences, matched):
+            if end < len(sequences[i]):
+                expected[sequences[i][end]] = expected.get(sequences[i][end], 0) + 1
+        assert index.continuations(query) == expected
+    for start in range(len(query)):
+        for end in range(start + 1, len(query) + 1):
+            assert index.count(query[start:end]) == len(occurrences(sequences, query[start:end]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(corpora, tokens, st.integers(1, 8))
+def test_proposal_agrees_with_brute_force(sequences, query, k):
+    index = SuffixIndex(max_tokens=10_000, max_match=5)
+    for seq in sequences:
+        index.add(seq)
+    proposal = index.propose(query, k)
+    expected_tokens, expected_conf = brute_propose(sequences, query, k, 5)
+    assert list(proposal.tokens) == expected_tokens
+    assert list(proposal.confidence) == pytest.approx(expected_conf)
+    assert all(a >= b for a, b in zip(proposal.confidence, proposal.confidence[1:]))  # products only shrink
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(tokens, min_size=1, max_size=30), st.integers(5, 40))
+def test_the_index_holds_at_most_its_cap_and_keeps_the_newest_sequences(sequences, cap):
+    index = SuffixIndex(max_tokens=cap)
+    kept_from = 0
+    for n, seq in enumerate(sequences):
+        index.add(seq)
+        assert index.tokens <= cap
+        assert index.states <= 2 * index.tokens + 1
+    # What it holds is the newest sequences (each cut to the cap), oldest first out.
+    total = 0
+    for kept_from in range(len(sequences) - 1, -1, -1):
+        total += min(len(sequences[kept_from]), cap)
+        if total > index.tokens:
+            break
+    held = [seq[-cap:] for seq in sequences if seq]
+    stored = [list(seq) for _, seq in index._sequences]
+    assert stored == held[len(held) - len(stored) :]
+    assert sum(map(len, stored)) == index.tokens
+    # Every stored sequence is findable, and the index agrees with a brute force over what it holds.
+    for seq in stored:
+        assert index.count(seq) == len(occurrences(stored, seq))
+
+
+def test_a_long_stream_of_sequences_stays_within_the_cap():
+    index = SuffixIndex(max_tokens=2_000)
+    for n in range(300):
+        index.add([n % 97, (n * 7) % 89, 5, 6, 7, 8] * 5)
+        assert index.tokens <= 2_000
+    assert index.states <= 2 * 2_000 + 1
+    assert index.count([299 % 97, (299 * 7) % 89, 5, 6]) >= 1  # the newest is there
+    assert index.count([0, 0, 5, 6, 7, 8, 0, 0]) == 0  # the first (n = 0) has left
+
+
+def test_a_sequence_longer_than_the_cap_keeps_its_end():
+    index = SuffixIndex(max_tokens=10)
+    index.add(list(range(25)))
+    assert index.tokens == 10
+    assert index.count(list(range(15, 25))) == 1 and index.count([14]) == 0
+
+
+def test_bad_caps_are_refused():
+    with pytest.raises(ValueError):
+        SuffixIndex(max_tokens=0)
+
+
+# ------------------------------------------------------------------------------- the drafter
+
+GREEDY = SamplingParams(temperature=0.0)
+CALL = '{"tool": "edit_file", "path": "src/app.py", "old": "retrun x", "new": "return x"}'
+
+
+def meter() -> Meter:
+    return Meter(Endpoint(base_url="http://unused/v1", model="m"))
+
+
+async def test_the_suffix_drafter_continues_text_seen_in_earlier_requests():
+    index = SuffixIndex()
+    drafter = SuffixDrafter(index)
+    first = Context(prompt="Task 1: fix the typo.\nCall:\n", sampling=GREEDY)
+    assert not (await drafter.draft(first, 8, meter(), None)).tokens  # nothing learnt yet
+    learn(index, first, CALL)
+    later = Context(prompt="Task 2: fix the typo.\nCall:\n", sampling=GREEDY)
+    draft = await drafter.draft(later, 64, meter(), None)
+    assert draft.drafter == "suffix"
+    assert CALL.startswith(draft.text) and len(draft.text) > 20
+    assert all(t.logprob == 0.0 for t in draft.tokens)  # a point mass: sampled output stays exact
+    assert len(draft.confidence) == len(draft.tokens)
+    short = await drafter.draft(later, 3, meter(), None)
+    assert len(short.tokens) == 3 and draft.text.startswith(short.text)
+    halfway = await drafter.draft(later.advanced(CALL[:30]), 64, meter(), None)
+    assert CALL[30:].startswith(halfway.text) and halfway.text
+
+
+async def test_the_draft_is_cut_where_confidence_falls():
+    index = SuffixIndex()
+    context = Context(prompt="The next tool call:\n", sampling=GREEDY)
+    for i in range(3):
+        learn(index, context, '{"tool": "read_file", "path": "a.py"}')
+    learn(index, context, '{"tool": "run_tests", "path": "b.py"}')
+    sure = await SuffixDrafter(index, min_confidence=0.7).draft(context, 64, meter(), None)
+    assert sure.text == '{"tool": "'  # the tool name differs between requests (3 to 1): not sure enough
+    unsure = await SuffixDrafter(index, min_confidence=0.5).draft(context, 64, meter(), None)
+    assert unsure.text.startswith('{"tool": "read') and len(unsure.text) > len(sure.text)
+
+
+def test_chat_requests_are_indexed_with_their_roles():
+    context = Context(messages=({"role": "system", "content": "tools"}, {"role": "user", "content": "go"}), sampling=GREEDY)
+    assert context_text(context, "done") == "<|system|>\ntools\n<|user|>\ngo\n<|assistant|>\ndone"
+    assert context_text(context.advanced("do")) == "<|system|>\ntools\n<|user|>\ngo\n<|assistant|>\ndo"
+
+
+async def test_a_prediction_is_sent_only_as_far_as_it_is_likely_to_hold():
+    index = SuffixIndex()
+    context = Context(prompt="The next tool call:\n", sampling=GREEDY)
+    for _ in range(3):
+        learn(index, context, '{"tool": "read_file", "path": "a.py"}')
+    learn(index, context, '{"tool": "run_tests", "path": "b.py"}')
+    draft = await SuffixDrafter(index, min_confidence=0.0).draft(context, 64, meter(), None)
+    sent = screen_prediction(draft, min_confidence=0.5, min_expected_tokens=2)
+    assert draft.text.startswith(sent.text) and 0 < len(sent.tokens) < len(draft.tokens)
+    assert all(c >= 0.5 for c in sent.confidence)
+    assert not screen_prediction(draft, min_confidence=0.5, min_expected_tokens=50).tokens  # would not pay
+
+
+def test_degenerate_repetition_is_indexed_in_bounded_time_and_proposes_the_repetition():
+    index = SuffixIndex(max_tokens=50_000)
+    index.add([7] * 20_000)  # one token repeated: the worst case for counting
+    assert index.tokens == 20_000
+    proposal = index.propose([1, 7, 7, 7], 5)
+    assert proposal.tokens == (7, 7, 7, 7, 7)
+    assert all(0.0 < c <= 1.0 for c in proposal.confidence)
+
+
+# ------------------------------------------------------------------------------- the free-draft gate
+
+from specapi.policy import SPECULATE, TARGET_ALONE, PolicyState  # noqa: E402
+from specapi.suffix import FreeDraftGate  # noqa: E402
+
+
+class Alone:
+    """A client policy that has decided the target alone is faster; `pays` is its verdict on free drafts."""
+
+    name = "adaptive"
+    reason = "the target alone is faster"
+
+    def __init__(self, pays: bool | None) -> None:
+        self.pays = pays
+        self.seen: list[str] = []
+
+    def start_request(self) -> str:
+        return TARGET_ALONE
+
+    def choose(self, state: PolicyState) -> int:
+        return 0
+
+    def observe(self, record) -> None:  # type: ignore[no-untyped-def]
+        self.seen.append("round")
+
+    def observe_plain(self, tokens: int, latency_s: float) -> None:
+        self.seen.append("plain")
+
+    def free_drafts_pay(self, expected: float, k: int, remaining: int) -> bool | None:
+        return self.pays
+
+
+def test_the_gate_speculates_with_free_drafts_only_where_they_pay():
+    restricted: list[bool] = []
+    gate = FreeDraftGate(Alone(pays=True), 12.0, lambda: restricted.append(True), max_length=16, remaining=96)
+    assert gate.start_request() == SPECULATE and restricted == [True]
+    assert gate.choose(PolicyState(96, 0)) == 16
+    gate.observe_plain(1, 0.03)  # a round without a free proposal: the target finishes alone
+    assert gate.choose(PolicyState(95, 1)) == 0 and gate.inner.seen == ["plain"]
+
+    for inner, expected in ((Alone(pays=False), 12.0), (Alone(pays=None), 2.0)):
+        restricted.clear()
+        gate = FreeDraftGate(inner, expected, lambda: restricted.append(True), max_length=16, remaining=96)
+        assert gate.start_request() == TARGET_ALONE and not restricted
+        assert gate.reason == "the target alone is faster"
+    unmeasured = FreeDraftGate(Alone(pays=None), 12.0, lambda: None, max_length=16, remaining=96)
+    assert unmeasured.start_request() == SPECULATE  # costs unknown: a confident index is enough
