@@ -397,6 +397,11 @@ class AsyncSpeculativeOpenAI:
 
     copy = with_options
 
+    @property
+    def base_url(self) -> httpx2.URL:
+        """The target's base URL, as `openai.AsyncOpenAI.base_url` (frameworks read it)."""
+        return self._runtime.target.sdk.base_url
+
     async def close(self) -> None:
         if not self._owns_connections:
             return

@@ -94,6 +94,11 @@ class SpeculativeOpenAI:
 
     copy = with_options
 
+    @property
+    def base_url(self) -> Any:
+        """The target's base URL, as `openai.OpenAI.base_url` (frameworks read it)."""
+        return self._async.base_url
+
     def close(self) -> None:
         if self._loop._loop is not None:
             self._loop.run(self._async.close())

@@ -143,3 +143,15 @@ async def test_messages_may_be_any_iterable(provider):
     async with AsyncSpeculativeOpenAI(target=target, draft=draft) as client:
         resp = await client.chat.completions.create(messages=iter(MESSAGES), max_tokens=10, temperature=0)
     assert resp.speculative.speculated and resp.choices[0].message.content
+
+
+async def test_the_client_names_the_targets_base_url_as_the_sdk_does(provider):
+    """Agent frameworks (openai-agents, pydantic-ai) read `client.base_url` of the client they are given."""
+    target, draft = simulated_endpoints(provider=provider)
+    async with AsyncSpeculativeOpenAI(target=target, draft=draft) as client:
+        assert str(client.base_url).startswith("http://") and str(client.base_url).rstrip("/").endswith("/v1")
+    sync = SpeculativeOpenAI(target=target, draft=draft)
+    try:
+        assert sync.base_url == client.base_url
+    finally:
+        sync.close()
