@@ -137,6 +137,11 @@ class ModelDrafter:
     def _parse(self, response: dict, *, chat: bool) -> tuple[ScoredToken, ...]:
         try:
             choice = response["choices"][0]
+            text = (choice.get("message") or {}).get("content") if chat else choice.get("text")
+            if choice.get("logprobs") is None and choice.get("finish_reason") == "length" and (not text or "\ufffd" in text):
+                # llama-server sends no logprobs while its text ends inside a character (it holds the
+                # bytes back until they decode): nothing usable to propose, which is no failure.
+                return ()
             tokens = chat_tokens((choice.get("logprobs") or {}).get("content")) if chat else completion_tokens(choice.get("logprobs"))
         except (KeyError, IndexError, TypeError, WireError) as exc:
             raise self.client.error(f"draft response has no usable logprobs ({exc})", malformed=True) from exc

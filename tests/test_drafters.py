@@ -237,3 +237,25 @@ async def test_default_drafter_mixes_lookup_and_model_rounds_and_stays_exact():
     assert answer(edit) == expected and answer(fresh) == novel
     assert "prompt-lookup" in {r.drafter for r in edit.speculative.rounds}
     assert {r.drafter.removesuffix("+pipelined") for r in fresh.speculative.rounds} >= {"draft-model"}
+
+
+async def test_a_draft_answer_that_ends_inside_a_character_without_logprobs_proposes_nothing():
+    """llama-server answers `"logprobs": null` while its text ends inside a UTF-8 character."""
+    import httpx2
+
+    from specapi import Endpoint
+    from specapi._calls import Meter, RoleClient
+    from specapi.context import Context
+    from specapi.drafters import ModelDrafter
+
+    def handler(request: httpx2.Request) -> httpx2.Response:
+        body = {"choices": [{"text": "\ufffd", "index": 0, "logprobs": None, "finish_reason": "length"}],
+                "usage": {"prompt_tokens": 9, "completion_tokens": 2, "total_tokens": 11}}
+        return httpx2.Response(200, json=body)
+
+    endpoint = Endpoint(model="draft", base_url="http://draft.test/v1", api_key="x",
+                        http_client=httpx2.AsyncClient(transport=httpx2.MockTransport(handler)))
+    client = RoleClient("draft", endpoint)
+    meter = Meter(endpoint)
+    draft = await ModelDrafter(client).draft(Context(prompt="今天天气很好，"), 2, meter, None)
+    assert draft.tokens == () and meter.prompt_tokens == 9  # billed, counted, and no error
