@@ -1,0 +1,165 @@
+"""Helpers of the real-server tests: the server handles, the oracle (the same server answering the
+same request itself) and specapi's answer collected the same way."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import pathlib
+import subprocess
+from typing import Any
+
+import httpx2
+
+from specapi import AsyncSpeculativeOpenAI, Endpoint, SpeculativeStats
+
+
+@dataclasses.dataclass
+class Server:
+    """One server process serving one model."""
+
+    family: str  # "llama-cpp-python" or "llama-server"
+    role: str  # "target" or "draft"
+    model: str  # the name requests send (the server's alias)
+    port: int
+    process: subprocess.Popen[bytes]
+    log: pathlib.Path
+
+    @property
+    def root(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        return f"{self.root}/v1"
+
+    def endpoint(self, **options: Any) -> Endpoint:
+        return Endpoint(base_url=self.base_url, model=self.model, name=f"{self.family} {self.role} @ {self.port}", **options)
+
+    def log_tail(self, size: int = 3000) -> str:
+        try:
+            return self.log.read_text(errors="replace")[-size:]
+        except OSError:
+            return ""
+
+
+@dataclasses.dataclass
+class ServerPair:
+    target: Server
+    draft: Server
+
+    @property
+    def family(self) -> str:
+        return self.target.family
+
+
+# -- the oracle: the same server, answering the same request itself ------------------------------
+
+
+def _body(server: Server, body: dict[str, Any]) -> dict[str, Any]:
+    return {"model": server.model, **body}
+
+
+async def oracle_post(server: Server, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    """POST to the server directly (path under /v1, or an absolute native path like "/completion")."""
+    url = (server.root if path in ("/completion", "/tokenize", "/detokenize") else server.base_url) + path
+    async with httpx2.AsyncClient(timeout=60.0) as client:
+        response = await client.post(url, json=_body(server, body) if url.startswith(server.base_url) else body)
+    assert response.status_code == 200, f"{server.family} refused {path} {body}: HTTP {response.status_code} {response.text[:500]}"
+    return response.json()
+
+
+async def oracle_stream(server: Server, path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The server's own SSE stream for this body, as a list of JSON chunks (without [DONE])."""
+    chunks = []
+    async with httpx2.AsyncClient(timeout=60.0) as client:
+        async with client.stream("POST", server.base_url + path, json=_body(server, {**body, "stream": True})) as response:
+            assert response.status_code == 200, f"{server.family} refused {path}: HTTP {response.status_code}"
+            async for line in response.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[len("data:") :].strip()
+                if data == "[DONE]":
+                    break
+                chunks.append(json.loads(data))
+    return chunks
+
+
+async def oracle_text(server: Server, *, chat: bool, stream: bool, **body: Any) -> str:
+    """The text the server itself returns for this request (streamed: the chunks' texts joined)."""
+    path = "/chat/completions" if chat else "/completions"
+    if not stream:
+        data = await oracle_post(server, path, body)
+        choice = data["choices"][0]
+        return choice["message"]["content"] or "" if chat else choice["text"]
+    pieces = []
+    for chunk in await oracle_stream(server, path, body):
+        for choice in chunk.get("choices") or []:
+            if chat:
+                pieces.append((choice.get("delta") or {}).get("content") or "")
+            else:
+                pieces.append(choice.get("text") or "")
+    return "".join(pieces)
+
+
+@dataclasses.dataclass
+class Answer:
+    """What specapi returned: the text (streamed: the chunks' texts joined), the finish reason and the
+    statistics (`resp.speculative`, or the stream's after its end)."""
+
+    text: str
+    finish_reason: str | None
+    stats: SpeculativeStats
+    chunks: int = 0
+
+    def describe(self) -> str:
+        s = self.stats
+        return (
+            f"verification={s.verification} speculated={s.speculated} ({s.fallback_reason}) exact={s.exact} ({s.exact_reason}) "
+            f"rounds={s.num_rounds} drafted={s.drafted_tokens} accepted={s.accepted_tokens} finish={self.finish_reason}"
+        )
+
+
+def client_for(pair: ServerPair, **options: Any) -> AsyncSpeculativeOpenAI:
+    """A speculative client over the pair (target verifies, draft proposes); options as the client's."""
+    return AsyncSpeculativeOpenAI(target=pair.target.endpoint(), draft=pair.draft.endpoint(), **options)
+
+
+#: A speculative request on these tiny models takes well under a second or two; one that runs this
+#: long is stuck (e.g. re-sending the same verification forever), and fails instead of hanging the run.
+SPECULATE_TIMEOUT_S = 15.0
+
+
+async def speculate(pair: ServerPair, *, chat: bool, stream: bool, client_options: dict[str, Any] | None = None, **request: Any) -> Answer:
+    """specapi's answer to the request, through its public client only."""
+    try:
+        return await asyncio.wait_for(_speculate(pair, chat=chat, stream=stream, client_options=client_options, **request), SPECULATE_TIMEOUT_S)
+    except asyncio.TimeoutError:
+        raise AssertionError(f"specapi did not finish within {SPECULATE_TIMEOUT_S:.0f} s ({pair.family}, chat={chat}, stream={stream}, {request})") from None
+
+
+async def _speculate(pair: ServerPair, *, chat: bool, stream: bool, client_options: dict[str, Any] | None = None, **request: Any) -> Answer:
+    async with client_for(pair, **(client_options or {})) as client:
+        create = client.chat.completions.create if chat else client.completions.create
+        result = await create(stream=stream, **request)
+        if not stream:
+            choice = result.choices[0]
+            text = (choice.message.content or "") if chat else choice.text
+            return Answer(text, choice.finish_reason, result.speculative)
+        pieces, finish, count = [], None, 0
+        async for chunk in result:
+            count += 1
+            for choice in chunk.choices:
+                pieces.append(((choice.delta.content or "") if chat else choice.text) or "")
+                finish = choice.finish_reason or finish
+        assert result.speculative is not None, "the stream ended without statistics"
+        return Answer("".join(pieces), finish, result.speculative, count)
+
+
+def check_equal(answer: Answer, expected: str, request: str) -> None:
+    """specapi's text is the server's own, or specapi says it is not exact and why."""
+    if answer.stats.exact:
+        assert answer.text == expected, f"{request}: specapi {answer.text!r} != server {expected!r}; {answer.describe()}"
+    else:
+        assert answer.stats.exact_reason, f"{request}: exact=False without a reason; {answer.describe()}"
