@@ -199,5 +199,9 @@ def _residual_exact(p: TokenDist, q: TokenDist, params: SamplingParams) -> bool:
     """
     if q.exact:
         return True
+    if len(p.probs) == 1 and p.exact:
+        # p is a point mass (the target's own pick, as on fan-out): min(1, p/q) is 1 for that token
+        # and 0 for any other, and the residual is p itself, whatever q is.
+        return True
     tempered = params.draft_raw_logprobs and params.temperature != 1.0
     return not tempered and all(token in q.probs for token in p.probs)

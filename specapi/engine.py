@@ -25,7 +25,7 @@ from .drafters import Draft, Drafter, ModelDrafter, usable_prefix
 from .policy import RECHECK, TARGET_ALONE, DraftLengthPolicy, PolicyState
 from .stats import RoleUsage, RoundRecord, SpeculativeStats
 from .paths import Path, PathResolver
-from .verifiers import Verification, Verifier, plain_step, plain_stream
+from .verifiers import PlainStep, Verification, Verifier, plain_step, plain_stream
 
 __all__ = ["GenerationRequest", "Piece", "Finished", "Engine"]
 
@@ -91,6 +91,15 @@ class _Output:
     decoder: codecs.IncrementalDecoder = field(default_factory=lambda: codecs.getincrementaldecoder("utf-8")(errors="replace"))
     #: The text so far holds U+FFFD for bytes that are not UTF-8: a text API cannot send them back.
     invalid_bytes: bool = False
+
+    def restart_after(self, kept: int) -> None:
+        """Forget all text after its first `kept` characters (those the caller already has)."""
+        sent = self.text[:kept]
+        self.sent = kept
+        self.text, self.data, self.produced = sent, bytearray(sent.encode("utf-8")), 0
+        self.decoder.reset()
+        self.token_starts = [0]
+        self.context = self.request.context.advanced(sent)
 
     @property
     def remaining(self) -> int | None:
@@ -208,6 +217,14 @@ async def _settle(run: _Run) -> None:
 
 #: The policy's budget when the caller set no max_tokens (the server's own limit applies).
 _UNBOUNDED = 1 << 20
+#: The caller's last tokens that the target writes in one call, so that the server ends the text its
+#: own way. Servers that cut a character at the limit render it alike however the call began (none);
+#: llama-cpp-python finishes it past the limit only once its call has generated three bytes, and one
+#: of its one-token steps can run many tokens on (sixteen).
+_FINAL_STRETCH = 0
+_FINAL_STRETCH_LLAMA_CPP_PYTHON = 16
+#: Steps in a row that may add nothing (rounds that stall, hand over) before the engine gives up.
+_MAX_IDLE_STEPS = 64
 
 
 class Engine:
@@ -286,12 +303,17 @@ class Engine:
         prefetch: _Prefetch | None = None
         target_decides = False  # the previous round handed the next position to the target alone
         finished_normally = False
+        idle = 0  # steps in a row that added nothing
+        stretch = _FINAL_STRETCH_LLAMA_CPP_PYTHON if caps is not None and caps.server == "llama-cpp-python" else _FINAL_STRETCH
         try:
             while not out.ended and (out.remaining is None or out.remaining > 0):
                 remaining = out.remaining
                 context = out.context
+                # The caller's last tokens come from one target call, so the server ends the text its
+                # own way (a character cut at the limit, or finished past it, as each server does).
+                final = remaining is not None and remaining <= stretch
                 k = 0
-                if speculate and not target_decides:
+                if speculate and not target_decides and not final:
                     budget = remaining if remaining is not None else _UNBOUNDED
                     chosen = self.policy.choose(PolicyState(budget, len(run.books.rounds), recheck=mode == RECHECK))
                     if chosen <= 0:
@@ -299,7 +321,7 @@ class Engine:
                         run.books.fallback_reason = run.books.fallback_reason or (
                             getattr(self.policy, "reason", "") or "the draft-length policy turned speculation off"
                         )
-                    k = min(chosen, budget - 1)
+                    k = min(chosen, budget - 1 - (stretch if remaining is not None else 0))
                 target_decides = False
                 new: list[Emitted] = []
                 if k > 0:
@@ -322,7 +344,7 @@ class Engine:
                             speculate = False
                             continue
                         new, target_decides = outcome
-                if not new and not speculate and request.stream and self._can_stream(context):
+                if not new and (not speculate or final) and request.stream and self._can_stream(context):
                     # The target alone finishes the text: stream it, so that text arrives as it is made.
                     async for tokens in self._plain_stream(context, remaining, out.produced, run):
                         piece = out.add(tokens)
@@ -331,21 +353,30 @@ class Engine:
                             yield Piece(text=piece)
                     out.ended = True
                     continue
-                if not new and not target_decides:
-                    new = await self._plain(context, 1 if speculate else remaining, out, run)
+                if not new and (not target_decides or final):
+                    new = await self._plain(context, 1 if speculate and not final else remaining, out, run)
                 if run.books.retokenized and context.sampling.greedy:
                     # Every later request would re-read the same split: the target alone writes the
-                    # whole answer again from the prompt, and the part already committed is checked.
-                    new = await self._regenerate(out, run)
+                    # whole answer again from the prompt, and the part already handed out is checked.
+                    regenerated = await self._regenerate(out, run)
+                    new = regenerated if regenerated is not None else new
                     speculate = False
+                produced_before = (out.produced, len(out.data), out.ended)
                 piece = out.add(new)
+                if (out.produced, len(out.data), out.ended) == produced_before:
+                    idle += 1
+                    if idle >= _MAX_IDLE_STEPS:
+                        raise self.target.error(f"the target's answers added no text in {idle} steps in a row: stopped rather than loop")
+                else:
+                    idle = 0
                 if out.invalid_bytes and not out.ended and run.books.inexact_reason is None:
                     run.books.inexact_reason = (
                         "approximate: the target generated bytes that are not UTF-8, which a text API cannot send back to it"
                     )
                 if piece:
                     run.books.ttft_s = run.books.ttft_s if run.books.ttft_s is not None else self.clock() - started
-                    yield Piece(text=piece)
+                    if request.stream:
+                        yield Piece(text=piece)
             finished_normally = True
         finally:
             if prefetch is not None:
@@ -358,6 +389,8 @@ class Engine:
                     task.cancel()
                 await asyncio.gather(*run.stale, return_exceptions=True)
 
+        if not request.stream and out.text:
+            yield Piece(text=out.text)  # collected: handed out whole, once nothing can change it
         yield self._finished(run, started, out.finish_reason, out.produced)
 
     def _finished(self, run: _Run, started: float, finish_reason: str, produced: int) -> Finished:
@@ -449,16 +482,21 @@ class Engine:
         if seed is None and not context.sampling.greedy and step_tokens is not None and step_tokens != remaining:
             seed = run.rng.randrange(2**31)  # a repeated step must draw the same tokens again
         while True:
-            step = await plain_step(
-                self.target,
-                context,
-                step_tokens,
-                run.target_meter,
-                seed,
-                list(run.request.stop) or None,
-                count_tokens=counting,
-                prefill=self.prefill,
-            )
+            if run.request.stream and remaining is not None and step_tokens is not None and step_tokens >= remaining and self._can_stream(context):
+                # The caller's last tokens: rendered as the server streams them (servers drop an
+                # unfinished character from a stream where a plain answer shows U+FFFD).
+                step = await self._streamed_step(context, step_tokens, seed, run)
+            else:
+                step = await plain_step(
+                    self.target,
+                    context,
+                    step_tokens,
+                    run.target_meter,
+                    seed,
+                    list(run.request.stop) or None,
+                    count_tokens=counting,
+                    prefill=self.prefill,
+                )
             partial = step.finish_reason == "length" and (not step.text or step.text.endswith("\ufffd"))
             if not partial or step_tokens is None or (remaining is not None and step_tokens >= remaining) or step_tokens >= 8:
                 break
@@ -471,7 +509,9 @@ class Engine:
         new: list[Emitted] = []
         count = step.completion_tokens or (1 if step.text else 0)
         if step.finish_reason == "length" and step_tokens is not None:
-            count = step_tokens  # the server stopped at exactly the tokens it was allowed
+            # The server stopped at the tokens it was allowed, or past them to finish a character
+            # (llama-cpp-python): its own count says which.
+            count = max(step_tokens, step.completion_tokens or 0)
         if remaining is not None:
             count = min(count, remaining)
         if step.text or (step.finish_reason == "length" and count):
@@ -480,26 +520,52 @@ class Engine:
             new.append(Emitted(token="", data=b"", eos=True, finish_reason=step.finish_reason or "stop"))
         return new
 
-    async def _regenerate(self, out: _Output, run: _Run) -> list[Emitted]:
-        """Greedy text from the prompt in one target call; what follows the committed text is new.
-
-        Greedy decoding is deterministic, so the target's own answer starts with the text committed
-        before the split went wrong; if it does not, the response stays marked approximate."""
-        request, books = run.request, run.books
-        step = await plain_step(
-            self.target, request.context, request.max_tokens, run.target_meter, None, list(request.stop) or None, prefill=self.prefill
+    async def _streamed_step(self, context: Context, max_tokens: int | None, seed: int | None, run: _Run) -> PlainStep:
+        """A plain step asked as a stream and collected."""
+        texts, finish, usage = [], None, {}
+        started = self.clock()
+        stream = plain_stream(
+            self.target, context, max_tokens, run.target_meter, seed, list(run.request.stop) or None, prefill=self.prefill, usage=usage
         )
-        committed = out.text
-        if not step.text.startswith(committed):
-            return []
-        books.retokenized = False
+        async with contextlib.aclosing(stream) as chunks:
+            async for text, finish_reason in chunks:
+                texts.append(text)
+                finish = finish_reason or finish
+        prompt_tokens = usage.get("prompt_tokens")
+        return PlainStep(
+            text="".join(texts),
+            finish_reason=finish,
+            completion_tokens=int(usage.get("completion_tokens") or 0),
+            prompt_tokens=prompt_tokens if isinstance(prompt_tokens, int) else None,
+            latency_s=self.clock() - started,
+        )
+
+    async def _regenerate(self, out: _Output, run: _Run) -> list[Emitted] | None:
+        """Greedy text from the prompt in one target call, rendered as the caller receives it (streamed
+        or not): it replaces everything not yet handed out. None when it does not begin with the text
+        already handed out (then the response stays marked approximate)."""
+        request, books = run.request, run.books
+        books.retokenized = False  # one attempt per request
+        if request.stream:
+            step = await self._streamed_step(request.context, request.max_tokens, None, run)
+        else:
+            step = await plain_step(
+                self.target, request.context, request.max_tokens, run.target_meter, None, list(request.stop) or None, prefill=self.prefill
+            )
+        text, finish, tokens = step.text, step.finish_reason, step.completion_tokens
+        kept = out.sent if request.stream else 0  # a collected response has handed out nothing yet
+        sent = out.text[:kept]
+        if not text.startswith(sent):
+            return None
         books.inexact_reason = None
         books.fallback_reason = books.fallback_reason or "the target re-read its own output with other token boundaries: it wrote the answer again alone"
-        rest = step.text[len(committed) :]
-        produced = step.completion_tokens if step.finish_reason != "length" or request.max_tokens is None else request.max_tokens
-        new = [Emitted(token=rest, data=rest.encode("utf-8"), count=max(0, produced - out.produced))] if rest else []
-        new.append(Emitted(token="", data=b"", eos=True, finish_reason=step.finish_reason or "stop"))
-        return new
+        produced = request.max_tokens if finish == "length" and request.max_tokens is not None else tokens
+        out.restart_after(kept)
+        rest = text[len(sent) :]
+        return [
+            Emitted(token=rest, data=rest.encode("utf-8"), count=produced or 0),
+            Emitted(token="", data=b"", eos=True, finish_reason=finish or "stop"),
+        ]
 
     async def _draft(self, context: Context, k: int, run: _Run) -> Draft | None:
         assert self.drafter is not None

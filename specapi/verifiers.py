@@ -238,8 +238,8 @@ async def plain_step(
         raise client.error(f"response has no choices[0] text ({exc})", malformed=True) from exc
     usage = response.get("usage") or {}
     completion = usage.get("completion_tokens")
-    if max_tokens == 1:
-        completion = 1 if text else 0
+    if max_tokens == 1 and choice.get("finish_reason") != "length":
+        completion = 1 if text else 0  # usage may count an end-of-text token
     elif count_tokens:
         try:
             logprobs = choice.get("logprobs") or {}

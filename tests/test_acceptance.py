@@ -268,3 +268,16 @@ def test_sampled_rounds_repeat_under_the_same_seed():
 
     assert run(5) == run(5)
     assert run(5) != run(6)
+
+
+def test_a_point_mass_target_decides_whatever_the_drafts_list_leaves_unseen():
+    """Fan-out positions are the target's own picks: a draft list that leaves mass unseen does not
+    make them undecidable (keep the draft token when it is the pick, else emit the pick)."""
+    short_q = {"a": math.log(0.3), "b": math.log(0.2)}  # half of the draft's mass unseen
+    params = SamplingParams(temperature=0.9)
+    kept = decide_round([ScoredToken(text="a", logprob=0.0, top={"a": 0.0})], 0,
+                        [ScoredToken(text="a", logprob=short_q["a"], top=short_q)], params, random.Random(0))
+    replaced = decide_round([ScoredToken(text="a", logprob=None, top={"b": 0.0})], 0,
+                            [ScoredToken(text="a", logprob=short_q["a"], top=short_q)], params, random.Random(0))
+    assert not kept.handover and kept.accepted == 1
+    assert not replaced.handover and [e.token for e in replaced.emitted] == ["b"]

@@ -27,8 +27,13 @@ CONVERSATIONS = {
 }
 
 
-def check_speculated(answer: Answer) -> None:
+def check_speculated(answer: Answer, messages: list) -> None:  # type: ignore[type-arg]
+    """A request that ends with an assistant message (prefill) goes to the target unchanged, by design
+    (llama-server continues it and repeats the prefix in its reply); the others speculate."""
     stats = answer.stats
+    if messages[-1]["role"] == "assistant":
+        assert not stats.speculated and "prefill" in (stats.fallback_reason or ""), answer.describe()
+        return
     assert stats.speculated, f"did not speculate: {answer.describe()}"
     assert stats.verification == "prefill-fanout", answer.describe()
     assert stats.accepted_tokens > 0, f"no draft token accepted: {answer.describe()}"
@@ -41,7 +46,7 @@ async def test_greedy_chat(ls: ServerPair, name: str, stream: bool) -> None:
     expected = await oracle_text(ls.target, chat=True, stream=stream, messages=messages, max_tokens=48, temperature=0)
     answer = await speculate(ls, chat=True, stream=stream, messages=messages, max_tokens=48, temperature=0)
     check_equal(answer, expected, f"chat {name} stream={stream}")
-    check_speculated(answer)
+    check_speculated(answer, messages)
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
@@ -64,7 +69,7 @@ async def test_greedy_chat_without_max_tokens(ls: ServerPair, name: str, stream:
     answer = await speculate(ls, chat=True, stream=stream, messages=messages, temperature=0)
     check_equal(answer, expected, f"chat {name} without max_tokens stream={stream}")
     assert answer.finish_reason == "stop", answer.describe()
-    check_speculated(answer)
+    check_speculated(answer, messages)
 
 
 @pytest.mark.parametrize("name", ["code-prefill", "zh-prefill"])
@@ -74,4 +79,4 @@ async def test_greedy_chat_explicit_neutral_penalty(ls: ServerPair, name: str) -
     expected = await oracle_text(ls.target, chat=True, stream=False, messages=messages, max_tokens=32, temperature=0, repeat_penalty=1.0)
     answer = await speculate(ls, chat=True, stream=False, messages=messages, max_tokens=32, temperature=0, extra_body={"repeat_penalty": 1.0})
     check_equal(answer, expected, f"chat {name} repeat_penalty=1.0")
-    check_speculated(answer)
+    check_speculated(answer, messages)

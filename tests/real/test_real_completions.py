@@ -36,8 +36,15 @@ def pair(request: pytest.FixtureRequest) -> ServerPair:
     return request.getfixturevalue({"llama-cpp-python": "lcp", "llama-server": "ls"}[request.param])
 
 
-def check_speculated(answer: Answer, pair: ServerPair) -> None:
+def check_speculated(answer: Answer, pair: ServerPair, prompt: str) -> None:
+    """Code prompts speculate and keep draft tokens. On CJK text this tiny byte-level model writes
+    characters in pieces (and, on llama-server, bytes that are not UTF-8 at all): llama-cpp-python shows
+    such pieces as "" with no bytes, and a text API cannot send them back, so specapi may take the
+    target alone or write the answer again with it; then the response must say why."""
     stats = answer.stats
+    if prompt in CJK:
+        assert stats.speculated or stats.fallback_reason, f"no speculation and no reason: {answer.describe()}"
+        return
     assert stats.speculated, f"did not speculate: {answer.describe()}"
     assert stats.verification == VERIFICATION[pair.family], answer.describe()
     assert stats.accepted_tokens > 0, f"no draft token accepted: {answer.describe()}"
@@ -49,7 +56,7 @@ async def test_greedy_completion(pair: ServerPair, prompt: str, stream: bool) ->
     expected = await oracle_text(pair.target, chat=False, stream=stream, prompt=prompt, max_tokens=40, temperature=0, **NEUTRAL)
     answer = await speculate(pair, chat=False, stream=stream, prompt=prompt, max_tokens=40, temperature=0, extra_body=NEUTRAL)
     check_equal(answer, expected, f"{pair.family} {prompt!r} stream={stream}")
-    check_speculated(answer, pair)
+    check_speculated(answer, pair, prompt)
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
@@ -60,7 +67,7 @@ async def test_greedy_completion_lengths(pair: ServerPair, prompt: str, max_toke
     answer = await speculate(pair, chat=False, stream=stream, prompt=prompt, max_tokens=max_tokens, temperature=0, extra_body=NEUTRAL)
     check_equal(answer, expected, f"{pair.family} {prompt!r} max_tokens={max_tokens} stream={stream}")
     if max_tokens >= 64:
-        check_speculated(answer, pair)
+        check_speculated(answer, pair, prompt)
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
