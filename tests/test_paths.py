@@ -338,3 +338,25 @@ async def test_a_draft_with_another_tokenizer_keeps_the_targets_distribution():
     assert all(r.speculative.exact for r in responses)
     assert chisquare_p(counts, TARGET.sequence_probs(SAMPLE_PROMPT, SAMPLE_TOKENS)) > 1e-3
     assert chisquare_p(counts, DRAFT.sequence_probs(SAMPLE_PROMPT, SAMPLE_TOKENS)) < 1e-6
+
+
+def test_an_echo_bonus_token_holding_part_of_a_character_is_a_token_not_a_malformed_answer():
+    """vLLM/OpenAI spell a partial UTF-8 token as "bytes:\\xe4\\xb8" while the text shows U+FFFD:
+    that bonus is kept (it was counted as malformed, and three such answers switched echo off)."""
+    from specapi.verifiers import EchoVerifier
+
+    response = {
+        "choices": [{
+            "text": "ab\ufffd",
+            "finish_reason": "length",
+            "logprobs": {
+                "tokens": ["a", "b", "bytes:\\xe4\\xb8"],
+                "token_logprobs": [None, -0.1, -0.2],
+                "top_logprobs": [None, {"b": -0.1}, {"bytes:\\xe4\\xb8": -0.2}],
+            },
+        }],
+        "usage": {"prompt_tokens": 2, "completion_tokens": 1},
+    }
+    verification = EchoVerifier._read(response, "ab", "b", 0.01)
+    assert verification.bonus is not None and verification.bonus.data == b"\xe4\xb8"
+    assert [p.text for p in verification.positions] == ["b"]
