@@ -92,13 +92,10 @@ def _bad_request() -> Iterator[None]:
         raise InvalidRequestError(str(exc)) from None
 
 
-def _request_options(params: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any], str | None]:
-    """Split `extra_headers`, `extra_query` and `timeout` off the request's arguments.
-
-    Returns the remaining arguments, the SDK request options (sent with every upstream request, the
-    draft's included, and speculation stays on), and why the request must go to the target alone: never,
-    today (kept so that a transport option that cannot be honoured while speculating has a place).
-    """
+def _request_options(params: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Split `extra_headers`, `extra_query` and `timeout` off the request's arguments: the remaining
+    arguments, and the SDK request options sent with every upstream request (the draft's included;
+    speculation stays on)."""
     kwargs = dict(params)
     headers = kwargs.pop("extra_headers", None)
     query = kwargs.pop("extra_query", None)
@@ -109,7 +106,7 @@ def _request_options(params: Mapping[str, Any]) -> tuple[dict[str, Any], dict[st
         options["params"] = dict(query)
     if "timeout" in kwargs:
         options["timeout"] = kwargs.pop("timeout")
-    return kwargs, options, None
+    return kwargs, options
 
 
 def _seconds(timeout: Any) -> float | None:
@@ -698,15 +695,15 @@ class AsyncCompletions(_Resource):
 
     async def _create(self, params: dict[str, Any]) -> SpeculativeCompletion | SpeculativeStream[Completion]:
         with _bad_request():
-            kwargs, options, forwarded = _request_options(params)
+            kwargs, options = _request_options(params)
             prompt = kwargs.pop("prompt")
             model = kwargs.pop("model", None)
             max_tokens = kwargs.pop("max_tokens", 16)
             seconds = _seconds(options.get("timeout"))
-            return await _deadline(self._create_checked(prompt, model, max_tokens, kwargs, options, forwarded), seconds, self._runtime)
+            return await _deadline(self._create_checked(prompt, model, max_tokens, kwargs, options), seconds, self._runtime)
 
     async def _create_checked(
-        self, prompt: Any, model: str | None, max_tokens: int | None, kwargs: dict[str, Any], options: dict[str, Any], forwarded: str | None
+        self, prompt: Any, model: str | None, max_tokens: int | None, kwargs: dict[str, Any], options: dict[str, Any]
     ) -> SpeculativeCompletion | SpeculativeStream[Completion]:
         runtime = self._runtime
         target = runtime.target.endpoint
@@ -720,7 +717,7 @@ class AsyncCompletions(_Resource):
             if isinstance(prompt, list) and prompt:
                 return await self._passthrough("/completions", {"prompt": prompt, "model": model, "max_tokens": limit, **kwargs}, "a list prompt (batch or token ids) is served by the target alone", options)
             raise ConfigurationError(f"prompt must be a string, got {type(prompt).__name__}")
-        reason = forwarded or _unverifiable(kwargs, _COMPLETION_ARGS)
+        reason = _unverifiable(kwargs, _COMPLETION_ARGS)
         if reason is not None:
             return await self._passthrough("/completions", {"prompt": prompt, "model": model, "max_tokens": limit, **kwargs}, reason, options)
         extras, truncated = _request_fields(kwargs)
@@ -885,17 +882,17 @@ class AsyncChatCompletions(_Resource):
 
     async def _create(self, params: dict[str, Any]) -> SpeculativeChatCompletion | SpeculativeStream[ChatCompletionChunk]:
         with _bad_request():
-            kwargs, options, forwarded = _request_options(params)
+            kwargs, options = _request_options(params)
             messages = kwargs.pop("messages")
             if isinstance(messages, Iterable) and not isinstance(messages, (str, bytes, Mapping, Sequence)):
                 messages = list(messages)  # the SDK takes any iterable of messages
             model = kwargs.pop("model", None)
             max_tokens = kwargs.pop("max_tokens", None)
             seconds = _seconds(options.get("timeout"))
-            return await _deadline(self._create_checked(messages, model, max_tokens, kwargs, options, forwarded), seconds, self._runtime)
+            return await _deadline(self._create_checked(messages, model, max_tokens, kwargs, options), seconds, self._runtime)
 
     async def _create_checked(
-        self, messages: Any, model: str | None, max_tokens: int | None, kwargs: dict[str, Any], options: dict[str, Any], forwarded: str | None
+        self, messages: Any, model: str | None, max_tokens: int | None, kwargs: dict[str, Any], options: dict[str, Any]
     ) -> SpeculativeChatCompletion | SpeculativeStream[ChatCompletionChunk]:
         runtime = self._runtime
         target = runtime.target.endpoint
@@ -914,7 +911,7 @@ class AsyncChatCompletions(_Resource):
         stop = _stops(kwargs.get("stop"))
         stream, include_usage = _stream_options(kwargs)
         model = model or target.model
-        reason = forwarded or _unverifiable(kwargs, _CHAT_ARGS)
+        reason = _unverifiable(kwargs, _CHAT_ARGS)
         if reason is None and not all(isinstance(m.get("content"), str) for m in messages):
             reason = "message content that is not plain text is served by the target alone"
         if reason is None and messages[-1].get("role") == "assistant":

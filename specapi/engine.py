@@ -158,9 +158,16 @@ class _Run:
     #: Pipelined drafts that turned out stale: not verified, but billed once the server answers.
     stale: list[asyncio.Task[Draft]] = field(default_factory=list)
 
+    #: The seed a fan-out call used on this exact context (accepted text, seed), when its pick could
+    #: not be read: the step that decides that position draws the same token again with it.
+    pending_seed: tuple[str, int] | None = None
+
     def seed(self) -> int | None:
-        """A seed for the next call, drawn from the request's seed so that runs repeat."""
-        return self.rng.randrange(2**31) if self.seeded else None
+        """A seed for the next call, drawn from the request's seed so that runs repeat. Sampled calls
+        always get one (random when the caller gave none), so a draw can be repeated exactly."""
+        if self.seeded or not self.request.context.sampling.greedy:
+            return self.rng.randrange(2**31)
+        return None
 
 
 @dataclass
@@ -217,12 +224,6 @@ async def _settle(run: _Run) -> None:
 
 #: The policy's budget when the caller set no max_tokens (the server's own limit applies).
 _UNBOUNDED = 1 << 20
-#: The caller's last tokens that the target writes in one call, so that the server ends the text its
-#: own way. Servers that cut a character at the limit render it alike however the call began (none);
-#: llama-cpp-python finishes it past the limit only once its call has generated three bytes, and one
-#: of its one-token steps can run many tokens on (sixteen).
-_FINAL_STRETCH = 0
-_FINAL_STRETCH_LLAMA_CPP_PYTHON = 16
 #: Steps in a row that may add nothing (rounds that stall, hand over) before the engine gives up.
 _MAX_IDLE_STEPS = 64
 
@@ -304,7 +305,7 @@ class Engine:
         target_decides = False  # the previous round handed the next position to the target alone
         finished_normally = False
         idle = 0  # steps in a row that added nothing
-        stretch = _FINAL_STRETCH_LLAMA_CPP_PYTHON if caps is not None and caps.server == "llama-cpp-python" else _FINAL_STRETCH
+        stretch = caps.final_stretch if caps is not None else 0  # see Capabilities.final_stretch
         try:
             while not out.ended and (out.remaining is None or out.remaining > 0):
                 remaining = out.remaining
@@ -442,7 +443,6 @@ class Engine:
         """The target alone generates the rest as a stream. A chunk's text counts as one token (servers
         stream token by token); when the server stops at the limit, the count is settled to it."""
         usage: dict = {}
-        produced_before = produced
         pieces = plain_stream(
             self.target, context, remaining, run.target_meter, run.seed(), list(run.request.stop) or None, prefill=self.prefill, usage=usage
         )
@@ -467,7 +467,7 @@ class Engine:
         if not context.accepted and run.books.prompt_tokens is None and isinstance(prompt_tokens, int):
             run.books.prompt_tokens = prompt_tokens
         # Streamed text is out before the usage arrives: a split found here can only be reported.
-        _check_prompt_count(prompt_tokens if isinstance(prompt_tokens, int) else None, 0, context, produced_before, run.books)
+        _check_prompt_count(prompt_tokens if isinstance(prompt_tokens, int) else None, 0, context, produced, run.books)
 
     async def _plain(self, context: Context, step_tokens: int | None, out: _Output, run: _Run) -> list[Emitted]:
         """The target alone generates: one token while speculating, everything that remains otherwise.
@@ -478,27 +478,18 @@ class Engine:
         """
         remaining = out.remaining
         counting = getattr(self.verifier, "name", "") in ("echo", "prompt-logprobs")
-        seed = run.seed()
-        if seed is None and not context.sampling.greedy and step_tokens is not None and step_tokens != remaining:
-            seed = run.rng.randrange(2**31)  # a repeated step must draw the same tokens again
+        seed = run.seed()  # a sampled step has one: a step asked again draws the same tokens
+        if run.pending_seed is not None and run.pending_seed[0] == context.accepted:
+            # A fan-out call drew this position but its token could not be read: draw it again, the same.
+            seed = run.pending_seed[1]
+        run.pending_seed = None
         while True:
-            if run.request.stream and remaining is not None and step_tokens is not None and step_tokens >= remaining and self._can_stream(context):
-                # The caller's last tokens: rendered as the server streams them (servers drop an
-                # unfinished character from a stream where a plain answer shows U+FFFD).
-                step = await self._streamed_step(context, step_tokens, seed, run)
-            else:
-                step = await plain_step(
-                    self.target,
-                    context,
-                    step_tokens,
-                    run.target_meter,
-                    seed,
-                    list(run.request.stop) or None,
-                    count_tokens=counting,
-                    prefill=self.prefill,
-                )
+            # The caller's last tokens, streamed to a streaming caller: servers drop an unfinished
+            # character from a stream where a plain answer shows U+FFFD.
+            last = remaining is not None and step_tokens is not None and step_tokens >= remaining
+            step = await self._target_call(context, step_tokens, seed, run, streamed=run.request.stream and last, count_tokens=counting)
             partial = step.finish_reason == "length" and (not step.text or step.text.endswith("\ufffd"))
-            if not partial or step_tokens is None or (remaining is not None and step_tokens >= remaining) or step_tokens >= 8:
+            if not partial or step_tokens is None or last or step_tokens >= 8:
                 break
             step_tokens += 1
         books = run.books
@@ -507,11 +498,7 @@ class Engine:
         _check_prompt_count(step.prompt_tokens, 0, context, out.produced, books)
         self.policy.observe_plain(step.completion_tokens, step.latency_s)
         new: list[Emitted] = []
-        count = step.completion_tokens or (1 if step.text else 0)
-        if step.finish_reason == "length" and step_tokens is not None:
-            # The server stopped at the tokens it was allowed, or past them to finish a character
-            # (llama-cpp-python): its own count says which.
-            count = max(step_tokens, step.completion_tokens or 0)
+        count = _tokens_of(step, step_tokens)
         if remaining is not None:
             count = min(count, remaining)
         if step.text or (step.finish_reason == "length" and count):
@@ -520,12 +507,20 @@ class Engine:
             new.append(Emitted(token="", data=b"", eos=True, finish_reason=step.finish_reason or "stop"))
         return new
 
-    async def _streamed_step(self, context: Context, max_tokens: int | None, seed: int | None, run: _Run) -> PlainStep:
-        """A plain step asked as a stream and collected."""
+    async def _target_call(
+        self, context: Context, max_tokens: int | None, seed: int | None, run: _Run, *, streamed: bool, count_tokens: bool = False
+    ) -> PlainStep:
+        """One target-alone call; `streamed` asks it as a stream and collects it, so that the text is
+        rendered as a streaming caller would receive it."""
+        stop = list(run.request.stop) or None
+        if not streamed or not self._can_stream(context):
+            return await plain_step(
+                self.target, context, max_tokens, run.target_meter, seed, stop, count_tokens=count_tokens, prefill=self.prefill
+            )
         texts, finish, usage = [], None, {}
         started = self.clock()
         stream = plain_stream(
-            self.target, context, max_tokens, run.target_meter, seed, list(run.request.stop) or None, prefill=self.prefill, usage=usage
+            self.target, context, max_tokens, run.target_meter, seed, stop, prefill=self.prefill, usage=usage
         )
         async with contextlib.aclosing(stream) as chunks:
             async for text, finish_reason in chunks:
@@ -546,24 +541,18 @@ class Engine:
         already handed out (then the response stays marked approximate)."""
         request, books = run.request, run.books
         books.retokenized = False  # one attempt per request
-        if request.stream:
-            step = await self._streamed_step(request.context, request.max_tokens, None, run)
-        else:
-            step = await plain_step(
-                self.target, request.context, request.max_tokens, run.target_meter, None, list(request.stop) or None, prefill=self.prefill
-            )
-        text, finish, tokens = step.text, step.finish_reason, step.completion_tokens
+        step = await self._target_call(request.context, request.max_tokens, None, run, streamed=request.stream)
+        text, finish = step.text, step.finish_reason
         kept = out.sent if request.stream else 0  # a collected response has handed out nothing yet
         sent = out.text[:kept]
         if not text.startswith(sent):
             return None
         books.inexact_reason = None
         books.fallback_reason = books.fallback_reason or "the target re-read its own output with other token boundaries: it wrote the answer again alone"
-        produced = request.max_tokens if finish == "length" and request.max_tokens is not None else tokens
         out.restart_after(kept)
         rest = text[len(sent) :]
         return [
-            Emitted(token=rest, data=rest.encode("utf-8"), count=produced or 0),
+            Emitted(token=rest, data=rest.encode("utf-8"), count=_tokens_of(step, request.max_tokens)),
             Emitted(token="", data=b"", eos=True, finish_reason=finish or "stop"),
         ]
 
@@ -601,6 +590,10 @@ class Engine:
         _check_token_boundaries(verification, context, draft, out.token_starts, books)
         decision = decide_round(verification.positions, verification.straddle, draft.tokens, context.sampling, run.rng)
         _check_token_counts(verification, decision.accepted, context, out.produced, books)
+        if verification.seeds and decision.accepted < len(verification.seeds):
+            # If the target's pick after the kept tokens was unreadable, the next step redraws it.
+            kept = "".join(t.data.decode("utf-8", errors="replace") for t in draft.tokens[: decision.accepted])
+            run.pending_seed = (context.accepted + kept, verification.seeds[decision.accepted]) if verification.seeds[decision.accepted] is not None else None
         new = list(decision.emitted)
         if decision.all_accepted and not decision.stalled:
             if verification.bonus is not None:
@@ -654,6 +647,14 @@ def _with_server_defaults(request: GenerationRequest, defaults: Mapping[str, flo
             "cannot reproduce: the target alone generates (send extra_body={'repeat_penalty': 1.0} to speculate)"
         )
     return replace(request, context=replace(context, sampling=sampling, extras=extras)), reason
+
+
+def _tokens_of(step: PlainStep, asked: int | None) -> int:
+    """The target tokens a plain step produced. At its limit a server stopped at the tokens it was
+    allowed, or past them to finish a character (llama-cpp-python): its own count says which."""
+    if step.finish_reason == "length" and asked is not None:
+        return max(asked, step.completion_tokens or 0)
+    return step.completion_tokens or (1 if step.text else 0)
 
 
 def _number(value: Any) -> float:

@@ -71,6 +71,7 @@ class PrefillFanoutVerifier:
             latency_s=latency,
             prompt_tokens=answers[0][1],  # the context alone, as the target tokenized it
             prompt_counts=tuple(count for _, count in answers),
+            seeds=tuple(seeds),
         )
 
     async def _pick(self, context: Context, prefix: str | None, meter: Meter, seed: int | None, top_k: int) -> tuple[str | None, int | None]:

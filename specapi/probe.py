@@ -74,6 +74,11 @@ class Capabilities:
     server: str | None = None  # "llama-server" or "llama-cpp-python" when recognised
     #: Sampling settings the server applies to requests that do not set them (None: OpenAI's, 1.0 and 1.0).
     sampler_defaults: dict[str, float] | None = None
+    #: The caller's last tokens the target must write in one call for the text to end as its own would.
+    #: Servers that cut a character at the limit render it alike however the call began (0);
+    #: llama-cpp-python finishes it past the limit, but only once its call has generated three bytes,
+    #: and one of its one-token steps can run many tokens on.
+    final_stretch: int = 0
     notes: tuple[str, ...] = field(default=())
 
     def to_dict(self) -> dict[str, Any]:
@@ -211,7 +216,7 @@ async def probe_endpoint(client: RoleClient, meter: Meter) -> Capabilities:
 
     server, defaults = await _server_defaults(client)
     if server is not None:
-        found.update(server=server, sampler_defaults=defaults)
+        found.update(server=server, sampler_defaults=defaults, final_stretch=16 if server == "llama-cpp-python" else 0)
         notes.append(f"{server}: applies {defaults} to requests that do not set them")
     return Capabilities(notes=tuple(notes), **found)
 

@@ -45,6 +45,8 @@ class Verification:
     starts_from_end: frozenset[int] | None = None
     #: Fan-out: the prompt tokens billed for the call that continued the context plus j draft tokens.
     prompt_counts: tuple[int | None, ...] = ()
+    #: Fan-out: the seed of the call that continued the context plus j draft tokens.
+    seeds: tuple[int | None, ...] = ()
 
 
 SeedSource = Callable[[], "int | None"]

@@ -278,7 +278,7 @@ async def test_a_default_repeat_penalty_leaves_the_target_alone_unless_the_calle
     target = _llama_like("llama-cpp-python")
     draft = InProcessToy("draft").endpoint("draft")
     async with AsyncSpeculativeOpenAI(target=target, draft=draft, policy="fixed") as client:
-        # 24 tokens: llama-cpp-python's last 16 come from one target call (see engine._FINAL_STRETCH_LLAMA_CPP_PYTHON)
+        # 24 tokens: llama-cpp-python's last 16 come from one target call (see probe.Capabilities.final_stretch)
         plain = await client.completions.create(prompt="cafe", max_tokens=24, temperature=0)
         neutral = await client.completions.create(prompt="cafe", max_tokens=24, temperature=0, extra_body={"repeat_penalty": 1.0})
     assert not plain.speculative.speculated and "repeat_penalty 1.1" in plain.speculative.fallback_reason
