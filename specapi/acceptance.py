@@ -14,6 +14,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from .alignment import ScoredToken, spans, token_bytes
+from .lossy import EXACT, AcceptanceRule, divergence
 from .sampling import TokenDist, acceptance_probability, argmax_token, residual, sample_token
 
 __all__ = ["Emitted", "RoundDecision", "SamplingParams", "decide_round", "DEFAULT_EOS_TOKENS"]
@@ -37,6 +38,8 @@ class SamplingParams:
     target_sampler_only: bool = False
     #: The sampling fields the caller set; the others take the target server's defaults where known.
     explicit: frozenset[str] = frozenset({"temperature", "top_p"})
+    #: How draft tokens are kept: exact (the default) or a lossy rule the caller opted into.
+    acceptance: AcceptanceRule = EXACT
 
     @property
     def greedy(self) -> bool:
@@ -67,6 +70,10 @@ class RoundDecision:
     gap: float = 0.0
     #: The next position could not be decided exactly from the lists: the target alone must decide it.
     handover: bool = False
+    #: Lossy acceptance: kept tokens exact verification would have rejected for certain, and the summed
+    #: log-probability gap of the tokens the lossy rule kept to the target's most likely ones.
+    divergent: int = 0
+    logprob_gap: float = 0.0
 
 
 def _emit(token: str, position: ScoredToken, eos_tokens: Collection[str]) -> Emitted | None:
@@ -116,6 +123,7 @@ def decide_round(
     all_accepted = True
     stalled = False
     handover = False
+    divergent, logprob_gap = 0, 0.0
 
     for index, (position, span) in enumerate(zip(positions, target_spans)):
         if index == 0 and straddle:
@@ -131,6 +139,15 @@ def decide_round(
             all_accepted = False
             stalled = not emitted
             break
+        if params.acceptance.lossy:
+            kept = _lossy_keep(position, draft_by_span.get(span), params, eos_tokens)
+            if kept is not None:
+                divergent += kept[0]
+                logprob_gap += kept[1]
+                emitted.append(Emitted(token=position.text, data=position.data, logprob=position.logprob, top=dict(position.top or {})))
+                accepted_bytes = span[1]
+                continue
+            # Not kept by the lossy rule: the exact rule decides this position.
         if params.greedy:
             choice = argmax_token(dist, prefer=position.text)
             keep = choice == position.text
@@ -188,7 +205,32 @@ def decide_round(
         stalled=stalled,
         gap=gap,
         handover=handover,
+        divergent=divergent,
+        logprob_gap=logprob_gap,
     )
+
+
+def _lossy_keep(
+    position: ScoredToken, drafted: ScoredToken | None, params: SamplingParams, eos_tokens: Collection[str]
+) -> tuple[bool, float] | None:
+    """Whether the lossy rule keeps the draft token at `position`: None if not (or it cannot say),
+    else whether exact verification would have rejected it for certain, and its log-probability gap."""
+    if position.logprob is None or position.text in eos_tokens:
+        return None
+    temperature = 1.0 if params.greedy else params.temperature
+    top_p = 1.0 if params.greedy else params.top_p
+    raw = True if params.greedy else params.raw_logprobs
+    p = TokenDist.from_logprobs(position.listed(), extra=position.scored(), temperature=temperature, top_p=top_p, raw=raw)
+    q_value = None
+    if drafted is not None and drafted.text == position.text and drafted.logprob is not None:
+        draft_raw = True if params.greedy else params.draft_raw_logprobs
+        q = _without_eos(
+            TokenDist.from_logprobs(drafted.listed(), extra=drafted.scored(), temperature=temperature, top_p=top_p, raw=draft_raw), eos_tokens
+        )
+        q_value = q.get(position.text)
+    if not params.acceptance.keeps(p.get(position.text), q_value, p.probs):
+        return None
+    return divergence(position.text, p.probs, position.distribution(), params.greedy)
 
 
 def _residual_exact(p: TokenDist, q: TokenDist, params: SamplingParams) -> bool:

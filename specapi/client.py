@@ -41,6 +41,7 @@ from .acceptance import SamplingParams
 from .context import Context
 from .drafters import CombinedDrafter, Drafter, LookupDrafter, ModelDrafter, PredictionDrafter
 from .endpoint import Endpoint
+from .lossy import AcceptanceRule
 from .engine import Engine, Finished, GenerationRequest, Piece
 from .policy import AdaptiveDraftLength, DraftLengthPolicy, FixedDraftLength
 from .stats import RoleUsage, SpeculativeStats
@@ -200,7 +201,9 @@ class _Runtime:
         sleep: Sleep,
         clock: Clock,
         suffix_index: SuffixIndex | None = None,
+        acceptance: AcceptanceRule = AcceptanceRule(),
     ) -> None:
+        self.acceptance = acceptance
         self.target = RoleClient("target", target, sleep=sleep, clock=clock)
         self.draft = RoleClient("draft", draft, sleep=sleep, clock=clock) if draft is not None else None
         # What finished requests taught: shared per target model (another `model=` gets its own).
@@ -286,6 +289,13 @@ def _build_drafter(choice: str | Drafter, draft: RoleClient | None, index: Suffi
     raise ConfigurationError(f"drafter must be 'auto', 'model', 'lookup', 'suffix' or a drafter object, got {choice!r}")
 
 
+def _acceptance_rule(mode: Any, threshold: Any, epsilon: Any, delta: Any) -> AcceptanceRule:
+    try:
+        return AcceptanceRule(mode=mode, threshold=threshold, epsilon=epsilon, delta=delta)
+    except ValueError as exc:
+        raise ConfigurationError(str(exc)) from None
+
+
 def _build_policy(choice: str | DraftLengthPolicy, k: int) -> DraftLengthPolicy:
     fixed = FixedDraftLength(k)  # validates k either way
     if not isinstance(choice, str):
@@ -318,6 +328,13 @@ class AsyncSpeculativeOpenAI:
         pipeline: draft the next round while the current one is verified (default True).
         suffix_index: the `SuffixIndex` that finished requests are learnt into and suffix drafts come
             from (default: a new one, shared by `with_options` copies; pass one to share it further).
+        acceptance: "exact" (default: the output is the target's), or a lossy rule you opt into:
+            "threshold" (keep a draft token while p_target/p_draft >= `acceptance_threshold`, default
+            0.7) or "typical" (Medusa's: keep it while p_target > min(`typical_epsilon`,
+            `typical_delta` * exp(-entropy)), defaults 0.09 and 0.3). Lossy responses say
+            `exact=False` and measure their divergence (`speculative.divergent_tokens`,
+            `logprob_gap`); paths that show no target distribution (fan-out, Predicted Outputs,
+            prefix match) decide exactly and say so in `speculative.acceptance_note`.
         sleep, clock: injectable for tests and the simulator.
     """
 
@@ -332,6 +349,10 @@ class AsyncSpeculativeOpenAI:
         verification: str = "auto",
         pipeline: bool = True,
         suffix_index: SuffixIndex | None = None,
+        acceptance: str = "exact",
+        acceptance_threshold: float = 0.7,
+        typical_epsilon: float = 0.09,
+        typical_delta: float = 0.3,
         sleep: Sleep = asyncio.sleep,
         clock: Clock = time.perf_counter,
     ) -> None:
@@ -349,6 +370,7 @@ class AsyncSpeculativeOpenAI:
             sleep=sleep,
             clock=clock,
             suffix_index=suffix_index,
+            acceptance=_acceptance_rule(acceptance, acceptance_threshold, typical_epsilon, typical_delta),
         )
         self._owns_connections = True
         self._options = {
@@ -360,6 +382,10 @@ class AsyncSpeculativeOpenAI:
             "verification": verification,
             "pipeline": pipeline,
             "suffix_index": self._runtime.suffix_index,
+            "acceptance": acceptance,
+            "acceptance_threshold": acceptance_threshold,
+            "typical_epsilon": typical_epsilon,
+            "typical_delta": typical_delta,
             "sleep": sleep,
             "clock": clock,
         }
@@ -514,6 +540,8 @@ class _Resource:
     ) -> Any:
         """Run the engine: a stream of chunks, or one response collected from it."""
         runtime = self._runtime
+        if runtime.acceptance.lossy:
+            context = replace(context, sampling=replace(context.sampling, acceptance=runtime.acceptance))
         engine = runtime.engine(chat=self.chat, prediction=_prediction_text(kwargs.get("prediction")), model=model, context=context, max_tokens=limit)
         request = GenerationRequest(context=context, max_tokens=limit, stop=stop, stream=stream)
         if stream:

@@ -21,6 +21,7 @@ from ._exceptions import DraftError, EndpointError, MalformedResponseError
 from .acceptance import Emitted, decide_round
 from .alignment import complete_utf8_prefix, token_bytes
 from .context import Context, Prefill
+from .lossy import EXACT, lossy_path_note
 from .drafters import Draft, Drafter, ModelDrafter, usable_prefix
 from .policy import RECHECK, TARGET_ALONE, DraftLengthPolicy, PolicyState
 from .stats import RoleUsage, RoundRecord, SpeculativeStats
@@ -68,6 +69,10 @@ class _Books:
     #: The target read its own output back with other token boundaries (see `_check_prompt_count`).
     retokenized: bool = False
     discarded_draft_tokens: int = 0
+    acceptance: str = "exact"  # the rule the rounds are decided with (see lossy.py)
+    acceptance_note: str | None = None
+    divergent: int = 0
+    logprob_gap: float = 0.0
 
 
 @dataclass
@@ -265,11 +270,14 @@ class Engine:
             target_meter=Meter(self.target.endpoint),
             draft_meter=Meter(self.draft_client.endpoint) if self.draft_client else None,
             books=_Books(fallback_reason=unverifiable_reason),
-            top_k=1 if request.context.sampling.greedy else self.target.endpoint.max_logprobs,
+            # Lossy rules read the target's distribution even when greedy.
+            top_k=1 if request.context.sampling.greedy and not request.context.sampling.acceptance.lossy else self.target.endpoint.max_logprobs,
         )
         path = await self.paths.resolve(self.chat, run.target_meter) if unverifiable_reason is None and self.drafter else Path("none")
         run.books.path_note = path.note
         self.prefill = path.prefill
+        request = _lossy_where_possible(request, path, run.books)
+        run.request = request
         if path.whole is not None:
             async for event in self._whole(path, request, run, started):
                 yield event
@@ -402,8 +410,11 @@ class Engine:
             rounds=tuple(books.rounds),
             draft=run.draft_meter.snapshot() if run.draft_meter else RoleUsage(),
             target=run.target_meter.snapshot(),
-            exact=books.inexact_reason is None,
-            exact_reason=books.inexact_reason,
+            exact=books.inexact_reason is None and books.acceptance == "exact",
+            exact_reason=books.inexact_reason or (
+                f"lossy acceptance {books.acceptance!r} (opted in): kept draft tokens exact verification might reject"
+                if books.acceptance != "exact" else None
+            ),
             speculated=bool(books.rounds),
             fallback_reason=books.fallback_reason,
             verification=getattr(self.verifier, "name", "none") if books.rounds else "none",
@@ -412,6 +423,10 @@ class Engine:
             ttft_s=books.ttft_s,
             max_coverage_gap=books.max_gap,
             discarded_draft_tokens=books.discarded_draft_tokens,
+            acceptance=books.acceptance,
+            acceptance_note=books.acceptance_note,
+            divergent_tokens=books.divergent,
+            logprob_gap=books.logprob_gap,
         )
         return Finished(finish_reason=finish_reason, stats=stats, prompt_tokens=books.prompt_tokens, completion_tokens=produced)
 
@@ -590,6 +605,8 @@ class Engine:
         _check_token_boundaries(verification, context, draft, out.token_starts, books)
         decision = decide_round(verification.positions, verification.straddle, draft.tokens, context.sampling, run.rng)
         _check_token_counts(verification, decision.accepted, context, out.produced, books)
+        books.divergent += decision.divergent
+        books.logprob_gap += decision.logprob_gap
         if verification.seeds and decision.accepted < len(verification.seeds):
             # If the target's pick after the kept tokens was unreadable, the next step redraws it.
             kept = "".join(t.data.decode("utf-8", errors="replace") for t in draft.tokens[: decision.accepted])
@@ -647,6 +664,24 @@ def _with_server_defaults(request: GenerationRequest, defaults: Mapping[str, flo
             "cannot reproduce: the target alone generates (send extra_body={'repeat_penalty': 1.0} to speculate)"
         )
     return replace(request, context=replace(context, sampling=sampling, extras=extras)), reason
+
+
+def _lossy_where_possible(request: GenerationRequest, path: Path, books: _Books) -> GenerationRequest:
+    """A lossy rule needs the target's distribution per draft position: paths where the target shows
+    only its own tokens (fan-out picks, whole answers) decide exactly, and the books say why."""
+    rule = request.context.sampling.acceptance
+    if not rule.lossy:
+        return request
+    if path.whole is None and path.verifier is None:
+        books.acceptance_note = f"acceptance {rule.mode!r} unused: no verification path, the target alone generated"
+        sampling = replace(request.context.sampling, acceptance=EXACT)
+        return replace(request, context=replace(request.context, sampling=sampling))
+    if path.whole is not None or getattr(path.verifier, "draws_target_tokens", False):
+        books.acceptance_note = lossy_path_note(rule, path.name)
+        sampling = replace(request.context.sampling, acceptance=EXACT)
+        return replace(request, context=replace(request.context, sampling=sampling))
+    books.acceptance = rule.mode
+    return request
 
 
 def _tokens_of(step: PlainStep, asked: int | None) -> int:

@@ -92,6 +92,15 @@ class SpeculativeStats:
     max_coverage_gap: float = 0.0
     #: Draft tokens the draft was billed for that never reached verification (stale pipelined drafts).
     discarded_draft_tokens: int = 0
+    #: The rule that decided the rounds: "exact", or the lossy "threshold"/"typical" the caller opted into
+    #: (then `exact` is False); `acceptance_note` says why a lossy request was decided exactly instead.
+    acceptance: str = "exact"
+    acceptance_note: str | None = None
+    #: Lossy acceptance's measured divergence: emitted tokens exact verification would have rejected
+    #: for certain (greedy: not the target's argmax), and the summed log-probability gap of the kept
+    #: draft tokens to the target's most likely token (server logprobs, nats).
+    divergent_tokens: int = 0
+    logprob_gap: float = 0.0
 
     @property
     def num_rounds(self) -> int:
@@ -118,6 +127,11 @@ class SpeculativeStats:
     @property
     def tokens_per_target_call(self) -> float:
         return self.generated_tokens / self.target.requests if self.target.requests else 0.0
+
+    @property
+    def mean_logprob_gap(self) -> float:
+        """`logprob_gap` per generated token."""
+        return self.logprob_gap / self.generated_tokens if self.generated_tokens else 0.0
 
     @property
     def cost_usd(self) -> Decimal | None:
@@ -149,6 +163,7 @@ class SpeculativeStats:
             speculated, fallback_reason, exact, exact_reason, verification,
             num_rounds, drafted_tokens, accepted_tokens, acceptance_rate, mean_accepted_length,
             generated_tokens, tokens_per_target_call, max_coverage_gap, wall_s, ttft_s,
+            acceptance, acceptance_note, divergent_tokens, logprob_gap, mean_logprob_gap,
             cost_usd, draft{...}, target{...}
 
         `draft` and `target` hold `requests`, `failed_requests`, `prompt_tokens`, `completion_tokens`,
@@ -174,6 +189,11 @@ class SpeculativeStats:
             "max_coverage_gap": round(self.max_coverage_gap, 9),
             "wall_s": round(self.wall_s, 6),
             "ttft_s": None if self.ttft_s is None else round(self.ttft_s, 6),
+            "acceptance": self.acceptance,
+            "acceptance_note": self.acceptance_note,
+            "divergent_tokens": self.divergent_tokens,
+            "logprob_gap": round(self.logprob_gap, 6),
+            "mean_logprob_gap": round(self.mean_logprob_gap, 6),
             "cost_usd": money(self.cost_usd),
             "draft": _usage_dict(self.draft),
             "target": _usage_dict(self.target),
@@ -205,6 +225,8 @@ class SpeculativeStats:
             )
         else:
             head = f"{self.generated_tokens} tokens from the target alone ({self.fallback_reason or 'no speculation'})"
+        if self.acceptance != "exact":
+            head += f", {self.divergent_tokens} divergent (gap {self.logprob_gap:.2f} nats)"
         exact = "exact" if self.exact else f"not exact ({self.exact_reason})" if self.exact_reason else "not exact"
         cost = f"cost draft {format_money(self.draft.cost_usd)}, target {format_money(self.target.cost_usd)}"
         return f"{head}; {exact}; path {self.verification}; {self.wall_s:.2f}s; {cost}"
@@ -267,7 +289,7 @@ def _put(headers: dict[str, str], name: str, value: Any, scrub: Callable[[str], 
         return
     if isinstance(value, bool):
         text = "true" if value else "false"
-    elif name.endswith("_reason"):
+    elif name.endswith(("_reason", "_note")):
         text = scrub(str(value))
     else:
         text = str(value)
