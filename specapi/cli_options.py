@@ -28,6 +28,9 @@ __all__ = [
     "UsageError",
     "ENDPOINTS",
     "speculation_options",
+    "acceptance_options",
+    "acceptance_values",
+    "ACCEPTANCE_CHOICES",
     "add_options",
     "resolve",
     "boolean",
@@ -41,6 +44,10 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 #: `specapi.paths.VERIFICATIONS`, spelled out: `paths` imports `probe`, which imports this module.
 VERIFICATION_CHOICES = ("auto", "echo", "prompt-logprobs", "prefill-fanout", "predicted-outputs", "prefix-match", "none")
+
+
+#: `specapi.lossy.ACCEPTANCE_MODES`, spelled out as above.
+ACCEPTANCE_CHOICES = ("exact", "threshold", "typical")
 
 
 class UsageError(Exception):
@@ -194,3 +201,34 @@ def speculation_options(*, default_text: str | None = None, **defaults: Any) -> 
         option("--verification", str, "how the target checks drafts (see docs/verification.md); none = the target alone", VERIFICATION_CHOICES),
         option("--pipeline", boolean, "draft the next round while the current one is verified"),
     )
+
+
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise ValueError("must be a number in [0, 1]")
+    return value
+
+
+def _non_negative(text: str) -> float:
+    value = float(text)
+    if not value >= 0.0:
+        raise ValueError("must be a number >= 0")
+    return value
+
+
+def acceptance_options() -> tuple[Option, ...]:
+    """`--acceptance`, `--acceptance-threshold`, `--typical-epsilon`, `--typical-delta` (see `specapi.lossy`)."""
+    return (
+        Option("--acceptance", "SPECAPI_ACCEPTANCE", str, "exact", "how drafts are kept: exact (the target's output), or the lossy "
+               "threshold (p_target/p_draft >= --acceptance-threshold) or typical (Medusa's) rules; lossy output says exact=false",
+               choices=ACCEPTANCE_CHOICES),
+        Option("--acceptance-threshold", "SPECAPI_ACCEPTANCE_THRESHOLD", _non_negative, 0.7, "the threshold rule's ratio"),
+        Option("--typical-epsilon", "SPECAPI_TYPICAL_EPSILON", _fraction, 0.09, "the typical rule's hard floor epsilon"),
+        Option("--typical-delta", "SPECAPI_TYPICAL_DELTA", _fraction, 0.3, "the typical rule's entropy factor delta"),
+    )
+
+
+def acceptance_values(values: Mapping[str, Any]) -> dict[str, Any]:
+    """The client's keyword arguments from resolved `acceptance_options()`."""
+    return {name: values[name] for name in ("acceptance", "acceptance_threshold", "typical_epsilon", "typical_delta")}

@@ -16,7 +16,10 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from .cli_options import ENDPOINTS, EXIT_FAILED, EXIT_OK, EXIT_USAGE, Option, UsageError, add_options, boolean, resolve, speculation_options
+from .cli_options import (
+    ENDPOINTS, EXIT_FAILED, EXIT_OK, EXIT_USAGE, Option, UsageError, acceptance_options, acceptance_values, add_options, boolean, resolve,
+    speculation_options,
+)
 
 __all__ = ["add_arguments", "run", "OPTIONS"]
 
@@ -35,13 +38,14 @@ REQUEST: tuple[Option, ...] = (
     Option("--seed", "SPECAPI_SEED", int, None, "seed for sampled requests", default_text="none"),
     Option("--json", "SPECAPI_JSON", boolean, False, "print the text and statistics as one JSON object on stdout"),
 )
-OPTIONS: tuple[Option, ...] = (*ENDPOINTS, *speculation_options(), *REQUEST)
+OPTIONS: tuple[Option, ...] = (*ENDPOINTS, *speculation_options(), *acceptance_options(), *REQUEST)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("prompt", help="the prompt (completions) or user message (--chat)")
     add_options(parser.add_argument_group("endpoints (default: the embedded simulator)"), ENDPOINTS)
     add_options(parser.add_argument_group("speculation"), speculation_options())
+    add_options(parser.add_argument_group("acceptance (lossy rules are opt-in)"), acceptance_options())
     add_options(parser.add_argument_group("request and output"), REQUEST)
 
 
@@ -67,6 +71,7 @@ async def _generate(prompt: str, values: Mapping[str, Any]) -> dict[str, Any]:
         drafter=values["drafter"],
         verification=values["verification"],
         pipeline=values["pipeline"],
+        **acceptance_values(values),
     )
     request = {"max_tokens": values["max_tokens"], "temperature": values["temperature"], "seed": values["seed"]}
     try:

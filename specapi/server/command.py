@@ -30,7 +30,7 @@ import uvicorn
 from starlette.applications import Starlette
 
 from .._exceptions import ConfigurationError
-from ..cli_options import ENDPOINTS, Option, UsageError, add_options, resolve, speculation_options
+from ..cli_options import ENDPOINTS, Option, UsageError, acceptance_options, acceptance_values, add_options, boolean, resolve, speculation_options
 from ..endpoint import Endpoint
 from .app import create_app
 from .config import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_TOKENS_LIMIT, SUFFIX_SCOPES, ServerConfig
@@ -74,6 +74,9 @@ OPTIONS: tuple[Option, ...] = (
     Option("--host", "SPECAPI_HOST", str, "127.0.0.1", "address to listen on"),
     Option("--port", "SPECAPI_PORT", _port, 8000, "port to listen on"),
     *speculation_options(),
+    *acceptance_options(),
+    Option("--allow-lossy-acceptance", "SPECAPI_ALLOW_LOSSY_ACCEPTANCE", boolean, False,
+           "let --acceptance threshold|typical serve output that is not the target's (refused without it)"),
     Option(
         "--suffix-scope",
         "SPECAPI_SUFFIX_SCOPE",
@@ -136,7 +139,10 @@ def resolve_settings(args: argparse.Namespace, environ: Mapping[str, str]) -> Se
             max_tokens_limit=values["max_tokens_limit"],
             client_options={
                 "policy": values["policy"], "drafter": values["drafter"], "verification": values["verification"], "pipeline": values["pipeline"],
+                # Lossy acceptance only when asked for (ServerConfig refuses it without the flag).
+                **(acceptance_values(values) if values["acceptance"] != "exact" else {}),
             },
+            allow_lossy_acceptance=values["allow_lossy_acceptance"],
             suffix_scope=values["suffix_scope"],
             suffix_max_tokens=values["suffix_max_tokens"],
         )

@@ -46,6 +46,8 @@ class ServerConfig:
             another client recently sent or received runs faster, which that client could measure.
         suffix_max_tokens: the cap of each suffix index, in tokens (the oldest sequences leave first).
         max_tenants: with "api-key", how many keys keep an index (least recently used dropped first).
+        allow_lossy_acceptance: lets `client_options` choose a lossy acceptance rule ("threshold",
+            "typical"), whose output is not the target's; refused without it (`--allow-lossy-acceptance`).
         clock: seconds, for the proxy's own latency metrics (injectable for tests).
     """
 
@@ -59,6 +61,7 @@ class ServerConfig:
     suffix_scope: str = "model"
     suffix_max_tokens: int = 32_768
     max_tenants: int = DEFAULT_MAX_TENANTS
+    allow_lossy_acceptance: bool = False
     clock: Callable[[], float] = field(default=time.perf_counter, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -74,6 +77,12 @@ class ServerConfig:
                 raise ConfigurationError(f"{name} must be an integer >= 1, got {value!r}")
         if self.api_key is not None and (not isinstance(self.api_key, str) or not self.api_key.strip()):
             raise ConfigurationError("api_key must be a non-empty string or None")
+        acceptance = self.client_options.get("acceptance", "exact")
+        if acceptance != "exact" and not self.allow_lossy_acceptance:
+            raise ConfigurationError(
+                f"acceptance {acceptance!r} is lossy (clients would get text that is not the target's output): "
+                "start the proxy with --allow-lossy-acceptance (allow_lossy_acceptance=True) to serve it"
+            )
         object.__setattr__(self, "client_options", MappingProxyType(dict(self.client_options)))
 
     @property
