@@ -270,8 +270,8 @@ class Engine:
             target_meter=Meter(self.target.endpoint),
             draft_meter=Meter(self.draft_client.endpoint) if self.draft_client else None,
             books=_Books(fallback_reason=unverifiable_reason),
-            # Lossy rules read the target's distribution even when greedy.
-            top_k=1 if request.context.sampling.greedy and not request.context.sampling.acceptance.lossy else self.target.endpoint.max_logprobs,
+            # The typical rule reads the target's distribution (its entropy) even when greedy.
+            top_k=1 if request.context.sampling.greedy and not request.context.sampling.acceptance.needs_distribution else self.target.endpoint.max_logprobs,
         )
         path = await self.paths.resolve(self.chat, run.target_meter) if unverifiable_reason is None and self.drafter else Path("none")
         run.books.path_note = path.note

@@ -67,6 +67,12 @@ class AcceptanceRule:
     def lossy(self) -> bool:
         return self.mode != "exact"
 
+    @property
+    def needs_distribution(self) -> bool:
+        """The rule reads the target's whole list at each position (entropy), not just the drafted
+        token's probability and the most likely token."""
+        return self.mode == "typical"
+
     def describe(self) -> str:
         if self.mode == "threshold":
             return f"threshold (p_target/p_draft >= {self.threshold:g})"

@@ -132,7 +132,7 @@ async def test_the_three_way_experiment_checks_each_text_against_the_targets_own
 
 async def test_the_sweep_reports_divergence_that_grows_as_the_threshold_falls() -> None:
     target, draft = simulated_endpoints(profile="vllm", latency="instant")
-    sweep = await lossy_sweep(target, draft, settings=(("exact", None), ("threshold", 0.0)), requests=2, max_tokens=24)
+    sweep = await lossy_sweep(target, draft, prompts=("def add(a, b):", "解释一下注意力"), settings=(("exact", None), ("threshold", 0.0)), max_tokens=24)
     exact, loose = sweep["rows"]
     assert exact["exact"] and exact["divergent_per_100"] == 0 and exact["same_text_as_target"] == 2
     assert not loose["exact"] and loose["acceptance_rate"] == 1.0  # threshold 0 keeps every draft token

@@ -42,6 +42,9 @@ from ..stats import RoleUsage, SpeculativeStats, money
 
 __all__ = [
     "QUESTION",
+    "SHORT_SWEEP",
+    "SWEEP",
+    "SWEEP_PROMPTS",
     "BlogRound",
     "BlogRun",
     "Word",
@@ -376,32 +379,45 @@ def _common_prefix(a: str, b: str) -> int:
 
 SWEEP = (("exact", None), ("threshold", 1.0), ("threshold", 0.7), ("threshold", 0.5), ("threshold", 0.3), ("threshold", 0.1),
          ("threshold", 0.0), ("typical", None))
+#: A shorter sweep (the example's default, to stay within a minute).
+SHORT_SWEEP = (("exact", None), ("threshold", 1.0), ("threshold", 0.7), ("threshold", 0.3), ("threshold", 0.0), ("typical", None))
+#: The sweep's requests: the blog's question, the same in English, and two code requests (where a draft agrees more).
+SWEEP_PROMPTS = (
+    QUESTION,
+    "Explain the attention mechanism of the Transformer with an analogy.",
+    'Complete this function:\ndef fnmatch(name, pat):\n    """Test whether FILENAME matches PATTERN.',
+    'Complete this function:\ndef abstractmethod(funcobj):\n    """A decorator indicating abstract methods.',
+)
 
 
 async def lossy_sweep(
     target: Endpoint,
     draft: Endpoint,
     *,
-    question: str = QUESTION,
+    prompts: Sequence[str] = SWEEP_PROMPTS,
     settings: Sequence[tuple[str, float | None]] = SWEEP,
-    requests: int = 3,
     max_tokens: int = MAX_TOKENS,
     temperature: float = 0.0,
     clock: Clock = time.perf_counter,
 ) -> dict[str, Any]:
-    """Each acceptance setting on the same requests (draft model, fixed 4 tokens per round), against the
-    target alone: mean seconds per request, speedup, acceptance and divergence per generated token."""
-    messages = [{"role": "user", "content": question}]
+    """Each acceptance setting on the same chat requests (draft model, fixed 4 tokens per round), against
+    the target alone: mean seconds per request, speedup, acceptance and divergence per generated token.
 
-    async def timed(client: AsyncSpeculativeOpenAI, seed: int) -> tuple[float, SpeculativeStats, str]:
+    Greedy by default: there "divergent" means "not the target's own token", and the target's own text
+    is unique. (Sampled, exact verification rejects a token for certain only outside the nucleus, so
+    without top_p the count is 0 by definition and only the log-probability gap measures.)"""
+
+    async def timed(client: AsyncSpeculativeOpenAI, prompt: str, seed: int, tokens: int) -> tuple[float, SpeculativeStats, str]:
         started = clock()
-        response = await client.chat.completions.create(messages=messages, max_tokens=max_tokens, temperature=temperature, seed=seed)
+        response = await client.chat.completions.create(
+            messages=[{"role": "user", "content": prompt}], max_tokens=tokens, temperature=temperature, seed=seed
+        )
         assert response.speculative is not None
         return clock() - started, response.speculative, response.choices[0].message.content or ""
 
     async def measure(client: AsyncSpeculativeOpenAI) -> list[tuple[float, SpeculativeStats, str]]:
-        await timed(client, 10_000)  # warm-up: connections and the capability probe
-        return [await timed(client, seed) for seed in range(requests)]
+        await timed(client, prompts[0], 10_000, 4)  # warm-up: connections and the capability probe
+        return [await timed(client, prompt, seed, max_tokens) for seed, prompt in enumerate(prompts)]
 
     common: dict[str, Any] = {"target": target, "draft": draft, "drafter": "model", "policy": "fixed", "num_speculative_tokens": 4, "clock": clock}
     alone = await measure(AsyncSpeculativeOpenAI(target=target, verification="none", clock=clock))
@@ -429,7 +445,7 @@ async def lossy_sweep(
             "exact": all(s.exact for s in stats),
             "verification": stats[0].verification if stats else "none",
         })
-    return {"question": question, "requests": requests, "max_tokens": max_tokens, "temperature": temperature,
+    return {"prompts": list(prompts), "requests": len(prompts), "max_tokens": max_tokens, "temperature": temperature,
             "target_alone_s": round(alone_s, 4), "rows": rows}
 
 
