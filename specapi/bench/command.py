@@ -128,6 +128,7 @@ def build_scenarios(args: argparse.Namespace) -> list[Scenario]:
             },
             use_draft=bool(args.draft_model),
             max_tokens=64,
+            seed_blog=base.seed_blog,
         )
         return [_overridden(scenario, args)]
     names = args.scenario or list(DEFAULT_SCENARIOS)
@@ -169,8 +170,32 @@ async def _run_all(args: argparse.Namespace, scenarios: list[Scenario], console:
             def step(label: str, name: str = scenario.name) -> None:
                 progress.update(task, advance=1, description=f"{name}: {label}")
 
-            runs.append(await run_scenario(scenario, target, draft, progress=step))
+            run = await run_scenario(scenario, target, draft, progress=step)
+            if scenario.seed_blog:
+                progress.update(task, description=f"{scenario.name}: the blog experiment and the lossy sweep")
+                run.extras = await _seed_blog(args, scenario)
+            runs.append(run)
     return runs
+
+
+async def _seed_blog(args: argparse.Namespace, scenario: Scenario) -> dict[str, Any]:
+    """The blog experiment and the lossy acceptance sweep (`bench/blog.py`), on fresh endpoints: on the
+    simulator, the sweep runs on the LAN vLLM-like pair, where the target shows its probabilities."""
+    from .blog import SHORT_SWEEP, SIM_PRICE_MODELS, SWEEP_PROMPTS, lossy_sweep, seed_blog
+
+    target, draft = _endpoints(args, scenario)
+    if draft is None:
+        return {"seed_blog_skipped": "the blog experiment needs a draft model (--draft-model)"}
+    if scenario.sim is None:
+        return {"seed_blog": await seed_blog(target, draft), "sweep": await lossy_sweep(*_endpoints(args, scenario))}
+    from ..sim import simulated_endpoints
+
+    instant = scenario.sim.latency == "instant"  # --quick
+    check = simulated_endpoints(profile=scenario.sim.profile, latency="instant", seed=scenario.sim.seed)
+    result = await seed_blog(target, draft, price_models=SIM_PRICE_MODELS, greedy_check=check)
+    pair = simulated_endpoints(profile="vllm", latency="instant" if instant else "lan", seed=scenario.sim.seed)
+    quick_sweep = {"settings": SHORT_SWEEP, "prompts": SWEEP_PROMPTS[:2], "max_tokens": 12} if instant else {}
+    return {"seed_blog": result, "sweep": await lossy_sweep(*pair, **quick_sweep)}
 
 
 def run(args: argparse.Namespace) -> int:

@@ -309,6 +309,7 @@ def render_html(report: dict[str, Any]) -> str:
             + (f"<p class=bad>Outputs that differ from the target alone's:</p><ul>{mismatches}</ul>" if mismatches else "")
             + _figure(scenario_svg(s), f"{s['name']}: latency per request, tokens per round, acceptance by draft position, cost per role")
             + (_figure(learning_svg(s), f"{s['name']}: speedup by request number as the client learns") if s.get("after_warmup") else "")
+            + (_seed_blog_section(s) if s.get("seed_blog") else "")
             + "</section>"
         )
     low, high = SPEEDUP_BAND
@@ -327,6 +328,12 @@ def render_html(report: dict[str, Any]) -> str:
         + "".join(sections)
         + "</body></html>\n"
     )
+
+
+def _seed_blog_section(summary: dict[str, Any]) -> str:
+    from .blog_html import seed_blog_section  # it draws with this module's helpers
+
+    return seed_blog_section(summary)
 
 
 def write_html(report: dict[str, Any], path: str | Path) -> None:

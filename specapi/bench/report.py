@@ -82,3 +82,10 @@ def print_report(report: dict[str, Any], console: Console | None = None) -> None
         console.print(Text(s["name"], style="bold"), Text(f"– {s['description']}", style="dim"))
         style = "bold red" if s["mismatches"] or s["errors"] else ""
         console.print(Text(s["explanation"], style=style))
+        if s.get("seed_blog"):
+            from .blog import format_sweep, format_table
+
+            console.print()
+            console.print(Text(format_table(s["seed_blog"]), overflow="fold"), soft_wrap=True)
+            console.print()
+            console.print(Text(format_sweep(s["sweep"])), soft_wrap=True)

@@ -87,6 +87,8 @@ class ScenarioRun:
     target_label: str = ""
     draft_label: str | None = None
     elapsed_s: float = 0.0
+    #: More results reported with the scenario (the seed-blog experiment), as JSON-ready data.
+    extras: dict[str, Any] = field(default_factory=dict)
 
 
 def _body(endpoint: Endpoint, scenario: Scenario, stream: bool) -> dict[str, Any]:

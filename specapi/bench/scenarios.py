@@ -14,7 +14,10 @@ wins and where it loses:
 * ``agentic`` / ``agentic-hosted`` (not run by default): a coding agent's requests, which repeat structure
   across requests, on the LAN pair and on the hosted pair; the suffix index warms up over the stream;
 * ``token-boundary`` (not run by default): an exactness check on prompts whose last token can merge
-  with the answer's first.
+  with the answer's first;
+* ``seed-blog`` (not run by default): the blog experiment specapi started from (``bench/blog.py``): its
+  question on the hosted pair at temperature 0.7, plus the blog's own algorithm, specapi with
+  ``prediction=``, and the lossy acceptance sweep.
 
 The code prompts are Python standard-library code, which is also what the simulated models were
 trained on (``specapi.sim.corpus``): there the draft and the target agree often, as a small and a large
@@ -28,6 +31,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+
+from .blog import QUESTION
 
 __all__ = [
     "BenchRequest",
@@ -86,7 +91,8 @@ class Scenario:
     the scenario is expected to reach (or stay below, with ``aim_below``), shown next to the result.
     ``learning_requests``: the first measured requests during which the client is still learning from
     traffic (the suffix index warms up); the report gives the speedup after them too (and ``aim``
-    applies to it).
+    applies to it). ``seed_blog``: also run the blog experiment and the lossy acceptance sweep
+    (``bench/blog.py``), reported with the scenario.
     """
 
     name: str
@@ -105,6 +111,7 @@ class Scenario:
     aim_below: bool = False
     note: str = ""
     learning_requests: int = 0
+    seed_blog: bool = False
 
     @property
     def draft_length(self) -> int:
@@ -405,6 +412,21 @@ _BUILT_IN = (
         sim=SimSetup(profile="vllm", latency="lan"),
         client={"policy": "fixed", "num_speculative_tokens": 5},
         max_tokens=40,
+    ),
+    Scenario(
+        name="seed-blog",
+        description=(
+            f"the blog experiment specapi started from: {QUESTION} on the OpenAI-like hosted pair (gpt-4o / gpt-4o-mini "
+            "prices), temperature 0.7, 60 tokens, default client; with the blog's own algorithm, specapi with prediction= "
+            "and the lossy acceptance sweep (on the LAN vLLM-like pair, where the target shows its probabilities)"
+        ),
+        requests=(BenchRequest(messages=({"role": "user", "content": QUESTION},), label="the blog's question"),),
+        sim=SimSetup(profile="openai", latency="hosted"),
+        client={},
+        max_tokens=60,
+        temperature=0.7,
+        seed=1,
+        seed_blog=True,
     ),
 )
 

@@ -390,6 +390,7 @@ def summarize(run: ScenarioRun) -> dict[str, Any]:
         "elapsed_s": round(run.elapsed_s, 3),
     }
     summary["explanation"] = explain(summary, note=scenario.note)
+    summary.update(run.extras)
     return summary
 
 
