@@ -138,3 +138,20 @@ async def test_the_sweep_reports_divergence_that_grows_as_the_threshold_falls() 
     assert not loose["exact"] and loose["acceptance_rate"] == 1.0  # threshold 0 keeps every draft token
     assert loose["divergent_per_100"] > 0 and loose["mean_logprob_gap"] > 0
     assert "threshold 0" in format_sweep(sweep)
+
+
+def test_bench_seed_blog_reports_the_experiment_and_the_sweep_with_plots(tmp_path, capsys) -> None:
+    from specapi.cli import cli_logic
+
+    json_path, html_path = tmp_path / "r.json", tmp_path / "r.html"
+    assert cli_logic(["bench", "--scenario", "seed-blog", "--quick", "--json", str(json_path), "--html", str(html_path)]) == 0
+    out = capsys.readouterr().out
+    assert "blog algorithm" in out and "lossy acceptance sweep" in out
+    (scenario,) = json.loads(json_path.read_text(encoding="utf-8"))["scenarios"]
+    assert scenario["name"] == "seed-blog" and QUESTION in json.dumps(scenario, ensure_ascii=False)
+    assert [r["name"] for r in scenario["seed_blog"]["rows"]][0] == "blog algorithm"
+    modes = {r["mode"] for r in scenario["sweep"]["rows"]}
+    assert modes == {"exact", "threshold", "typical"}
+    html = html_path.read_text(encoding="utf-8")
+    assert "The blog experiment" in html and "Speedup against divergence" in html
+    assert html.count("<svg") >= 4  # the scenario's charts, the overview, and the two seed-blog charts
