@@ -56,10 +56,10 @@ class AcceptanceRule:
     def __post_init__(self) -> None:
         if self.mode not in ACCEPTANCE_MODES:
             raise ValueError(f"acceptance must be one of {', '.join(ACCEPTANCE_MODES)}; got {self.mode!r}")
-        for name in ("threshold", "epsilon", "delta"):
+        for name, argument in (("threshold", "acceptance_threshold"), ("epsilon", "typical_epsilon"), ("delta", "typical_delta")):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-                raise ValueError(f"acceptance_{name if name == 'threshold' else 'typical_' + name} must be a number >= 0, got {value!r}")
+                raise ValueError(f"{argument} must be a number >= 0, got {value!r}")
         if self.epsilon > 1 or self.delta > 1:
             raise ValueError(f"typical acceptance's epsilon and delta must be in [0, 1], got {self.epsilon!r} and {self.delta!r}")
 

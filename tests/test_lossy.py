@@ -60,8 +60,10 @@ def test_divergence_greedy_and_sampled() -> None:
 def test_rule_validation() -> None:
     with pytest.raises(ValueError, match="acceptance must be one of"):
         AcceptanceRule(mode="loose")
-    with pytest.raises(ValueError, match=">= 0"):
+    with pytest.raises(ValueError, match="acceptance_threshold must be a number >= 0"):
         AcceptanceRule(mode="threshold", threshold=-1)
+    with pytest.raises(ValueError, match="typical_delta must be"):
+        AcceptanceRule(mode="typical", delta="0.3")
     with pytest.raises(ValueError, match="epsilon and delta"):
         AcceptanceRule(mode="typical", epsilon=2.0)
 
