@@ -278,6 +278,8 @@ class Engine:
         self.prefill = path.prefill
         request = _lossy_where_possible(request, path, run.books)
         run.request = request
+        if request.context.sampling.greedy and not request.context.sampling.acceptance.needs_distribution:
+            run.top_k = 1  # a lossy rule this path cannot apply needs no longer lists
         if path.whole is not None:
             async for event in self._whole(path, request, run, started):
                 yield event

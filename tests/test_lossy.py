@@ -231,3 +231,15 @@ def test_bad_acceptance_arguments_fail_before_any_request() -> None:
     with pytest.raises(ConfigurationError, match="threshold"):
         AsyncSpeculativeOpenAI(target=toy.endpoint("target"), acceptance="threshold", acceptance_threshold=float("nan"))
     assert toy.toy.log == []
+
+
+@pytest.mark.parametrize(("mode", "listed"), [("exact", 1), ("threshold", 1), ("typical", 20)])
+async def test_only_the_typical_rule_asks_for_the_whole_list_when_greedy(mode: str, listed: int) -> None:
+    toy = InProcessToy(f"lossy-lists-{mode}")
+    async with AsyncSpeculativeOpenAI(
+        target=toy.endpoint("target"), draft=toy.endpoint("draft"), drafter="model", policy="fixed", acceptance=mode,
+    ) as client:
+        await client.completions.create(prompt=PROMPT, max_tokens=8, temperature=0)
+    # The verification calls (the capability probe sends its own, with other prompts).
+    verifications = [r.body for r in toy.toy.log if r.model == "target" and r.body.get("echo") and r.body["prompt"].startswith(PROMPT)]
+    assert verifications and {body["logprobs"] for body in verifications} == {listed}
