@@ -319,6 +319,8 @@ async def seed_blog(
             "target_tokens": [way.target.prompt_tokens, way.target.completion_tokens],
             "requests": [way.draft.requests, way.target.requests],
             "cost_usd": money(cost),
+            "draft_cost_usd": money(draft_cost),
+            "target_cost_usd": money(target_cost),
             "acceptance": way.acceptance,
             "same_as_target_sampled": way.text == alone.text,
             "same_as_target_greedy": same_greedy,

@@ -40,7 +40,9 @@ def seed_blog_svg(result: dict[str, Any]) -> str:
     priced = all(r["cost_usd"] is not None for r in rows)
     if priced:
         total = [float(Decimal(r["cost_usd"])) * 1000 for r in rows]
-        cost_ax.bar(xs, total, color=_TARGET, label="draft + target")
+        target_cost = [float(Decimal(r["target_cost_usd"])) * 1000 for r in rows]
+        cost_ax.bar(xs, target_cost, color=_TARGET, label="target")
+        cost_ax.bar(xs, [t - c for t, c in zip(total, target_cost)], bottom=target_cost, color=_DRAFT, label="draft")
         cost_ax.set_ylabel("USD per 1,000 such requests")
         cost_ax.set_title("Cost (genai-prices)")
         for x, value in zip(xs, total):
