@@ -30,6 +30,10 @@ CHAT_FIELDS = frozenset(
 )
 
 
+#: specapi's own acceptance arguments: refused in a request body rather than sent upstream.
+_ACCEPTANCE_FIELDS = frozenset({"acceptance", "acceptance_threshold", "typical_epsilon", "typical_delta"})
+
+
 def _too_large(limit: int) -> ProxyError:
     return ProxyError(413, f"Request body too large: the limit is {limit} bytes.", code="request_too_large")
 
@@ -87,6 +91,12 @@ def _arguments(
             raise ProxyError(
                 400, f"'{name}' is {value}, more than this proxy's limit of {max_tokens_limit}.", param=name, code="max_tokens_exceeded"
             )
+    for name in _ACCEPTANCE_FIELDS & body.keys():
+        # Lossy acceptance is the proxy's choice (`--acceptance`, with `--allow-lossy-acceptance`), never a request's.
+        raise ProxyError(
+            400, f"'{name}' cannot be set per request: this proxy's acceptance rule is set when it starts "
+            "(specapi serve --acceptance, which a lossy rule needs --allow-lossy-acceptance for).", param=name, code="invalid_request",
+        )
     kwargs = {name: value for name, value in body.items() if name in fields and name != "model"}
     extra = {name: value for name, value in body.items() if name not in fields}
     if extra:
