@@ -243,3 +243,22 @@ async def test_only_the_typical_rule_asks_for_the_whole_list_when_greedy(mode: s
     # The verification calls (the capability probe sends its own, with other prompts).
     verifications = [r.body for r in toy.toy.log if r.model == "target" and r.body.get("echo") and r.body["prompt"].startswith(PROMPT)]
     assert verifications and {body["logprobs"] for body in verifications} == {listed}
+
+
+async def test_with_options_and_the_sync_client_take_the_rule() -> None:
+    from specapi import SpeculativeOpenAI
+
+    toy = InProcessToy("lossy-options")
+    async with AsyncSpeculativeOpenAI(target=toy.endpoint("target"), draft=toy.endpoint("draft"), drafter="model", policy="fixed") as client:
+        loose = client.with_options(acceptance="threshold", acceptance_threshold=0.0)
+        lossy = await loose.completions.create(prompt=PROMPT, max_tokens=8, temperature=0)
+        exact = await client.completions.create(prompt=PROMPT, max_tokens=8, temperature=0)
+    assert (lossy.speculative.exact, lossy.speculative.acceptance) == (False, "threshold")
+    assert (exact.speculative.exact, exact.speculative.acceptance) == (True, "exact")
+    sync_toy = InProcessToy("lossy-sync")
+    sync = SpeculativeOpenAI(target=sync_toy.endpoint("target"), draft=sync_toy.endpoint("draft"), drafter="model", acceptance="typical")
+    try:
+        resp = sync.completions.create(prompt=PROMPT, max_tokens=8, temperature=0)
+    finally:
+        sync.close()
+    assert resp.speculative.exact is False and resp.speculative.acceptance == "typical"
