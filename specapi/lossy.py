@@ -9,7 +9,7 @@
 * ``"typical"``: Medusa's typical acceptance (Cai et al. 2024, arXiv 2401.10774): keep a draft token
   while p_target(x) > min(epsilon, delta * exp(-H)), H the entropy of the target's distribution at
   that position. Defaults epsilon = 0.09, delta = 0.3: Medusa's `posterior_threshold` and
-  `posterior_alpha`, also vLLM's typical-acceptance defaults.
+  `posterior_alpha` (its code's defaults).
 
 A lossy rule only ever adds acceptances: a token it does not keep is decided by the exact rule, so
 lossy output never keeps fewer draft tokens than exact output would. Probabilities are those the
