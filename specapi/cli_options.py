@@ -25,6 +25,7 @@ from typing import Any
 
 __all__ = [
     "Option",
+    "fraction",
     "UsageError",
     "ENDPOINTS",
     "speculation_options",
@@ -203,7 +204,8 @@ def speculation_options(*, default_text: str | None = None, **defaults: Any) -> 
     )
 
 
-def _fraction(text: str) -> float:
+def fraction(text: str) -> float:
+    """An option value in [0, 1]."""
     value = float(text)
     if not 0.0 <= value <= 1.0:
         raise ValueError("must be a number in [0, 1]")
@@ -224,8 +226,8 @@ def acceptance_options() -> tuple[Option, ...]:
                "threshold (p_target/p_draft >= --acceptance-threshold) or typical (Medusa's) rules; lossy output says exact=false",
                choices=ACCEPTANCE_CHOICES),
         Option("--acceptance-threshold", "SPECAPI_ACCEPTANCE_THRESHOLD", _non_negative, 0.7, "the threshold rule's ratio"),
-        Option("--typical-epsilon", "SPECAPI_TYPICAL_EPSILON", _fraction, 0.09, "the typical rule's hard floor epsilon"),
-        Option("--typical-delta", "SPECAPI_TYPICAL_DELTA", _fraction, 0.3, "the typical rule's entropy factor delta"),
+        Option("--typical-epsilon", "SPECAPI_TYPICAL_EPSILON", fraction, 0.09, "the typical rule's hard floor epsilon"),
+        Option("--typical-delta", "SPECAPI_TYPICAL_DELTA", fraction, 0.3, "the typical rule's entropy factor delta"),
     )
 
 

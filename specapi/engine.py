@@ -270,8 +270,7 @@ class Engine:
             target_meter=Meter(self.target.endpoint),
             draft_meter=Meter(self.draft_client.endpoint) if self.draft_client else None,
             books=_Books(fallback_reason=unverifiable_reason),
-            # The typical rule reads the target's distribution (its entropy) even when greedy.
-            top_k=1 if request.context.sampling.greedy and not request.context.sampling.acceptance.needs_distribution else self.target.endpoint.max_logprobs,
+            top_k=self.target.endpoint.max_logprobs,
         )
         path = await self.paths.resolve(self.chat, run.target_meter) if unverifiable_reason is None and self.drafter else Path("none")
         run.books.path_note = path.note
@@ -279,7 +278,9 @@ class Engine:
         request = _lossy_where_possible(request, path, run.books)
         run.request = request
         if request.context.sampling.greedy and not request.context.sampling.acceptance.needs_distribution:
-            run.top_k = 1  # a lossy rule this path cannot apply needs no longer lists
+            # Greedy needs the argmax only; the typical rule (when this path applies it) reads the
+            # target's whole list (its entropy) even when greedy.
+            run.top_k = 1
         if path.whole is not None:
             async for event in self._whole(path, request, run, started):
                 yield event
@@ -676,14 +677,13 @@ def _lossy_where_possible(request: GenerationRequest, path: Path, books: _Books)
         return request
     if path.whole is None and path.verifier is None:
         books.acceptance_note = f"acceptance {rule.mode!r} unused: no verification path, the target alone generated"
-        sampling = replace(request.context.sampling, acceptance=EXACT)
-        return replace(request, context=replace(request.context, sampling=sampling))
-    if path.whole is not None or getattr(path.verifier, "draws_target_tokens", False):
+    elif path.whole is not None or getattr(path.verifier, "draws_target_tokens", False):
         books.acceptance_note = lossy_path_note(rule, path.name)
-        sampling = replace(request.context.sampling, acceptance=EXACT)
-        return replace(request, context=replace(request.context, sampling=sampling))
-    books.acceptance = rule.mode
-    return request
+    else:
+        books.acceptance = rule.mode
+        return request
+    sampling = replace(request.context.sampling, acceptance=EXACT)
+    return replace(request, context=replace(request.context, sampling=sampling))
 
 
 def _tokens_of(step: PlainStep, asked: int | None) -> int:

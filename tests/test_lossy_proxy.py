@@ -3,30 +3,19 @@ with it, every response says `exact: false` and carries its measured divergence.
 
 from __future__ import annotations
 
-import argparse
 
 import openai
 import pytest
 
 from specapi import ConfigurationError
 from specapi.cli import cli_logic
-from specapi.server.command import OPTIONS, SettingsError, add_arguments, resolve_settings
-from test_server_support import PROXY_KEY, UPSTREAM_KEY, make_config, no_sleep, running_proxy
+from specapi.server.command import SettingsError, resolve_settings
+from test_server_support import PROXY_KEY, REQUIRED, UPSTREAM_KEY, clean_environment, make_config, no_sleep, parse, running_proxy  # noqa: F401 (fixture)
 from toyserver import ToyServer
 
-REQUIRED = ["--target-base-url", "http://t/v1", "--target-model", "big", "--draft-base-url", "http://d/v1", "--draft-model", "small"]
-
-
-def parse(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
-    return parser.parse_args(argv)
-
-
 @pytest.fixture(autouse=True)
-def clean_environment(monkeypatch):
-    for option in OPTIONS:
-        monkeypatch.delenv(option.env, raising=False)
+def _environment(clean_environment):
+    """Every test here reads the command line alone."""
 
 
 @pytest.mark.parametrize("mode", ["threshold", "typical"])

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import signal
@@ -15,23 +14,13 @@ import httpx2
 import pytest
 
 from specapi.cli import cli_logic
-from specapi.server.command import OPTIONS, SettingsError, add_arguments, resolve_settings
-from test_server_support import PROXY_KEY, UPSTREAM_KEY
+from specapi.server.command import SettingsError, resolve_settings
+from test_server_support import PROXY_KEY, REQUIRED, UPSTREAM_KEY, clean_environment, parse  # noqa: F401 (fixture)
 from toyserver import TARGET, ToyServer
 
-REQUIRED = ["--target-base-url", "http://t/v1", "--target-model", "big", "--draft-base-url", "http://d/v1", "--draft-model", "small"]
-
-
-def parse(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
-    return parser.parse_args(argv)
-
-
 @pytest.fixture(autouse=True)
-def clean_environment(monkeypatch):
-    for option in OPTIONS:
-        monkeypatch.delenv(option.env, raising=False)
+def _environment(clean_environment):
+    """Every test here reads the command line alone."""
 
 
 def test_options_give_a_config_with_defaults():

@@ -2,22 +2,42 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 from collections.abc import Iterator
 from decimal import Decimal
 from typing import Any
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from specapi import Endpoint
 from specapi.server import BackgroundServer, ServerConfig, create_app
+from specapi.server.command import OPTIONS, add_arguments
 from toyserver import ToyServer
 
-__all__ = ["PROXY_KEY", "UPSTREAM_KEY", "make_config", "running_proxy", "proxy_pair", "parse_sse", "metric"]
+__all__ = ["PROXY_KEY", "UPSTREAM_KEY", "make_config", "running_proxy", "proxy_pair", "parse_sse", "metric", "REQUIRED", "parse", "clean_environment"]
 
 PROXY_KEY = "sk-proxy-key-for-tests"
 UPSTREAM_KEY = "sk-upstream-secret-4242"
+
+#: The options `specapi serve` cannot start without.
+REQUIRED = ["--target-base-url", "http://t/v1", "--target-model", "big", "--draft-base-url", "http://d/v1", "--draft-model", "small"]
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    """`specapi serve`'s command line as its parser reads it."""
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+@pytest.fixture
+def clean_environment(monkeypatch):
+    """No SPECAPI_* variable of the machine's reaches the command line's defaults."""
+    for option in OPTIONS:
+        monkeypatch.delenv(option.env, raising=False)
 
 
 async def no_sleep(seconds: float) -> None:

@@ -13,7 +13,7 @@ import argparse
 import os
 import sys
 
-from ..cli_options import EXIT_OK, EXIT_USAGE, Option, UsageError, add_options, resolve
+from ..cli_options import EXIT_OK, EXIT_USAGE, Option, UsageError, add_options, fraction, resolve
 from .faults import Faults
 from .latency import LATENCY_PROFILES
 from .models import MODEL_SPECS
@@ -21,13 +21,6 @@ from .profiles import CAPABILITY_PROFILES
 from .server import run_server
 
 __all__ = ["add_arguments", "run", "OPTIONS"]
-
-
-def _rate(text: str) -> float:
-    value = float(text)
-    if not 0.0 <= value <= 1.0:
-        raise ValueError("must be in [0, 1]")
-    return value
 
 
 def _count(text: str) -> int:
@@ -43,8 +36,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("--profile", "SPECAPI_SIM_PROFILE", str, "vllm", "which server to imitate", choices=tuple(sorted(CAPABILITY_PROFILES))),
     Option("--latency", "SPECAPI_SIM_LATENCY", str, "lan", "timing and prices", choices=tuple(sorted(LATENCY_PROFILES))),
     Option("--seed", "SPECAPI_SIM_SEED", int, 0, "seed of sampling and faults"),
-    Option("--error-rate", "SPECAPI_SIM_ERROR_RATE", _rate, 0.0, "fraction of requests answered with HTTP 500"),
-    Option("--rate-limit-rate", "SPECAPI_SIM_RATE_LIMIT_RATE", _rate, 0.0, "fraction of requests answered with HTTP 429"),
+    Option("--error-rate", "SPECAPI_SIM_ERROR_RATE", fraction, 0.0, "fraction of requests answered with HTTP 500"),
+    Option("--rate-limit-rate", "SPECAPI_SIM_RATE_LIMIT_RATE", fraction, 0.0, "fraction of requests answered with HTTP 429"),
     Option("--fail-first", "SPECAPI_SIM_FAIL_FIRST", _count, 0, "answer the first N requests with HTTP 503"),
     Option("--log-level", "SPECAPI_LOG_LEVEL", str.lower, "info", "uvicorn log level", choices=("critical", "error", "warning", "info", "debug")),
 )
