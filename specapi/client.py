@@ -223,7 +223,7 @@ class _Runtime:
             return self.target, self.paths
         if model not in self._by_model:
             role = RoleClient("target", replace(self.target.endpoint, model=model, name=None), sleep=self.target.sleep, clock=self.clock)
-            role._client = self.target.sdk
+            role.share_connections(self.target)
             self._by_model[model] = (role, PathResolver(role, self.verification))
         return self._by_model[model]
 
@@ -386,9 +386,9 @@ class AsyncSpeculativeOpenAI:
         copy = AsyncSpeculativeOpenAI(**options)
         if changes.keys().isdisjoint({"target", "draft"}):
             copy._owns_connections = False  # closing the copy leaves this client's connections open
-            copy._runtime.target._client = self._runtime.target.sdk
+            copy._runtime.target.share_connections(self._runtime.target)
             if copy._runtime.draft is not None and self._runtime.draft is not None:
-                copy._runtime.draft._client = self._runtime.draft.sdk
+                copy._runtime.draft.share_connections(self._runtime.draft)
             copy._runtime.paths.capabilities = self._runtime.paths.capabilities
         return copy
 
@@ -403,8 +403,8 @@ class AsyncSpeculativeOpenAI:
         if not self._owns_connections:
             return
         for role in (self._runtime.target, self._runtime.draft):
-            if role is not None and role._client is not None and role.endpoint.client is None:
-                await role._client.close()
+            if role is not None:
+                await role.aclose()
 
     async def __aenter__(self) -> AsyncSpeculativeOpenAI:
         return self
