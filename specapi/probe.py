@@ -319,7 +319,7 @@ def run(args: argparse.Namespace) -> int:
             problem = None if caps.completions or caps.chat else await _why_unusable(client, meter)
             return caps, problem
         finally:
-            await client.sdk.close()
+            await client.aclose()
 
     try:
         caps, problem = asyncio.run(probe_and_close())
