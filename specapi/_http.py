@@ -23,6 +23,7 @@ import json
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
+from urllib.request import getproxies
 
 import httpx2
 import openai
@@ -165,6 +166,7 @@ class AiohttpTransport:
         self._keepalive_s = keepalive_s
         self._session: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._timeouts: dict[Timeout, Any] = {}
 
     def _session_for_loop(self) -> Any:
         import aiohttp
@@ -174,17 +176,21 @@ class AiohttpTransport:
             if self._session is not None and not self._session.closed:
                 self._session.detach()  # bound to another (finished) loop: it cannot be awaited here
             connector = aiohttp.TCPConnector(limit=self._max_connections, keepalive_timeout=self._keepalive_s)
+            # Honour HTTP(S)_PROXY as the SDK does; aiohttp then looks the proxy up in a thread on every
+            # request (about half of its CPU per call), so only when one is set.
             self._session = aiohttp.ClientSession(
-                connector=connector, trust_env=True, auto_decompress=True, skip_auto_headers=("User-Agent",)
+                connector=connector, trust_env=bool(getproxies()), auto_decompress=True, skip_auto_headers=("User-Agent",)
             )
             self._loop = loop
         return self._session
 
-    @staticmethod
-    def _timeout(timeout: Timeout) -> Any:
-        import aiohttp
+    def _timeout(self, timeout: Timeout) -> Any:
+        found = self._timeouts.get(timeout)
+        if found is None:
+            import aiohttp
 
-        return aiohttp.ClientTimeout(total=None, connect=timeout.connect, sock_read=timeout.read)
+            found = self._timeouts[timeout] = aiohttp.ClientTimeout(total=None, connect=timeout.connect, sock_read=timeout.read)
+        return found
 
     async def _open(self, method: str, url: str, headers: Mapping[str, str], body: bytes | None, timeout: Timeout) -> Any:
         import aiohttp
