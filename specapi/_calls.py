@@ -25,6 +25,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_aft
 from ._http import AiohttpTransport, HTTPTransport, Httpx2Transport, Reply, SSEDecoder, Timeout, dumps, timeout_of
 from ._exceptions import EndpointError, MalformedResponseError, endpoint_error
 from .endpoint import Endpoint
+from .load import LoadCurve
 from .pricing import call_cost
 from .stats import RoleUsage
 
@@ -212,6 +213,8 @@ class RoleClient:
     def __post_init__(self) -> None:
         self._client: openai.AsyncOpenAI | None = None
         self._wire: _Wire | None = None
+        #: How this upstream's call latency grows with the requests in flight (see `specapi.load`).
+        self.load = LoadCurve()
 
     @property
     def sdk(self) -> openai.AsyncOpenAI:
@@ -233,6 +236,7 @@ class RoleClient:
         """Use `other`'s connections (a copy of a client, or another model on the same server)."""
         self._client = other.sdk
         self._wire = replace(other.wire, owned=False)
+        self.load = other.load
 
     async def aclose(self) -> None:
         """Close the connections this role owns (not an SDK client or an `httpx2` client it was given)."""
@@ -319,6 +323,7 @@ class RoleClient:
 
     async def _post_once(self, path: str, data: bytes, meter: Meter, options: Mapping[str, Any] | None = None) -> Any:
         wire = self.wire
+        load = self.load.requests
         started = self.clock()
         box = _capture.get() if self.role == "target" else None
         try:
@@ -335,7 +340,9 @@ class RoleClient:
         except BaseException:
             meter.record_attempt(self.clock() - started, failed=True)
             raise
-        meter.record_attempt(self.clock() - started, failed=False)
+        latency = self.clock() - started
+        meter.record_attempt(latency, failed=False)
+        self.load.add(load, latency)
         if box is not None:
             box.http_response = reply.http_response()
         return result

@@ -42,6 +42,7 @@ from .context import Context
 from .drafters import CombinedDrafter, Drafter, LookupDrafter, ModelDrafter, PredictionDrafter
 from .endpoint import Endpoint
 from .engine import Engine, Finished, GenerationRequest, Piece
+from .load import current_request, new_request_id
 from .policy import AdaptiveDraftLength, DraftLengthPolicy, FixedDraftLength
 from .stats import RoleUsage, SpeculativeStats
 from .streaming import SpeculativeStream, chat_chunks, completion_chunks, parse_chat_chunk, parse_completion
@@ -250,6 +251,9 @@ class _Runtime:
             else:
                 drafter = CombinedDrafter([PredictionDrafter(prediction=prediction), *([drafter] if drafter else [])])
         policy = self.policy
+        watch = getattr(policy, "watch_load", None)
+        if watch is not None:
+            watch(target.load, self.draft.load if self.draft is not None else None)
         if context is not None and context.seed is not None and not context.sampling.greedy and indexes(drafter):
             # Drafts learnt from traffic change between calls, and with them the random draws: a seeded
             # sampled request drafts without them, so that the same seed gives the same output again.
@@ -490,6 +494,11 @@ class _Resource:
     async def _events(self, engine: Engine, request: GenerationRequest) -> AsyncIterator[Piece | Finished]:
         events = engine.generate(request)
         text: list[str] = []
+        loads = [role.load for role in (engine.target, engine.draft_client) if role is not None]
+        request_id = new_request_id()
+        for load in loads:
+            load.enter(request_id)  # what the load-aware policy sees: requests in flight per upstream
+        token = current_request.set(request_id)
         try:
             async for event in events:
                 if isinstance(event, Piece):
@@ -498,6 +507,10 @@ class _Resource:
                     self._runtime.learn(request.context, "".join(text), engine.target.endpoint.model)
                 yield event
         finally:
+            with contextlib.suppress(ValueError):  # closed from another context: nothing of ours to undo
+                current_request.reset(token)
+            for load in loads:
+                load.leave(request_id)
             await events.aclose()
 
     async def _collect(self, engine: Engine, request: GenerationRequest) -> tuple[str, Finished]:

@@ -431,6 +431,10 @@ class FreeDraftGate:
             return "suffix index: free drafts until none was proposed, then the target alone"
         return getattr(self.inner, "reason", "")
 
+    @property
+    def load_reason(self) -> str | None:
+        return None if self.free else getattr(self.inner, "load_reason", None)
+
     def start_request(self) -> str:
         from .policy import SPECULATE, TARGET_ALONE
 
