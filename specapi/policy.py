@@ -128,8 +128,8 @@ class _Linear:
 class AdaptiveDraftLength:
     """Choose the draft length that maximises expected tokens per second, or 0 when speculation loses.
 
-    It learns, across all the requests of a client: acceptance by draft position (a Beta(1,1) prior per
-    position, exponentially forgetting), draft-call latency as fixed + per-token cost, verify-call
+    It learns, across all the requests of a client: acceptance by draft position (exponentially
+    forgetting, each position's prior the estimate of the one before it), draft-call latency as fixed + per-token cost, verify-call
     latency, and the target's own speed. Each round it picks K = argmax E(K) / (draft(K) + verify)
     (speculation.md's arithmetic) and compares that rate with the target generating alone. When
     speculation loses it returns 0, so the target generates the rest in one call; every
@@ -158,7 +158,7 @@ class AdaptiveDraftLength:
     """
 
     name = "adaptive"
-    _PRIOR_SEEN = 2.0  # Beta(1, 1): one accepted and one rejected pseudo-observation per position
+    _PRIOR_SEEN = 2.0  # pseudo-observations of the prior per position (Beta(1, 1) at the first)
 
     def __init__(
         self,
@@ -183,8 +183,8 @@ class AdaptiveDraftLength:
         self.min_rounds = min_rounds
         self.calibration_tokens = calibration_tokens
         self._rounds_seen = 0
-        self._accepted = [self._PRIOR_SEEN / 2] * max_length
-        self._seen = [self._PRIOR_SEEN] * max_length
+        self._accepted = [0.0] * max_length  # decayed counts, without the prior
+        self._seen = [0.0] * max_length
         self._draft = _Linear()
         self._verify = _Linear()
         self._target = _Linear()
@@ -205,13 +205,16 @@ class AdaptiveDraftLength:
     def acceptance(self) -> list[float]:
         """P(accept position i | positions before it accepted).
 
-        A position never reached yet takes the estimate of the deepest one measured, so the policy
-        is willing to try longer drafts (and so measure them) when the first positions hold up.
+        The first position starts from a Beta(1, 1) prior; each later one from the estimate of the
+        position before it, worth `_PRIOR_SEEN` observations, so that a deep position seen a few times
+        is not judged on them alone (one unlucky rejection would keep the policy from drafting that
+        far again, and so from ever measuring it better). A position never reached takes the estimate
+        of the one before it, so the policy is willing to try longer drafts when the first hold up.
         """
         estimates: list[float] = []
         for accepted, seen in zip(self._accepted, self._seen):
-            measured = seen > self._PRIOR_SEEN + 1e-9
-            estimates.append(accepted / seen if measured or not estimates else estimates[-1])
+            prior = estimates[-1] if estimates else 0.5
+            estimates.append((accepted + self._PRIOR_SEEN * prior) / (seen + self._PRIOR_SEEN))
         return estimates
 
     def predicted_speculative_rate(self, k: int, load_s: float = 0.0) -> float:
