@@ -75,6 +75,15 @@ class LoadCurve:
             return None
         return max(0.0, (self._sxy / self._n - mean_x * self._sy / self._n) / var)
 
+    def inflation(self) -> float:
+        """How much slower a call is now than at one request in flight (>= 1; 1 while unmeasured)."""
+        slope = self.slope
+        if slope is None or self.requests <= 1 or self._n == 0:
+            return 1.0
+        base = self._sy / self._n - slope * self._sx / self._n  # the line at zero requests
+        one = base + slope
+        return max(1.0, (base + slope * self.requests) / one) if one > 0 else 1.0
+
     def cost_to_others(self, rank: int) -> float:
         """Seconds a call by the request at `rank` adds to the requests ahead of it, together (the
         slope once for each): 0 for the first request in flight, or while the slope is unmeasured.

@@ -144,8 +144,9 @@ class AdaptiveDraftLength:
     Load: with `watch_load` (the client does it), the policy sees each upstream's `LoadCurve`: requests
     in flight and how call latency grows with them. A round's calls then also cost the requests
     ahead of this one (in start order) the measured slope each; the draft length maximises tokens per
-    second with that cost counted, and a request whose speculation no longer beats the target alone
-    lets the target generate alone. The reason goes in `load_reason` (`LOAD_TARGET_ALONE`,
+    second with that cost counted, and a request whose speculation would not beat the target alone
+    at its start lets the target generate alone (admission: later ones step aside first, and one that
+    has begun speculating keeps going). The reason goes in `load_reason` (`LOAD_TARGET_ALONE`,
     `LOAD_DRAFT_LENGTH`), read by the engine right after `choose`. At one request in flight nothing
     changes.
 
@@ -236,6 +237,10 @@ class AdaptiveDraftLength:
                 best_k, best_rate = k, rate
         return best_k, best_rate
 
+    @staticmethod
+    def _inflation(load: LoadCurve | None) -> float:
+        return load.inflation() if load is not None else 1.0
+
     def load_cost(self, rank: int) -> float:
         """Seconds one round of the request at `rank` (in start order) adds to the requests ahead of
         it: its verify call on the target, its draft call (if drafts are calls) on the draft."""
@@ -274,7 +279,7 @@ class AdaptiveDraftLength:
         if state.recheck and state.rounds_so_far < self.min_rounds:
             return self.best_length(state.remaining_tokens)[0]  # re-measure before judging again
         rank = self._target_load.rank(current_request.get()) if self._target_load is not None else 1
-        load_s = self.load_cost(rank)
+        load_s = self.load_cost(rank) / self._inflation(self._target_load)  # in one-stream seconds, as the models
         k, rate = self.best_length(state.remaining_tokens, load_s)
         unloaded_k, unloaded_rate = self.best_length(state.remaining_tokens) if load_s else (k, rate)
         baseline = self.predicted_target_rate(state.remaining_tokens)
@@ -284,8 +289,9 @@ class AdaptiveDraftLength:
                 self.reason = "adaptive policy: speculation predicted slower than the target alone"
                 return 0
             self._off = False
-            if rate < baseline * self.margin:
-                # Not a verdict on speculation (that stays on): this request steps aside for the others.
+            if rate < baseline * self.margin and state.rounds_so_far == 0:
+                # Admission, at a request's start (one that has begun speculating keeps its rounds):
+                # not a verdict on speculation, which stays on; this request steps aside for the others.
                 self.reason = "adaptive policy: " + LOAD_TARGET_ALONE
                 self.load_reason = LOAD_TARGET_ALONE
                 return 0
@@ -311,12 +317,18 @@ class AdaptiveDraftLength:
         self._draft_share = 0.9 * self._draft_share + 0.1 * record.drafter.startswith("draft-model")
         if self._rounds_seen == 1:
             return  # the first calls also open connections: their latency says little about later ones
+        # Latencies are learnt as at one request in flight: under load every call is slower, the
+        # target alone's too, and mixing loaded verify calls with unloaded plain steps would bend
+        # the target's line (its per-token cost seemingly gone).
+        draft_inflation = self._inflation(self._draft_load)
+        target_inflation = self._inflation(self._target_load)
         if record.drafted:
-            self._draft.add(record.drafted, record.draft_latency_s)
-        self._verify.add(record.drafted, record.verify_latency_s)
-        self._target.add(1, record.verify_latency_s)  # a verify call is also a one-token target call
+            self._draft.add(record.drafted, record.draft_latency_s / draft_inflation)
+        verify = record.verify_latency_s / target_inflation
+        self._verify.add(record.drafted, verify)
+        self._target.add(1, verify)  # a verify call is also a one-token target call
 
     def observe_plain(self, tokens: int, latency_s: float) -> None:
         if tokens > 0:
-            self._target.add(tokens, latency_s)
+            self._target.add(tokens, latency_s / self._inflation(self._target_load))
             self._measuring = self._measuring and not self._target.has_slope
