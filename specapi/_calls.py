@@ -1,5 +1,10 @@
 """Calls to one role's endpoint: retries (tenacity), timing, usage metering and error naming.
 
+The calls go over the lean transport of `_http` (aiohttp, or an injected `httpx2` client), configured
+like the endpoint's SDK client (base URL, key, headers, timeout); failures are turned into the SDK's
+own error classes with the SDK's own messages, so callers see what they saw when the SDK sent them.
+The first attempt runs without the retry machinery; tenacity takes over after a transient failure.
+
 Responses are kept as the JSON the server sent (dicts), since verification needs fields that the SDK's
 types do not model (vLLM's `prompt_logprobs`, llama.cpp's chat-shaped completion logprobs, ...).
 """

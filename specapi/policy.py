@@ -160,6 +160,7 @@ class AdaptiveDraftLength:
 
     name = "adaptive"
     _PRIOR_SEEN = 2.0  # pseudo-observations of the prior per position (Beta(1, 1) at the first)
+    _JUDGED_TOKENS = 64  # the length a request is judged at before its own length is known
 
     def __init__(
         self,
@@ -330,5 +331,11 @@ class AdaptiveDraftLength:
 
     def observe_plain(self, tokens: int, latency_s: float) -> None:
         if tokens > 0:
+            measured = self._target.has_slope
             self._target.add(tokens, latency_s / self._inflation(self._target_load))
             self._measuring = self._measuring and not self._target.has_slope
+            if not measured and self._target.has_slope and self._verify.known:
+                # Just measured: judge now, so the next request starts knowing (a request that
+                # starts with the target alone may still speculate with free drafts).
+                baseline = self.predicted_target_rate(self._JUDGED_TOKENS)
+                self._off = baseline is not None and self.best_length(self._JUDGED_TOKENS)[1] < baseline * self.margin
