@@ -223,3 +223,45 @@ async def test_a_default_client_says_why_whenever_it_did_not_speculate():
         assert s.speculated == (s.num_rounds > 0)
         assert (s.verification == "none") == (not s.speculated)
         assert math.isfinite(s.wall_s)
+
+
+# ----------------------------------------------------------------------------- the free-draft gate
+
+
+class _OffAtFirstRound:
+    """A policy that starts a request speculating and turns it off at the first round."""
+
+    name = "stub"
+    load_reason = None
+
+    def start_request(self) -> str:
+        return "speculate"
+
+    def choose(self, state: PolicyState) -> int:
+        return 0
+
+    def free_drafts_pay(self, expected: float, k: int, remaining: int) -> bool:
+        return True
+
+    def observe(self, record: RoundRecord) -> None:
+        pass
+
+    def observe_plain(self, tokens: int, latency_s: float) -> None:
+        pass
+
+
+def test_the_free_draft_gate_engages_when_the_first_rounds_choice_turns_speculation_off():
+    from specapi.suffix import FreeDraftGate
+
+    switched = []
+    gate = FreeDraftGate(_OffAtFirstRound(), expected=8.0, free_drafters=lambda: switched.append(True), max_length=12, remaining=40)
+    assert gate.start_request() == "speculate"
+    assert gate.choose(PolicyState(remaining_tokens=40, rounds_so_far=0)) == 12 and switched == [True]
+    later = FreeDraftGate(_OffAtFirstRound(), expected=8.0, free_drafters=lambda: switched.append(False), max_length=12, remaining=40)
+    later.start_request()
+    assert later.choose(PolicyState(remaining_tokens=30, rounds_so_far=3)) == 0  # mid-request: the target finishes
+    stepped_aside = _OffAtFirstRound()
+    stepped_aside.load_reason = "target alone under load"
+    loaded = FreeDraftGate(stepped_aside, expected=8.0, free_drafters=lambda: switched.append(False), max_length=12, remaining=40)
+    assert loaded.choose(PolicyState(remaining_tokens=40, rounds_so_far=0)) == 0  # free rounds would load the target too
+    assert switched == [True]
