@@ -161,6 +161,12 @@ async def _main(args: argparse.Namespace, base_url: str | None) -> int:
         p50 = latencies[len(latencies) // 2]
         p95 = latencies[min(len(latencies) - 1, int(0.95 * len(latencies)))]
         print(f"per-request latency:     p50 {p50:.3f} s, p95 {p95:.3f} s, max {latencies[-1]:.3f} s; rounds per request {statistics.fmean(rounds):.1f}")
+    reasons: dict[str, int] = {}
+    for _, (_, _, stats) in ok:
+        key = getattr(stats, "load_reason", None) or "none"
+        reasons[key] = reasons.get(key, 0) + 1
+    speculated = sum(1 for _, (_, _, stats) in ok if stats.speculated)  # type: ignore[attr-defined]
+    print(f"speculated: {speculated}/{len(ok)}; load_reason: " + ", ".join(f"{n} x {r!r}" for r, n in sorted(reasons.items())))
     print(f"outputs identical to the target alone's: {len(ok) - len(mismatches)}/{len(ok)} together, {len(single) - len(single_mismatches)}/{len(single)} alone")
     print(f"failed requests: {len(failures)}" + (f" (first: {failures[0]!r})" if failures else ""))
     passed = ratio <= args.max_ratio and not mismatches and not single_mismatches and not failures

@@ -1,5 +1,10 @@
 """Calls to one role's endpoint: retries (tenacity), timing, usage metering and error naming.
 
+The calls go over the lean transport of `_http` (aiohttp, or an injected `httpx2` client), configured
+like the endpoint's SDK client (base URL, key, headers, timeout); failures are turned into the SDK's
+own error classes with the SDK's own messages, so callers see what they saw when the SDK sent them.
+The first attempt runs without the retry machinery; tenacity takes over after a transient failure.
+
 Responses are kept as the JSON the server sent (dicts), since verification needs fields that the SDK's
 types do not model (vLLM's `prompt_logprobs`, llama.cpp's chat-shaped completion logprobs, ...).
 """
@@ -13,17 +18,19 @@ import json
 import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from decimal import Decimal
 from typing import Any
+from urllib.parse import urlencode
 
 import httpx2
 import openai
-from openai._constants import RAW_RESPONSE_HEADER
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_after_attempt
 
+from ._http import AiohttpTransport, HTTPTransport, Httpx2Transport, Reply, SSEDecoder, Timeout, dumps, timeout_of
 from ._exceptions import EndpointError, MalformedResponseError, endpoint_error
 from .endpoint import Endpoint
+from .load import LoadCurve
 from .pricing import call_cost
 from .stats import RoleUsage
 
@@ -81,26 +88,29 @@ def capture_target_response() -> Iterator[TargetResponse]:
         _capture.reset(token)
 
 
-def _with_raw_header(options: Mapping[str, Any] | None) -> dict[str, Any]:
-    options = dict(options or {})
-    options["headers"] = {**(options.get("headers") or {}), RAW_RESPONSE_HEADER: "true"}
-    return options
-
-
 class wait_retry_after:
     """Wait what the server asked for (Retry-After), else back off exponentially with full jitter."""
 
-    def __init__(self, *, initial: float = 0.2, maximum: float = 20.0, rng: random.Random | None = None) -> None:
+    def __init__(self, *, initial: float = 0.2, maximum: float = 20.0, rng: random.Random | None = None, offset: int = 0) -> None:
+        self._offset = offset
         self._initial = initial
         self._maximum = maximum
         self._rng = rng or random.Random()
 
     def __call__(self, retry_state: RetryCallState) -> float:
         exc = retry_state.outcome.exception() if retry_state.outcome else None
+        # `offset` attempts ran before tenacity's loop began (see `RoleClient.post`).
+        return self._wait(exc, retry_state.attempt_number + self._offset)
+
+    def first(self, exc: BaseException) -> float:
+        """The wait after the first attempt failed with `exc`."""
+        return self._wait(exc, 1)
+
+    def _wait(self, exc: BaseException | None, attempt: int) -> float:
         asked = _retry_after_seconds(exc)
         if asked is not None:
             return min(asked, self._maximum)
-        ceiling = min(self._maximum, self._initial * 2 ** (retry_state.attempt_number - 1))
+        ceiling = min(self._maximum, self._initial * 2 ** (attempt - 1))
         return ceiling / 2 + self._rng.uniform(0, ceiling / 2)
 
 
@@ -149,8 +159,56 @@ class Meter:
 
 
 @dataclass
+class _Wire:
+    """How a role reaches its endpoint: the transport, the base URL, the headers and the timeout."""
+
+    transport: HTTPTransport
+    base_url: str
+    headers: dict[str, str]
+    timeout: Timeout
+    owned: bool
+
+    def url(self, path: str, params: Mapping[str, Any] | None) -> str:
+        url = path if path.startswith(("http://", "https://")) else self.base_url + path.lstrip("/")
+        if params:
+            url += ("&" if "?" in url else "?") + urlencode(dict(params), doseq=True)
+        return url
+
+    def call_headers(self, extra: Mapping[str, Any] | None) -> Mapping[str, str]:
+        if not extra:
+            return self.headers
+        merged = dict(self.headers)
+        for name, value in extra.items():
+            for existing in [k for k in merged if k.lower() == name.lower()]:
+                del merged[existing]
+            if isinstance(value, str):
+                merged[name] = value  # the SDK's Omit() removes a header
+        return merged
+
+
+def _wire_for(sdk: openai.AsyncOpenAI, endpoint: Endpoint) -> _Wire:
+    """The lean path for an endpoint, configured like its SDK client (URL, key, headers, timeout)."""
+    injected = endpoint.http_client if endpoint.http_client is not None else getattr(endpoint.client, "_client", None)
+    headers = {k: v for k, v in {**sdk.default_headers, **sdk.auth_headers}.items() if isinstance(v, str)}
+    base_url = str(sdk.base_url)
+    base_url = base_url if base_url.endswith("/") else base_url + "/"
+    timeout = timeout_of(sdk.timeout)
+    if isinstance(injected, httpx2.AsyncClient):
+        return _Wire(Httpx2Transport(injected), base_url, headers, timeout, owned=False)
+    return _Wire(AiohttpTransport(), base_url, headers, timeout, owned=True)
+
+
+def _parse(reply: Reply) -> Any:
+    """The body as the SDK reads it for `cast_to=object`: JSON when the server says JSON, else text."""
+    content_type = reply.headers.get("content-type", "*").split(";")[0]
+    if not content_type.endswith("json"):
+        return reply.body.decode("utf-8", errors="replace")
+    return json.loads(reply.body)
+
+
+@dataclass
 class RoleClient:
-    """One role's endpoint, with the SDK client built once and shared by all requests."""
+    """One role's endpoint: a lean HTTP transport for the calls, the SDK client for the rest (models)."""
 
     role: str
     endpoint: Endpoint
@@ -159,12 +217,38 @@ class RoleClient:
 
     def __post_init__(self) -> None:
         self._client: openai.AsyncOpenAI | None = None
+        self._wire: _Wire | None = None
+        #: How this upstream's call latency grows with the requests in flight (see `specapi.load`).
+        self.load = LoadCurve()
 
     @property
     def sdk(self) -> openai.AsyncOpenAI:
         if self._client is None:
             self._client = self.endpoint.build_client()
         return self._client
+
+    @property
+    def wire(self) -> _Wire:
+        if self._wire is None:
+            self._wire = _wire_for(self.sdk, self.endpoint)
+        return self._wire
+
+    @property
+    def base_url(self) -> str:
+        return self.wire.base_url
+
+    def share_connections(self, other: RoleClient) -> None:
+        """Use `other`'s connections (a copy of a client, or another model on the same server)."""
+        self._client = other.sdk
+        self._wire = replace(other.wire, owned=False)
+        self.load = other.load
+
+    async def aclose(self) -> None:
+        """Close the connections this role owns (not an SDK client or an `httpx2` client it was given)."""
+        if self._wire is not None and self._wire.owned:
+            await self._wire.transport.aclose()
+        if self._client is not None and self.endpoint.client is None:
+            await self._client.close()
 
     def error(
         self, message: str, *, status_code: int | None = None, malformed: bool = False, cause: BaseException | None = None
@@ -174,11 +258,25 @@ class RoleClient:
             return MalformedResponseError(message, role=self.role, endpoint=self.endpoint.label, status_code=status_code)
         return endpoint_error(message, role=self.role, endpoint=self.endpoint.label, status_code=status_code, cause=cause)
 
+    def _status_error(self, reply: Reply) -> openai.APIStatusError:
+        return self.sdk._make_status_error_from_response(reply.http_response())
+
     def _body(self, body: Mapping[str, Any]) -> dict[str, Any]:
         merged = dict(self.endpoint.extra_body or {})
         merged.update(body)
         merged.setdefault("model", self.endpoint.model)
         return merged
+
+    def _retrying(self, attempts: int, *, offset: int = 0) -> AsyncRetrying:
+        """Tenacity's loop: `attempts` tries, waiting what the server asks or backing off with jitter;
+        `offset` attempts already ran before it."""
+        return AsyncRetrying(
+            stop=stop_after_attempt(attempts),
+            wait=wait_retry_after(offset=offset),
+            retry=retry_if_exception(is_transient),
+            sleep=self.sleep,
+            reraise=True,
+        )
 
     async def post(
         self, path: str, body: Mapping[str, Any], meter: Meter, *, retries: int | None = None, options: Mapping[str, Any] | None = None
@@ -187,19 +285,18 @@ class RoleClient:
 
         `options` are the SDK's request options (`headers`, `params`, `timeout`) for this call.
         """
-        payload = self._body(body)
+        data = dumps(self._body(body))
         attempts = 1 + (self.endpoint.max_retries if retries is None else retries)
-        retrying = AsyncRetrying(
-            stop=stop_after_attempt(attempts),
-            wait=wait_retry_after(),
-            retry=retry_if_exception(is_transient),
-            sleep=self.sleep,
-            reraise=True,
-        )
         try:
-            async for attempt in retrying:
-                with attempt:
-                    result = await self._post_once(path, payload, meter, options)
+            try:
+                result = await self._post_once(path, data, meter, options)  # the common case: no retry machinery
+            except BaseException as exc:
+                if attempts <= 1 or not is_transient(exc):
+                    raise
+                await self.sleep(wait_retry_after().first(exc))
+                async for attempt in self._retrying(attempts - 1, offset=1):
+                    with attempt:
+                        result = await self._post_once(path, data, meter, options)
         except openai.APIStatusError as exc:
             raise self.error(f"HTTP {exc.status_code}: {exc.message}", status_code=exc.status_code, cause=exc) from exc
         except openai.APIError as exc:
@@ -213,9 +310,13 @@ class RoleClient:
 
     async def get(self, path: str, meter: Meter) -> Any:
         """GET a JSON document (no retries: used to learn what a server is)."""
+        wire = self.wire
         started = self.clock()
         try:
-            result = await self.sdk.get(path, cast_to=object)
+            reply = await wire.transport.send("GET", wire.url(path, None), wire.headers, None, wire.timeout)
+            if not 200 <= reply.status < 300:
+                raise self._status_error(reply)
+            result = _parse(reply)
         except openai.APIStatusError as exc:
             meter.record_attempt(self.clock() - started, failed=True)
             raise self.error(f"HTTP {exc.status_code}: {exc.message}", status_code=exc.status_code, cause=exc) from exc
@@ -225,21 +326,51 @@ class RoleClient:
         meter.record_attempt(self.clock() - started, failed=False)
         return result
 
-    async def _post_once(self, path: str, payload: dict[str, Any], meter: Meter, options: Mapping[str, Any] | None = None) -> Any:
+    async def _post_once(self, path: str, data: bytes, meter: Meter, options: Mapping[str, Any] | None = None) -> Any:
+        wire = self.wire
+        load = self.load.requests
         started = self.clock()
         box = _capture.get() if self.role == "target" else None
         try:
-            if box is None:
-                result = await self.sdk.post(path, body=payload, cast_to=object, options=dict(options or {}))
+            if options:
+                url = wire.url(path, options.get("params"))
+                headers = wire.call_headers(options.get("headers"))
+                timeout = timeout_of(options["timeout"]) if "timeout" in options else wire.timeout
             else:
-                raw = await self.sdk.post(path, body=payload, cast_to=object, options=_with_raw_header(options))
-                result = raw.parse()
-                box.http_response = raw.http_response
+                url, headers, timeout = wire.url(path, None), wire.headers, wire.timeout
+            reply = await wire.transport.send("POST", url, headers, data, timeout)
+            if not 200 <= reply.status < 300:
+                raise self._status_error(reply)
+            result = _parse(reply)
         except BaseException:
             meter.record_attempt(self.clock() - started, failed=True)
             raise
-        meter.record_attempt(self.clock() - started, failed=False)
+        latency = self.clock() - started
+        meter.record_attempt(latency, failed=False)
+        self.load.add(load, latency)
+        if box is not None:
+            box.http_response = reply.http_response()
         return result
+
+    async def _open_stream(self, path: str, data: bytes, meter: Meter, options: Mapping[str, Any] | None) -> tuple[Reply, float]:
+        wire = self.wire
+        options = options or {}
+        url = wire.url(path, options.get("params"))
+        headers = wire.call_headers(options.get("headers"))
+        timeout = timeout_of(options["timeout"]) if "timeout" in options else wire.timeout
+        started = self.clock()
+        try:
+            reply = await wire.transport.stream("POST", url, headers, data, timeout)
+            if not 200 <= reply.status < 300:
+                try:
+                    await reply.read()
+                finally:
+                    await reply.close()
+                raise self._status_error(reply)
+        except BaseException:
+            meter.record_attempt(self.clock() - started, failed=True)
+            raise
+        return reply, started
 
     async def stream(
         self, path: str, body: Mapping[str, Any], meter: Meter, *, options: Mapping[str, Any] | None = None
@@ -251,46 +382,61 @@ class RoleClient:
         """
         payload = self._body(body)
         payload["stream"] = True
-        retrying = AsyncRetrying(
-            stop=stop_after_attempt(1 + self.endpoint.max_retries),
-            wait=wait_retry_after(),
-            retry=retry_if_exception(is_transient),
-            sleep=self.sleep,
-            reraise=True,
-        )
-        started = self.clock()
+        data = dumps(payload)
         try:
-            async for attempt in retrying:
+            async for attempt in self._retrying(1 + self.endpoint.max_retries):
                 with attempt:
-                    started = self.clock()
-                    try:
-                        stream = await self.sdk.post(
-                            path, body=payload, cast_to=object, stream=True, stream_cls=openai.AsyncStream[object], options=dict(options or {})
-                        )
-                    except BaseException:
-                        meter.record_attempt(self.clock() - started, failed=True)
-                        raise
+                    reply, started = await self._open_stream(path, data, meter, options)
         except openai.APIStatusError as exc:
             raise self.error(f"HTTP {exc.status_code}: {exc.message}", status_code=exc.status_code, cause=exc) from exc
         except openai.APIError as exc:
             raise self.error(f"{type(exc).__name__}: {exc}", cause=exc) from exc
         box = _capture.get() if self.role == "target" else None
         if box is not None:
-            box.http_response = stream.response
+            box.http_response = httpx2.Response(reply.status, headers=list(reply.headers.items()), request=reply.request())
         failed = True
         usage_seen = False
+        decoder = SSEDecoder()
+        done = False
         try:
-            async for chunk in stream:
-                if isinstance(chunk, dict):
-                    if chunk.get("usage"):
-                        usage_seen = True
-                        meter.record_usage(chunk["usage"])
-                    yield chunk
+            async for piece in reply.chunks():
+                for event in decoder.feed(piece):
+                    if done:
+                        continue  # read to the end, so the connection can be used again
+                    if event.startswith("[DONE]"):
+                        done = True
+                        continue
+                    chunk = _stream_item(event, reply)
+                    if isinstance(chunk, dict):
+                        if chunk.get("usage"):
+                            usage_seen = True
+                            meter.record_usage(chunk["usage"])
+                        yield chunk
+            for event in decoder.end():
+                if not done and not event.startswith("[DONE]"):
+                    chunk = _stream_item(event, reply)
+                    if isinstance(chunk, dict):
+                        if chunk.get("usage"):
+                            usage_seen = True
+                            meter.record_usage(chunk["usage"])
+                        yield chunk
             failed = False
         except openai.APIError as exc:
             raise self.error(f"stream broke: {exc}", cause=exc) from exc
         finally:
-            await stream.close()
+            await reply.close()
             meter.record_attempt(self.clock() - started, failed=failed)
             if not usage_seen:
                 meter.record_usage(None)
+
+
+def _stream_item(data: str, reply: Reply) -> Any:
+    """One event's JSON; an event that carries an error raises it, as the SDK's stream does."""
+    item = json.loads(data)
+    if isinstance(item, dict) and item.get("error"):
+        error = item["error"]
+        message = error.get("message") if isinstance(error, Mapping) else None
+        if not isinstance(message, str) or not message:
+            message = "An error occurred during streaming"
+        raise openai.APIError(message, reply.request(), body=error)
+    return item

@@ -43,6 +43,7 @@ from .drafters import CombinedDrafter, Drafter, LookupDrafter, ModelDrafter, Pre
 from .endpoint import Endpoint
 from .lossy import AcceptanceRule
 from .engine import Engine, Finished, GenerationRequest, Piece
+from .load import current_request, new_request_id
 from .policy import AdaptiveDraftLength, DraftLengthPolicy, FixedDraftLength
 from .stats import RoleUsage, SpeculativeStats
 from .streaming import SpeculativeStream, chat_chunks, completion_chunks, parse_chat_chunk, parse_completion
@@ -226,7 +227,7 @@ class _Runtime:
             return self.target, self.paths
         if model not in self._by_model:
             role = RoleClient("target", replace(self.target.endpoint, model=model, name=None), sleep=self.target.sleep, clock=self.clock)
-            role._client = self.target.sdk
+            role.share_connections(self.target)
             self._by_model[model] = (role, PathResolver(role, self.verification))
         return self._by_model[model]
 
@@ -253,6 +254,9 @@ class _Runtime:
             else:
                 drafter = CombinedDrafter([PredictionDrafter(prediction=prediction), *([drafter] if drafter else [])])
         policy = self.policy
+        watch = getattr(policy, "watch_load", None)
+        if watch is not None:
+            watch(target.load, self.draft.load if self.draft is not None else None)
         if context is not None and context.seed is not None and not context.sampling.greedy and indexes(drafter):
             # Drafts learnt from traffic change between calls, and with them the random draws: a seeded
             # sampled request drafts without them, so that the same seed gives the same output again.
@@ -412,9 +416,9 @@ class AsyncSpeculativeOpenAI:
         copy = AsyncSpeculativeOpenAI(**options)
         if changes.keys().isdisjoint({"target", "draft"}):
             copy._owns_connections = False  # closing the copy leaves this client's connections open
-            copy._runtime.target._client = self._runtime.target.sdk
+            copy._runtime.target.share_connections(self._runtime.target)
             if copy._runtime.draft is not None and self._runtime.draft is not None:
-                copy._runtime.draft._client = self._runtime.draft.sdk
+                copy._runtime.draft.share_connections(self._runtime.draft)
             copy._runtime.paths.capabilities = self._runtime.paths.capabilities
         return copy
 
@@ -429,8 +433,8 @@ class AsyncSpeculativeOpenAI:
         if not self._owns_connections:
             return
         for role in (self._runtime.target, self._runtime.draft):
-            if role is not None and role._client is not None and role.endpoint.client is None:
-                await role._client.close()
+            if role is not None:
+                await role.aclose()
 
     async def __aenter__(self) -> AsyncSpeculativeOpenAI:
         return self
@@ -516,6 +520,11 @@ class _Resource:
     async def _events(self, engine: Engine, request: GenerationRequest) -> AsyncIterator[Piece | Finished]:
         events = engine.generate(request)
         text: list[str] = []
+        loads = [role.load for role in (engine.target, engine.draft_client) if role is not None]
+        request_id = new_request_id()
+        for load in loads:
+            load.enter(request_id)  # what the load-aware policy sees: requests in flight per upstream
+        token = current_request.set(request_id)
         try:
             async for event in events:
                 if isinstance(event, Piece):
@@ -524,6 +533,10 @@ class _Resource:
                     self._runtime.learn(request.context, "".join(text), engine.target.endpoint.model)
                 yield event
         finally:
+            with contextlib.suppress(ValueError):  # closed from another context: nothing of ours to undo
+                current_request.reset(token)
+            for load in loads:
+                load.leave(request_id)
             await events.aclose()
 
     async def _collect(self, engine: Engine, request: GenerationRequest) -> tuple[str, Finished]:

@@ -73,6 +73,7 @@ class _Books:
     acceptance_note: str | None = None
     divergent: int = 0
     logprob_gap: float = 0.0
+    load_reason: str | None = None  # what the load on the upstreams changed (the policy's `load_reason`)
 
 
 @dataclass
@@ -328,6 +329,9 @@ class Engine:
                 if speculate and not target_decides and not final:
                     budget = remaining if remaining is not None else _UNBOUNDED
                     chosen = self.policy.choose(PolicyState(budget, len(run.books.rounds), recheck=mode == RECHECK))
+                    load_reason = getattr(self.policy, "load_reason", None)  # set by this very choose
+                    if load_reason is not None and (chosen <= 0 or run.books.load_reason is None):
+                        run.books.load_reason = load_reason
                     if chosen <= 0:
                         speculate = False  # the policy predicts the target alone is faster from here
                         run.books.fallback_reason = run.books.fallback_reason or (
@@ -430,6 +434,7 @@ class Engine:
             acceptance_note=books.acceptance_note,
             divergent_tokens=books.divergent,
             logprob_gap=books.logprob_gap,
+            load_reason=books.load_reason,
         )
         return Finished(finish_reason=finish_reason, stats=stats, prompt_tokens=books.prompt_tokens, completion_tokens=produced)
 

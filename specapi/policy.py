@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ._exceptions import ConfigurationError
+from .load import LoadCurve, current_request
 from .stats import RoundRecord
 
 __all__ = [
@@ -23,6 +24,8 @@ __all__ = [
     "SPECULATE",
     "RECHECK",
     "TARGET_ALONE",
+    "LOAD_TARGET_ALONE",
+    "LOAD_DRAFT_LENGTH",
 ]
 
 
@@ -34,6 +37,10 @@ class PolicyState:
 
 
 SPECULATE, RECHECK, TARGET_ALONE = "speculate", "recheck", "target-alone"
+
+#: `SpeculativeStats.load_reason` values: what the load on the upstreams changed for a request.
+LOAD_TARGET_ALONE = "target alone under load: the added calls would cost the other requests more than they save"
+LOAD_DRAFT_LENGTH = "draft length changed under load: the calls' cost to the other requests counted"
 
 
 class DraftLengthPolicy(Protocol):
@@ -121,60 +128,100 @@ class _Linear:
 class AdaptiveDraftLength:
     """Choose the draft length that maximises expected tokens per second, or 0 when speculation loses.
 
-    It learns, across all the requests of a client: acceptance by draft position (a Beta(1,1) prior per
-    position, exponentially forgetting), draft-call latency as fixed + per-token cost, verify-call
-    latency, and the target's own speed from plain calls. Each round it picks
-    K = argmax E(K) / (draft(K) + verify) (speculation.md's arithmetic) and compares that rate with the
-    target generating alone. When speculation loses it returns 0, so the target generates the rest in
-    one call; every `recheck_every` requests it speculates again, in case things changed.
+    It learns, across all the requests of a client: acceptance by draft position (exponentially
+    forgetting, each position's prior the estimate of the one before it), draft-call latency as fixed + per-token cost, verify-call
+    latency, and the target's own speed. Each round it picks K = argmax E(K) / (draft(K) + verify)
+    (speculation.md's arithmetic) and compares that rate with the target generating alone. When
+    speculation loses it returns 0, so the target generates the rest in one call; every
+    `recheck_every` requests it speculates again, in case things changed.
+
+    Cold start: no request is given up to measurement. The target's own speed is a line in the tokens
+    of a call; verify calls give its one-token end, and while the per-token slope is unknown the
+    target writes the last `calibration_tokens` tokens of a request alone (text it would have written
+    anyway), which gives the other end. A request with no end in sight (no `max_tokens`) measures on
+    its rest, from the third request on, if nothing has measured it by then.
+
+    Load: with `watch_load` (the client does it), the policy sees each upstream's `LoadCurve`: requests
+    in flight and how call latency grows with them. A round's calls then also cost the requests
+    ahead of this one (in start order) the measured slope each; the draft length maximises tokens per
+    second with that cost counted, and a request whose speculation would not beat the target alone
+    at its start lets the target generate alone (admission: later ones step aside first, and one that
+    has begun speculating keeps going). The reason goes in `load_reason` (`LOAD_TARGET_ALONE`,
+    `LOAD_DRAFT_LENGTH`), read by the engine right after `choose`. At one request in flight nothing
+    changes.
 
     Args:
         max_length: the longest draft considered.
         start_length: the length used before anything is measured.
         margin: speculate only if it is predicted faster than the target alone by this factor.
         recheck_every: while off, speculate on one request out of this many to re-measure.
+        calibration_tokens: while the target's speed is unknown, the target writes this many last tokens alone.
     """
 
     name = "adaptive"
-    _PRIOR_SEEN = 2.0  # Beta(1, 1): one accepted and one rejected pseudo-observation per position
+    _PRIOR_SEEN = 2.0  # pseudo-observations of the prior per position (Beta(1, 1) at the first)
+    _JUDGED_TOKENS = 64  # the length a request is judged at before its own length is known
 
     def __init__(
-        self, *, max_length: int = 10, start_length: int = 4, margin: float = 1.05, recheck_every: int = 20, min_rounds: int = 4
+        self,
+        *,
+        max_length: int = 10,
+        start_length: int = 4,
+        margin: float = 1.05,
+        recheck_every: int = 20,
+        min_rounds: int = 4,
+        calibration_tokens: int = 8,
     ) -> None:
         if max_length < 1 or start_length < 1 or start_length > max_length:
             raise ConfigurationError("need 1 <= start_length <= max_length")
         if margin <= 0 or recheck_every < 1:
             raise ConfigurationError("margin must be > 0 and recheck_every >= 1")
+        if calibration_tokens < 2:
+            raise ConfigurationError("calibration_tokens must be >= 2")
         self.max_length = max_length
         self.start_length = start_length
         self.margin = margin
         self.recheck_every = recheck_every
         self.min_rounds = min_rounds
+        self.calibration_tokens = calibration_tokens
         self._rounds_seen = 0
-        self._accepted = [self._PRIOR_SEEN / 2] * max_length
-        self._seen = [self._PRIOR_SEEN] * max_length
+        self._accepted = [0.0] * max_length  # decayed counts, without the prior
+        self._seen = [0.0] * max_length
         self._draft = _Linear()
         self._verify = _Linear()
         self._target = _Linear()
+        self._draft_share = 1.0  # fraction of rounds whose draft was a call
         self._requests = 0
         self._off = False
+        self._measuring = False  # a request is measuring the target on its rest
+        self._target_load: LoadCurve | None = None
+        self._draft_load: LoadCurve | None = None
         self.reason = ""
+        self.load_reason: str | None = None
+
+    def watch_load(self, target: LoadCurve | None, draft: LoadCurve | None = None) -> None:
+        """Read the upstreams' load from these curves (`RoleClient.load`)."""
+        self._target_load, self._draft_load = target, draft
 
     # -- what it has learnt -------------------------------------------------------------------
     def acceptance(self) -> list[float]:
         """P(accept position i | positions before it accepted).
 
-        A position never reached yet takes the estimate of the deepest one measured, so the policy
-        is willing to try longer drafts (and so measure them) when the first positions hold up.
+        The first position starts from a Beta(1, 1) prior; each later one from the estimate of the
+        position before it, worth `_PRIOR_SEEN` observations, so that a deep position seen a few times
+        is not judged on them alone (one unlucky rejection would keep the policy from drafting that
+        far again, and so from ever measuring it better). A position never reached takes the estimate
+        of the one before it, so the policy is willing to try longer drafts when the first hold up.
         """
         estimates: list[float] = []
         for accepted, seen in zip(self._accepted, self._seen):
-            measured = seen > self._PRIOR_SEEN + 1e-9
-            estimates.append(accepted / seen if measured or not estimates else estimates[-1])
+            prior = estimates[-1] if estimates else 0.5
+            estimates.append((accepted + self._PRIOR_SEEN * prior) / (seen + self._PRIOR_SEEN))
         return estimates
 
-    def predicted_speculative_rate(self, k: int) -> float:
-        round_s = (self._draft.predict(k) if self._draft.known else 0.0) + self._verify.predict(k)
+    def predicted_speculative_rate(self, k: int, load_s: float = 0.0) -> float:
+        """Tokens per second of rounds drafting `k`; `load_s`: seconds each round costs others."""
+        round_s = (self._draft.predict(k) if self._draft.known else 0.0) + self._verify.predict(k) + load_s
         return expected_tokens(self.acceptance(), k) / round_s if round_s > 0 else float("inf")
 
     def predicted_target_rate(self, remaining: int) -> float | None:
@@ -183,13 +230,27 @@ class AdaptiveDraftLength:
         seconds = self._target.predict(remaining)
         return remaining / seconds if seconds > 0 else None
 
-    def best_length(self, remaining: int) -> tuple[int, float]:
+    def best_length(self, remaining: int, load_s: float = 0.0) -> tuple[int, float]:
         best_k, best_rate = 1, 0.0
         for k in range(1, min(self.max_length, max(1, remaining - 1)) + 1):
-            rate = self.predicted_speculative_rate(k)
+            rate = self.predicted_speculative_rate(k, load_s)
             if rate > best_rate:
                 best_k, best_rate = k, rate
         return best_k, best_rate
+
+    @staticmethod
+    def _inflation(load: LoadCurve | None) -> float:
+        return load.inflation() if load is not None else 1.0
+
+    def load_cost(self, rank: int) -> float:
+        """Seconds one round of the request at `rank` (in start order) adds to the requests ahead of
+        it: its verify call on the target, its draft call (if drafts are calls) on the draft."""
+        cost = self._target_load.cost_to_others(rank) if self._target_load is not None else 0.0
+        if self._draft_load is not None and self._draft_load is not self._target_load:
+            cost += self._draft_share * self._draft_load.cost_to_others(rank)
+        elif self._draft_load is self._target_load and cost:
+            cost *= 1.0 + self._draft_share  # draft and target on one server: both calls load it
+        return cost
 
     def free_drafts_pay(self, expected: float, k: int, remaining: int) -> bool | None:
         """Whether rounds of free drafts (no draft call) of `k` tokens, each expected to have `expected`
@@ -202,27 +263,49 @@ class AdaptiveDraftLength:
     # -- the strategy interface ---------------------------------------------------------------
     def start_request(self) -> str:
         self._requests += 1
-        if self._requests > 1 and not self._target.has_slope:
-            # The target's own speed is still unknown: let it generate one request alone to measure it.
-            self.reason = "adaptive policy: measuring the target alone once, to compare speeds"
-            return TARGET_ALONE
-        self.reason = "adaptive policy: speculation predicted slower than the target alone"
+        self.load_reason = None
         if not self._off:
             return SPECULATE
+        self.reason = "adaptive policy: speculation predicted slower than the target alone"
         return RECHECK if self._requests % self.recheck_every == 0 else TARGET_ALONE
 
     def choose(self, state: PolicyState) -> int:
+        self.load_reason = None
         if self._rounds_seen < self.min_rounds or not self._verify.known:
             return self.start_length
+        if not self._target.has_slope and self._measure_target_now(state):
+            self._measuring = True
+            self.reason = "adaptive policy: the target wrote the rest alone once, to measure its own speed"
+            return 0
         if state.recheck and state.rounds_so_far < self.min_rounds:
             return self.best_length(state.remaining_tokens)[0]  # re-measure before judging again
-        k, rate = self.best_length(state.remaining_tokens)
+        rank = self._target_load.rank(current_request.get()) if self._target_load is not None else 1
+        load_s = self.load_cost(rank) / self._inflation(self._target_load)  # in one-stream seconds, as the models
+        k, rate = self.best_length(state.remaining_tokens, load_s)
+        unloaded_k, unloaded_rate = self.best_length(state.remaining_tokens) if load_s else (k, rate)
         baseline = self.predicted_target_rate(state.remaining_tokens)
         if baseline is not None:
-            self._off = rate < baseline * self.margin
-            if self._off:
+            if unloaded_rate < baseline * self.margin:
+                self._off = True
+                self.reason = "adaptive policy: speculation predicted slower than the target alone"
                 return 0
+            self._off = False
+            if rate < baseline * self.margin and state.rounds_so_far == 0:
+                # Admission, at a request's start (one that has begun speculating keeps its rounds):
+                # not a verdict on speculation, which stays on; this request steps aside for the others.
+                self.reason = "adaptive policy: " + LOAD_TARGET_ALONE
+                self.load_reason = LOAD_TARGET_ALONE
+                return 0
+        if k != unloaded_k:
+            self.load_reason = LOAD_DRAFT_LENGTH
         return k
+
+    def _measure_target_now(self, state: PolicyState) -> bool:
+        """While the target's speed is unknown: at the end of a request (its last few tokens), or on the
+        rest of one from the third request on (requests that never come near their limit)."""
+        if state.remaining_tokens <= self.calibration_tokens:
+            return state.remaining_tokens >= 2
+        return self._requests >= 3 and state.rounds_so_far >= self.min_rounds and not self._measuring
 
     def observe(self, record: RoundRecord) -> None:
         decay = 0.98
@@ -232,13 +315,27 @@ class AdaptiveDraftLength:
             if not ok:
                 break  # later positions were not reached: they say nothing about acceptance
         self._rounds_seen += 1
+        self._draft_share = 0.9 * self._draft_share + 0.1 * record.drafter.startswith("draft-model")
         if self._rounds_seen == 1:
             return  # the first calls also open connections: their latency says little about later ones
+        # Latencies are learnt as at one request in flight: under load every call is slower, the
+        # target alone's too, and mixing loaded verify calls with unloaded plain steps would bend
+        # the target's line (its per-token cost seemingly gone).
+        draft_inflation = self._inflation(self._draft_load)
+        target_inflation = self._inflation(self._target_load)
         if record.drafted:
-            self._draft.add(record.drafted, record.draft_latency_s)
-        self._verify.add(record.drafted, record.verify_latency_s)
-        self._target.add(1, record.verify_latency_s)  # a verify call is also a one-token target call
+            self._draft.add(record.drafted, record.draft_latency_s / draft_inflation)
+        verify = record.verify_latency_s / target_inflation
+        self._verify.add(record.drafted, verify)
+        self._target.add(1, verify)  # a verify call is also a one-token target call
 
     def observe_plain(self, tokens: int, latency_s: float) -> None:
         if tokens > 0:
-            self._target.add(tokens, latency_s)
+            measured = self._target.has_slope
+            self._target.add(tokens, latency_s / self._inflation(self._target_load))
+            self._measuring = self._measuring and not self._target.has_slope
+            if not measured and self._target.has_slope and self._verify.known:
+                # Just measured: judge now, so the next request starts knowing (a request that
+                # starts with the target alone may still speculate with free drafts).
+                baseline = self.predicted_target_rate(self._JUDGED_TOKENS)
+                self._off = baseline is not None and self.best_length(self._JUDGED_TOKENS)[1] < baseline * self.margin

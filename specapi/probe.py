@@ -11,8 +11,9 @@ import argparse
 import asyncio
 import json
 import math
+from collections.abc import Awaitable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from ._calls import Meter, RoleClient, is_transient
 from ._exceptions import EndpointError, MalformedResponseError
@@ -120,7 +121,31 @@ async def _try(client: RoleClient, path: str, body: dict[str, Any], meter: Meter
         return None
 
 
+T = TypeVar("T")
+
+
+async def _both(first: Awaitable[T], second: Awaitable[T]) -> tuple[T, T]:
+    """Two independent probe requests at once (a cold start waits for the probe); both always finish,
+    and the first failure is raised as if they had run one after the other."""
+    results = await asyncio.gather(first, second, return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    return results[0], results[1]  # type: ignore[return-value]
+
+
 async def probe_endpoint(client: RoleClient, meter: Meter) -> Capabilities:
+    # What kind of server this is (two GETs) does not depend on the rest: asked meanwhile.
+    defaults = asyncio.ensure_future(_server_defaults(client))
+    try:
+        return await _probe(client, meter, defaults)
+    finally:
+        if not defaults.done():
+            defaults.cancel()
+            await asyncio.gather(defaults, return_exceptions=True)
+
+
+async def _probe(client: RoleClient, meter: Meter, defaults_task: asyncio.Future[tuple[str | None, dict[str, float] | None]]) -> Capabilities:
     found: dict[str, Any] = {}
     notes: list[str] = []
     prompt = _PROBE_PROMPT
@@ -157,8 +182,10 @@ async def probe_endpoint(client: RoleClient, meter: Meter) -> Capabilities:
 
     if found.get("echo_logprobs"):
         # Raw or temperature-scaled logprobs: score the same prompt at two temperatures.
-        hot = await _try(client, "/completions", {"prompt": prompt, "echo": True, "logprobs": 1, "max_tokens": 1, "temperature": 0.5, "seed": 0}, meter)
-        cold = await _try(client, "/completions", {"prompt": prompt, "echo": True, "logprobs": 1, "max_tokens": 1, "temperature": 1.0, "seed": 0}, meter)
+        hot, cold = await _both(
+            _try(client, "/completions", {"prompt": prompt, "echo": True, "logprobs": 1, "max_tokens": 1, "temperature": 0.5, "seed": 0}, meter),
+            _try(client, "/completions", {"prompt": prompt, "echo": True, "logprobs": 1, "max_tokens": 1, "temperature": 1.0, "seed": 0}, meter),
+        )
         try:
             a = completion_tokens(hot["choices"][0]["logprobs"]) if hot else []
             b = completion_tokens(cold["choices"][0]["logprobs"]) if cold else []
@@ -184,8 +211,10 @@ async def probe_endpoint(client: RoleClient, meter: Meter) -> Capabilities:
         prefix = "a b c"
         continued = messages + [{"role": "assistant", "content": prefix}]
         flags = {"continue_final_message": True, "add_generation_prompt": False}
-        with_flags = await _try(client, "/chat/completions", {"messages": continued, "max_tokens": 1, "temperature": 0, **flags}, meter)
-        bare = await _try(client, "/chat/completions", {"messages": continued, "max_tokens": 1, "temperature": 0}, meter)
+        with_flags, bare = await _both(
+            _try(client, "/chat/completions", {"messages": continued, "max_tokens": 1, "temperature": 0, **flags}, meter),
+            _try(client, "/chat/completions", {"messages": continued, "max_tokens": 1, "temperature": 0}, meter),
+        )
         flagged_prompt = _prompt_tokens(with_flags)
         bare_prompt = _prompt_tokens(bare)
         if with_flags is not None and flagged_prompt is not None and bare_prompt is not None and flagged_prompt < bare_prompt:
@@ -214,7 +243,7 @@ async def probe_endpoint(client: RoleClient, meter: Meter) -> Capabilities:
             found["predicted_outputs"] = "accepted_prediction_tokens" in details
         notes.append("Predicted Outputs: " + ("yes" if found.get("predicted_outputs") else "no"))
 
-    server, defaults = await _server_defaults(client)
+    server, defaults = await defaults_task
     if server is not None:
         found.update(server=server, sampler_defaults=defaults, final_stretch=16 if server == "llama-cpp-python" else 0)
         notes.append(f"{server}: applies {defaults} to requests that do not set them")
@@ -319,7 +348,7 @@ def run(args: argparse.Namespace) -> int:
             problem = None if caps.completions or caps.chat else await _why_unusable(client, meter)
             return caps, problem
         finally:
-            await client.sdk.close()
+            await client.aclose()
 
     try:
         caps, problem = asyncio.run(probe_and_close())

@@ -431,6 +431,10 @@ class FreeDraftGate:
             return "suffix index: free drafts until none was proposed, then the target alone"
         return getattr(self.inner, "reason", "")
 
+    @property
+    def load_reason(self) -> str | None:
+        return None if self.free else getattr(self.inner, "load_reason", None)
+
     def start_request(self) -> str:
         from .policy import SPECULATE, TARGET_ALONE
 
@@ -451,7 +455,14 @@ class FreeDraftGate:
 
     def choose(self, state: Any) -> int:
         if not self.free:
-            return int(self.inner.choose(state))
+            k = int(self.inner.choose(state))
+            stepped_aside = getattr(self.inner, "load_reason", None) is not None  # load: free rounds load the target too
+            if k <= 0 and state.rounds_so_far == 0 and not stepped_aside and self._pays():
+                # The policy turned speculation off at this request's first round rather than at its start.
+                self.free = True
+                self.free_drafters()
+                return self.max_length
+            return k
         return 0 if self._dry else self.max_length
 
     def observe(self, record: Any) -> None:

@@ -11,9 +11,8 @@ from decimal import Decimal
 import httpx2
 import openai
 import pytest
-import respx
-
 from specapi import AsyncSpeculativeOpenAI, ConfigurationError, Endpoint
+from wireserver import WireReply, WireServer
 
 
 @pytest.mark.parametrize(
@@ -109,31 +108,26 @@ def _completion_json(text: str = "hi") -> dict:
 
 async def test_endpoint_options_reach_the_wire(monkeypatch):
     monkeypatch.delenv("OPENAI_API_KEY", raising=False)
-    target = Endpoint(
-        model="big",
-        base_url="http://gpu-box:8000/v1",
-        headers={"X-Team": "infra"},
-        extra_body={"repeat_penalty": 1.0},
-    )
-    with respx.mock(base_url="http://gpu-box:8000/v1", assert_all_called=True) as router:
-        route = router.post("/completions").respond(200, json=_completion_json())
+    async with WireServer(lambda request: WireReply(body=_completion_json())) as server:
+        target = Endpoint(model="big", base_url=server.base_url, headers={"X-Team": "infra"}, extra_body={"repeat_penalty": 1.0})
         async with AsyncSpeculativeOpenAI(target=target, verification="none") as client:
             resp = await client.completions.create(prompt="hey", max_tokens=3, temperature=0)
     assert resp.choices[0].text == "hi"
-    request = route.calls.last.request
+    request = server.requests[-1]
+    assert request.method == "POST" and request.path == "/v1/completions"
     assert request.headers["authorization"] == "Bearer EMPTY"  # local servers need no key
     assert request.headers["x-team"] == "infra"
-    body = json.loads(request.content)
+    assert request.headers["content-type"] == "application/json"
+    body = request.json()
     assert body["model"] == "big" and body["prompt"] == "hey" and body["repeat_penalty"] == 1.0
 
 
 async def test_api_key_comes_from_the_environment_by_default(monkeypatch):
     monkeypatch.setenv("OPENAI_API_KEY", "sk-env")
-    with respx.mock(base_url="http://gpu-box:8000/v1") as router:
-        route = router.post("/completions").respond(200, json=_completion_json())
-        async with AsyncSpeculativeOpenAI(target=Endpoint(model="big", base_url="http://gpu-box:8000/v1"), verification="none") as client:
+    async with WireServer(lambda request: WireReply(body=_completion_json())) as server:
+        async with AsyncSpeculativeOpenAI(target=Endpoint(model="big", base_url=server.base_url), verification="none") as client:
             await client.completions.create(prompt="hey", max_tokens=3, temperature=0)
-    assert route.calls.last.request.headers["authorization"] == "Bearer sk-env"
+    assert server.requests[-1].headers["authorization"] == "Bearer sk-env"
 
 
 # ----------------------------------------------------------------------------- logprobs_mode of the draft

@@ -31,9 +31,11 @@ def _speculated(calls) -> bool:  # type: ignore[no-untyped-def]
 async def test_outlines_generates_and_streams_with_the_targets_text():
     provider = SimProvider(capabilities="vllm", latency="instant", seed=0)
     expected, _ = await target_alone(provider, messages=[{"role": "user", "content": QUESTION}], max_tokens=MAX_TOKENS)
-    sync = SpeculativeOpenAI(target=simulated_endpoints(provider=provider)[0], draft=simulated_endpoints(provider=provider)[1])
+    # A fixed draft length: at "instant" latency the adaptive policy rightly finds the target alone faster
+    # (a verify call costs what 20 of the target's tokens do), and this test is about speculating through Outlines.
+    sync = SpeculativeOpenAI(target=simulated_endpoints(provider=provider)[0], draft=simulated_endpoints(provider=provider)[1], policy="fixed")
     target, draft = simulated_endpoints(provider=provider)
-    async with AsyncSpeculativeOpenAI(target=target, draft=draft) as client:
+    async with AsyncSpeculativeOpenAI(target=target, draft=draft, policy="fixed") as client:
         model = OutlinesOpenAI(sync, "sim-target")
         amodel = OutlinesAsyncOpenAI(client, "sim-target")
         marks = [len(provider.calls)]

@@ -126,24 +126,36 @@ HOSTED_TARGET_PER_TOKEN = 0.012
 
 
 def hosted_policy(recheck_every: int = 5) -> AdaptiveDraftLength:
-    """A policy that has speculated through one request at hosted-like costs, then measured the target."""
+    """A policy that has speculated through one request at hosted-like costs; the target wrote that
+    request's last tokens alone, which measured its own speed (no request given up to it)."""
     policy = AdaptiveDraftLength(recheck_every=recheck_every)
     assert policy.start_request() != TARGET_ALONE  # request 1 speculates
     for record in rounds(random.Random(4), 12, **HOSTED):
         policy.observe(record)
         assert policy.choose(state()) > 0, "without the target's own speed there is nothing to compare with"
-    # request 2: the target's speed is unknown, so it generates alone once
-    assert policy.start_request() == TARGET_ALONE
-    assert "measuring" in policy.reason
-    policy.observe_plain(REMAINING, 0.35 + HOSTED_TARGET_PER_TOKEN * REMAINING)
+    last = PolicyState(remaining_tokens=6, rounds_so_far=12)
+    assert policy.choose(last) == 0  # the target writes the last 6 tokens alone, to measure its speed
+    assert "measure" in policy.reason and policy.load_reason is None
+    policy.observe_plain(6, 0.35 + HOSTED_TARGET_PER_TOKEN * 6)
     return policy
+
+
+def test_the_target_is_measured_on_the_last_tokens_of_the_first_request_not_on_a_request_of_its_own():
+    policy = hosted_policy()
+    assert policy.predicted_target_rate(REMAINING) == pytest.approx(REMAINING / (0.35 + HOSTED_TARGET_PER_TOKEN * REMAINING), rel=0.1)
+    lan = AdaptiveDraftLength()
+    lan.start_request()
+    for record in rounds(random.Random(5), 12, acceptance=0.8, lengths=[4, 3], draft_s=(0.004, 0.004), verify_s=0.031):
+        lan.observe(record)
+    lan.choose(PolicyState(remaining_tokens=8, rounds_so_far=12))
+    lan.observe_plain(8, 0.03 + 0.025 * 8)
+    assert lan.start_request() != TARGET_ALONE  # request 2 is not given up to measurement
 
 
 def test_hosted_costs_turn_speculation_off_once_the_target_is_measured():
     policy = hosted_policy()
-    assert policy.start_request() != TARGET_ALONE  # request 3: decided per round from now on
-    assert policy.choose(state()) == 0
-    assert "slower" in policy.reason
+    assert policy.start_request() == TARGET_ALONE  # request 2 already knows: judged when the target was measured
+    assert "slower" in policy.reason and policy.load_reason is None
     assert policy.predicted_target_rate(REMAINING) > max(policy.predicted_speculative_rate(k) for k in range(1, 11))
 
 
@@ -152,16 +164,28 @@ def test_lan_costs_keep_speculating_once_the_target_is_measured():
     policy.start_request()
     for record in rounds(random.Random(5), 12, acceptance=0.8, lengths=[4, 3], draft_s=(0.004, 0.004), verify_s=0.031):
         policy.observe(record)
-    assert policy.start_request() == TARGET_ALONE  # measures the target alone
-    policy.observe_plain(REMAINING, 0.03 + 0.025 * REMAINING)
+    assert policy.choose(PolicyState(remaining_tokens=8, rounds_so_far=12)) == 0  # the last 8 tokens measure the target
+    policy.observe_plain(8, 0.03 + 0.025 * 8)
     assert policy.start_request() != TARGET_ALONE
     assert policy.choose(state()) > 0
 
 
+def test_a_request_with_no_end_in_sight_measures_the_target_on_its_rest_from_the_third_request_on():
+    policy = AdaptiveDraftLength()
+    unbounded = PolicyState(remaining_tokens=1 << 20, rounds_so_far=4)
+    for request in range(1, 4):
+        policy.start_request()
+        for record in rounds(random.Random(request), 6, acceptance=0.8, lengths=[4], draft_s=(0.004, 0.004), verify_s=0.031):
+            policy.observe(record)
+        chosen = policy.choose(unbounded)
+        assert (chosen == 0) == (request == 3), (request, chosen)
+    policy.start_request()
+    assert policy.choose(unbounded) > 0  # one request measures at a time, until a plain step reports
+
+
 def test_while_off_it_speculates_again_every_recheck_every_requests():
     policy = hosted_policy(recheck_every=5)
-    assert policy.start_request() != TARGET_ALONE and policy.choose(state()) == 0  # request 3 turns it off
-    speculating = [n for n in range(4, 21) if policy.start_request() != TARGET_ALONE]
+    speculating = [n for n in range(2, 21) if policy.start_request() != TARGET_ALONE]
     assert speculating == [5, 10, 15, 20]
 
 
@@ -169,8 +193,7 @@ def test_a_recheck_request_really_drafts_so_that_it_measures_again():
     """"while off, speculate on one request out of this many to re-measure": the re-check request must
     run at least one round, or nothing new is ever measured and speculation stays off for good."""
     policy = hosted_policy(recheck_every=5)
-    assert policy.start_request() != TARGET_ALONE and policy.choose(state()) == 0  # request 3 turns it off
-    assert policy.start_request() == TARGET_ALONE  # request 4 does not
+    assert [policy.start_request() for _ in range(3)] == [TARGET_ALONE] * 3  # requests 2 to 4 do not
     assert policy.start_request() == RECHECK  # request 5 re-checks
     assert policy.choose(PolicyState(remaining_tokens=60, rounds_so_far=0, recheck=True)) > 0
 
@@ -196,8 +219,49 @@ async def test_a_default_client_says_why_whenever_it_did_not_speculate():
     silent = [(i, s.verification) for i, s in enumerate(stats) if not s.speculated and not s.fallback_reason]
     assert not silent, f"responses that did not speculate and do not say why: {silent}"
     assert any(s.speculated for s in stats)
-    assert any(not s.speculated for s in stats)  # the request that measures the target alone, at least
     for s in stats:
         assert s.speculated == (s.num_rounds > 0)
         assert (s.verification == "none") == (not s.speculated)
         assert math.isfinite(s.wall_s)
+
+
+# ----------------------------------------------------------------------------- the free-draft gate
+
+
+class _OffAtFirstRound:
+    """A policy that starts a request speculating and turns it off at the first round."""
+
+    name = "stub"
+    load_reason = None
+
+    def start_request(self) -> str:
+        return "speculate"
+
+    def choose(self, state: PolicyState) -> int:
+        return 0
+
+    def free_drafts_pay(self, expected: float, k: int, remaining: int) -> bool:
+        return True
+
+    def observe(self, record: RoundRecord) -> None:
+        pass
+
+    def observe_plain(self, tokens: int, latency_s: float) -> None:
+        pass
+
+
+def test_the_free_draft_gate_engages_when_the_first_rounds_choice_turns_speculation_off():
+    from specapi.suffix import FreeDraftGate
+
+    switched = []
+    gate = FreeDraftGate(_OffAtFirstRound(), expected=8.0, free_drafters=lambda: switched.append(True), max_length=12, remaining=40)
+    assert gate.start_request() == "speculate"
+    assert gate.choose(PolicyState(remaining_tokens=40, rounds_so_far=0)) == 12 and switched == [True]
+    later = FreeDraftGate(_OffAtFirstRound(), expected=8.0, free_drafters=lambda: switched.append(False), max_length=12, remaining=40)
+    later.start_request()
+    assert later.choose(PolicyState(remaining_tokens=30, rounds_so_far=3)) == 0  # mid-request: the target finishes
+    stepped_aside = _OffAtFirstRound()
+    stepped_aside.load_reason = "target alone under load"
+    loaded = FreeDraftGate(stepped_aside, expected=8.0, free_drafters=lambda: switched.append(False), max_length=12, remaining=40)
+    assert loaded.choose(PolicyState(remaining_tokens=40, rounds_so_far=0)) == 0  # free rounds would load the target too
+    assert switched == [True]

@@ -1,0 +1,96 @@
+"""How an upstream's call latency grows with the requests in flight: measured, never configured.
+
+One `LoadCurve` per upstream connection pool (shared by a client's copies and by other models on the
+same server). The client counts the requests it has in flight through it (`enter`/`leave`); every
+non-streamed call adds a sample (requests in flight when the call started, its latency) to a running
+least-squares line, latency = base + slope * requests, that forgets old samples so it follows the load
+as it changes. The slope is what one more request in flight costs every call on that upstream: on a
+saturated server, or a client short of CPU, speculation's extra calls slow everyone else's down.
+
+`AdaptiveDraftLength` reads it (see its docstring); at one request in flight nothing is added.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextvars
+import itertools
+
+__all__ = ["LoadCurve", "current_request", "new_request_id"]
+
+#: The id of the request the running task works for (set by the client around the engine's loop).
+current_request: contextvars.ContextVar[int | None] = contextvars.ContextVar("specapi_request", default=None)
+_ids = itertools.count(1)
+
+
+def new_request_id() -> int:
+    """Ids in the order requests start, so that earlier requests rank first."""
+    return next(_ids)
+
+
+class LoadCurve:
+    """Requests in flight on one upstream, and its call latency as a line in that number."""
+
+    def __init__(self, *, decay: float = 0.99) -> None:
+        self._active: list[int] = []
+        self._decay = decay
+        self._n = self._sx = self._sy = self._sxx = self._sxy = 0.0
+
+    @property
+    def requests(self) -> int:
+        return len(self._active)
+
+    def enter(self, request_id: int) -> None:
+        bisect.insort(self._active, request_id)
+
+    def leave(self, request_id: int) -> None:
+        index = bisect.bisect_left(self._active, request_id)
+        if index < len(self._active) and self._active[index] == request_id:
+            del self._active[index]
+
+    def rank(self, request_id: int | None) -> int:
+        """1 for the earliest request in flight, 2 for the next, ...; the last place if unknown."""
+        if request_id is None:
+            return max(1, self.requests)
+        return max(1, bisect.bisect_right(self._active, request_id))
+
+    def add(self, requests: int, latency_s: float) -> None:
+        """A call that started with `requests` in flight took `latency_s`."""
+        d = self._decay
+        x = float(max(1, requests))
+        self._n = self._n * d + 1
+        self._sx = self._sx * d + x
+        self._sy = self._sy * d + latency_s
+        self._sxx = self._sxx * d + x * x
+        self._sxy = self._sxy * d + x * latency_s
+
+    @property
+    def slope(self) -> float | None:
+        """Seconds added to a call per extra request in flight (>= 0); None until two loads were seen."""
+        if self._n == 0:
+            return None
+        mean_x = self._sx / self._n
+        var = self._sxx / self._n - mean_x * mean_x
+        if var <= 1e-6:
+            return None
+        return max(0.0, (self._sxy / self._n - mean_x * self._sy / self._n) / var)
+
+    def inflation(self) -> float:
+        """How much slower a call is now than at one request in flight (>= 1; 1 while unmeasured)."""
+        slope = self.slope
+        if slope is None or self.requests <= 1 or self._n == 0:
+            return 1.0
+        base = self._sy / self._n - slope * self._sx / self._n  # the line at zero requests
+        one = base + slope
+        return max(1.0, (base + slope * self.requests) / one) if one > 0 else 1.0
+
+    def cost_to_others(self, rank: int) -> float:
+        """Seconds a call by the request at `rank` adds to the requests ahead of it, together (the
+        slope once for each): 0 for the first request in flight, or while the slope is unmeasured.
+
+        Ranking by start time admits requests to speculation in order, as DSpark admits draft
+        slots: the first ones speculate, later ones join while their calls still pay."""
+        slope = self.slope
+        if slope is None or rank <= 1:
+            return 0.0
+        return slope * (rank - 1)

@@ -1,0 +1,301 @@
+"""The lean transport (`specapi._http`, under `RoleClient`): over real sockets (aiohttp, the default) it
+keeps what the SDK path gave: retries with backoff and Retry-After, timeouts, pooled connections, the
+SDK's error classes and messages, streams, per-call options; and an injected httpx2 client is honoured."""
+
+from __future__ import annotations
+
+import gc
+import json
+import warnings
+
+import httpx2
+import openai
+import pytest
+
+from specapi import AsyncSpeculativeOpenAI, Endpoint, TargetError
+from specapi._calls import Meter, RoleClient
+from specapi._http import SSEDecoder, Timeout, timeout_of
+from wireserver import WireReply, WireServer, sse
+
+
+def _completion(text: str = "hi") -> dict:
+    return {
+        "id": "cmpl-1", "object": "text_completion", "created": 0, "model": "m",
+        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 2, "completion_tokens": 1, "total_tokens": 3},
+    }
+
+
+class Sleeps:
+    def __init__(self) -> None:
+        self.calls: list[float] = []
+
+    async def __call__(self, seconds: float) -> None:
+        self.calls.append(seconds)
+
+
+def _role(base_url: str, sleep: Sleeps | None = None, **endpoint: object) -> RoleClient:
+    options = {"model": "m", "base_url": base_url, "api_key": "k", **endpoint}
+    return RoleClient("target", Endpoint(**options), sleep=sleep or Sleeps())  # type: ignore[arg-type]
+
+
+def _script(*replies: WireReply):
+    """A handler answering with `replies` in turn, then with the last one."""
+    queue = list(replies)
+
+    def handler(request):
+        return queue.pop(0) if len(queue) > 1 else queue[0]
+
+    return handler
+
+
+async def test_a_rate_limit_waits_what_retry_after_asks_then_succeeds():
+    sleep = Sleeps()
+    limited = WireReply(429, {"error": {"message": "slow down", "type": "rate_limit_error"}}, headers={"retry-after": "2.5"})
+    async with WireServer(_script(limited, WireReply(body=_completion()))) as server:
+        role = _role(server.base_url, sleep)
+        meter = Meter(role.endpoint)
+        result = await role.post("/completions", {"prompt": "a"}, meter)
+        await role.aclose()
+    assert result["choices"][0]["text"] == "hi"
+    assert sleep.calls == [2.5]
+    assert (meter.requests, meter.failed_requests) == (2, 1)
+    assert len(server.requests) == 2
+
+
+async def test_server_errors_back_off_exponentially_until_one_succeeds():
+    sleep = Sleeps()
+    failing = WireReply(503, {"error": {"message": "overloaded"}})
+    async with WireServer(_script(failing, failing, failing, WireReply(body=_completion()))) as server:
+        role = _role(server.base_url, sleep, max_retries=3)
+        await role.post("/completions", {"prompt": "a"}, Meter(role.endpoint))
+        await role.aclose()
+    assert len(sleep.calls) == 3
+    # Full jitter within a doubling ceiling: 0.2 s, then 0.4 s, then 0.8 s (each at least half of it).
+    for wait, ceiling in zip(sleep.calls, (0.2, 0.4, 0.8)):
+        assert ceiling / 2 <= wait <= ceiling
+
+
+async def test_retries_stop_after_max_retries_with_the_sdks_class_and_message():
+    async with WireServer(lambda request: WireReply(500, {"error": {"message": "boom"}})) as server:
+        base_url = server.base_url
+        role = _role(base_url, max_retries=2)
+        with pytest.raises(openai.InternalServerError) as caught:
+            await role.post("/completions", {"prompt": "a"}, Meter(role.endpoint))
+        await role.aclose()
+    err = caught.value
+    assert isinstance(err, TargetError) and err.status_code == 500
+    assert str(err) == f"target endpoint m @ {base_url}: HTTP 500: Error code: 500 - boom"
+    assert len(server.requests) == 3
+
+
+async def test_client_errors_are_not_retried():
+    async with WireServer(lambda request: WireReply(404, {"error": {"message": "no such model"}})) as server:
+        role = _role(server.base_url)
+        with pytest.raises(openai.NotFoundError):
+            await role.post("/completions", {"prompt": "a"}, Meter(role.endpoint))
+        await role.aclose()
+    assert len(server.requests) == 1
+
+
+@pytest.mark.parametrize("status, body", [(429, {"error": {"message": "slow"}}), (400, {"error": {"message": "bad field"}}), (502, b"<html>gateway</html>")])
+async def test_errors_match_the_injected_httpx2_path_class_for_class_and_word_for_word(status, body):
+    """The same upstream answer raises the same class with the same message on aiohttp as through an
+    injected httpx2 client (which is what the tests' mock transports and the simulator use)."""
+    async with WireServer(lambda request: WireReply(status, body)) as server:
+        lean = _role(server.base_url, max_retries=0)
+        injected = _role(server.base_url, max_retries=0, http_client=httpx2.AsyncClient())
+        errors = []
+        for role in (lean, injected):
+            with pytest.raises(TargetError) as caught:
+                await role.post("/completions", {"prompt": "a"}, Meter(role.endpoint))
+            errors.append(caught.value)
+            await role.aclose()
+        await injected.endpoint.http_client.aclose()
+    assert type(errors[0]) is type(errors[1])
+    assert str(errors[0]) == str(errors[1])
+    assert errors[0].body == errors[1].body  # type: ignore[attr-defined]
+
+
+async def test_a_slow_answer_times_out_as_the_sdks_timeout_error_and_is_retried():
+    sleep = Sleeps()
+    async with WireServer(lambda request: WireReply(body=_completion(), delay=0.5)) as server:
+        role = _role(server.base_url, sleep, timeout=0.05, max_retries=1)
+        with pytest.raises(openai.APITimeoutError) as caught:
+            await role.post("/completions", {"prompt": "a"}, Meter(role.endpoint))
+        await role.aclose()
+    assert isinstance(caught.value, TargetError)
+    assert "APITimeoutError: Request timed out." in str(caught.value)
+    assert len(server.requests) == 2 and len(sleep.calls) == 1
+
+
+async def test_a_per_call_timeout_overrides_the_endpoints():
+    async with WireServer(lambda request: WireReply(body=_completion(), delay=0.3)) as server:
+        role = _role(server.base_url, timeout=0.05, max_retries=0)
+        result = await role.post("/completions", {"prompt": "a"}, Meter(role.endpoint), options={"timeout": 5.0})
+        await role.aclose()
+    assert result["choices"][0]["text"] == "hi"
+
+
+async def test_a_dropped_connection_is_a_connection_error_and_is_retried():
+    sleep = Sleeps()
+    async with WireServer(_script(WireReply(drop=True), WireReply(body=_completion()))) as server:
+        role = _role(server.base_url, sleep)
+        result = await role.post("/completions", {"prompt": "a"}, Meter(role.endpoint))
+        await role.aclose()
+    assert result["choices"][0]["text"] == "hi" and len(sleep.calls) == 1
+
+
+async def test_a_refused_connection_is_the_sdks_connection_error():
+    async with WireServer(lambda request: WireReply()) as server:
+        base_url = server.base_url
+    role = _role(base_url, max_retries=0)  # the server is gone: nothing listens there now
+    with pytest.raises(openai.APIConnectionError) as caught:
+        await role.post("/completions", {"prompt": "a"}, Meter(role.endpoint))
+    await role.aclose()
+    assert "APIConnectionError: Connection error." in str(caught.value) and caught.value.role == "target"
+
+
+async def test_calls_share_pooled_connections():
+    import asyncio
+
+    async with WireServer(lambda request: WireReply(body=_completion())) as server:
+        role = _role(server.base_url)
+        meter = Meter(role.endpoint)
+        for _ in range(10):
+            await role.post("/completions", {"prompt": "a"}, meter)
+        sequential = server.connections
+        await asyncio.gather(*(role.post("/completions", {"prompt": "a"}, meter) for _ in range(8)))
+        await asyncio.gather(*(role.post("/completions", {"prompt": "a"}, meter) for _ in range(8)))
+        await role.aclose()
+    assert sequential == 1
+    assert server.connections <= 8  # the second burst reuses the first one's connections
+
+
+async def test_per_call_headers_query_and_the_endpoints_extras_reach_the_wire():
+    async with WireServer(lambda request: WireReply(body=_completion())) as server:
+        role = _role(server.base_url, headers={"X-Team": "infra"}, extra_body={"repeat_penalty": 1.0})
+        options = {"headers": {"X-Call": "7", "x-team": "override"}, "params": {"tenant": "a b"}}
+        await role.post("/completions", {"prompt": "ü"}, Meter(role.endpoint), options=options)
+        await role.aclose()
+    request = server.requests[-1]
+    assert request.path == "/v1/completions?tenant=a+b"
+    assert request.headers["x-call"] == "7" and request.headers["x-team"] == "override"
+    assert request.headers["authorization"] == "Bearer k" and request.headers["content-type"] == "application/json"
+    assert request.json() == {"repeat_penalty": 1.0, "prompt": "ü", "model": "m"}
+    assert "ü".encode() in request.body  # UTF-8, as the SDK sends it (not \\u escapes)
+
+
+async def test_a_stream_yields_every_chunk_across_split_events_and_counts_usage():
+    chunks = [{"choices": [{"index": 0, "text": t, "finish_reason": None}]} for t in ("a", "b", "c")]
+    usage = {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6}}
+    reply = sse(*chunks, usage, "[DONE]")
+    whole = b"".join(reply.chunks or [])
+    reply.chunks = [whole[i : i + 7] for i in range(0, len(whole), 7)]  # events cut mid-line
+    async with WireServer(lambda request: reply) as server:
+        role = _role(server.base_url)
+        meter = Meter(role.endpoint)
+        received = [chunk async for chunk in role.stream("/completions", {"prompt": "a"}, meter)]
+        await role.aclose()
+    assert [c["choices"][0]["text"] for c in received if c["choices"]] == ["a", "b", "c"]
+    assert server.requests[-1].json()["stream"] is True
+    assert (meter.requests, meter.prompt_tokens, meter.completion_tokens) == (1, 3, 3)
+
+
+async def test_an_error_event_in_a_stream_raises_the_sdks_error_naming_the_role():
+    reply = sse({"choices": [{"index": 0, "text": "a", "finish_reason": None}]}, {"error": {"message": "engine died"}})
+    async with WireServer(lambda request: reply) as server:
+        role = _role(server.base_url)
+        with pytest.raises(openai.APIError) as caught:
+            async for _ in role.stream("/completions", {"prompt": "a"}, Meter(role.endpoint)):
+                pass
+        await role.aclose()
+    assert isinstance(caught.value, TargetError) and "stream broke: engine died" in str(caught.value)
+
+
+async def test_a_stream_that_fails_to_open_is_retried_like_a_post():
+    sleep = Sleeps()
+    limited = WireReply(429, {"error": {"message": "slow"}}, headers={"retry-after-ms": "1500"})
+    ok = sse({"choices": [{"index": 0, "text": "a", "finish_reason": "stop"}]}, "[DONE]")
+    async with WireServer(_script(limited, ok)) as server:
+        role = _role(server.base_url, sleep)
+        received = [c async for c in role.stream("/completions", {"prompt": "a"}, Meter(role.endpoint))]
+        await role.aclose()
+    assert len(received) == 1 and sleep.calls == [1.5]
+
+
+async def test_the_client_end_to_end_over_aiohttp_streams_and_gives_raw_headers_and_closes_cleanly():
+    def handler(request):
+        body = request.json()
+        if body.get("stream"):
+            return sse({"id": "c", "object": "text_completion", "created": 0, "model": "m",
+                        "choices": [{"index": 0, "text": "hi", "logprobs": None, "finish_reason": "stop"}]}, "[DONE]")
+        return WireReply(body=_completion(), headers={"x-request-id": "req-42"})
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ResourceWarning)
+        async with WireServer(handler) as server:
+            async with AsyncSpeculativeOpenAI(target=Endpoint(model="m", base_url=server.base_url, api_key="k"), verification="none") as client:
+                raw = await client.completions.with_raw_response.create(prompt="a", max_tokens=2, temperature=0)
+                stream = await client.completions.create(prompt="a", max_tokens=2, temperature=0, stream=True)
+                texts = [chunk.choices[0].text async for chunk in stream if chunk.choices]
+        gc.collect()
+    assert raw.headers["x-request-id"] == "req-42" and raw.parse().choices[0].text == "hi"
+    assert "".join(texts) == "hi"
+    leaked = [str(w.message) for w in caught if issubclass(w.category, ResourceWarning)]
+    assert not leaked
+
+
+async def test_an_injected_httpx2_client_carries_the_calls():
+    seen = []
+
+    def handler(request: httpx2.Request) -> httpx2.Response:
+        seen.append(json.loads(request.content))
+        return httpx2.Response(200, json=_completion())
+
+    http = httpx2.AsyncClient(transport=httpx2.MockTransport(handler))
+    role = _role("http://mocked.test/v1", http_client=http)
+    await role.post("/completions", {"prompt": "a"}, Meter(role.endpoint))
+    await role.aclose()
+    assert seen == [{"prompt": "a", "model": "m"}]
+
+
+async def test_an_injected_sdk_clients_http_client_and_headers_are_used():
+    seen = []
+
+    def handler(request: httpx2.Request) -> httpx2.Response:
+        seen.append(request)
+        return httpx2.Response(200, json=_completion())
+
+    sdk = openai.AsyncOpenAI(base_url="http://sdk.test/v1", api_key="sk-sdk", http_client=httpx2.AsyncClient(transport=httpx2.MockTransport(handler)))
+    role = RoleClient("target", Endpoint(model="m", client=sdk))
+    await role.post("/completions", {"prompt": "a"}, Meter(role.endpoint))
+    await role.aclose()
+    await sdk.close()
+    assert str(seen[0].url) == "http://sdk.test/v1/completions"
+    assert seen[0].headers["authorization"] == "Bearer sk-sdk"
+
+
+# ----------------------------------------------------------------------------- pure parts
+
+
+def test_sse_decoder_handles_split_lines_crlf_comments_and_multiline_data():
+    decoder = SSEDecoder()
+    stream = b": keep-alive\r\ndata: {\"a\":\r\ndata: 1}\r\n\r\ndata: [DONE]\n\n"
+    events = []
+    for i in range(len(stream)):
+        events += decoder.feed(stream[i : i + 1])
+    events += decoder.end()
+    assert events == ['{"a":\n1}', "[DONE]"]
+
+
+def test_sse_decoder_flushes_a_last_event_without_a_blank_line():
+    decoder = SSEDecoder()
+    assert decoder.feed(b"data: x") == []
+    assert decoder.end() == ["x"]
+
+
+def test_timeouts_are_read_as_the_sdk_takes_them():
+    assert timeout_of(3) == Timeout(3.0, 3.0)
+    assert timeout_of(None) == Timeout(None, None)
+    assert timeout_of(httpx2.Timeout(10.0, connect=2.0, pool=1.0)) == Timeout(3.0, 10.0)

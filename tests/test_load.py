@@ -1,0 +1,145 @@
+"""`specapi.load.LoadCurve` and the load-aware decisions of `AdaptiveDraftLength`, on a simulated
+latency-vs-concurrency curve: no clocks, no HTTP (the curve is fed the samples a client would record)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from specapi.load import LoadCurve, current_request
+from specapi.policy import LOAD_DRAFT_LENGTH, LOAD_TARGET_ALONE, AdaptiveDraftLength, PolicyState
+from specapi.stats import RoundRecord, SpeculativeStats
+
+REMAINING = 200
+
+
+def curve_from(latency_at, loads: range, *, in_flight: int) -> LoadCurve:
+    """A curve that saw calls at each load in `loads` take `latency_at(load)`, now `in_flight` requests."""
+    curve = LoadCurve()
+    for load in loads:
+        for _ in range(5):
+            curve.add(load, latency_at(load))
+    for request_id in range(1, in_flight + 1):
+        curve.enter(request_id)
+    return curve
+
+
+def test_the_curve_measures_the_slope_of_latency_in_requests_in_flight():
+    curve = curve_from(lambda c: 0.030 + 0.004 * c, range(1, 17), in_flight=8)
+    assert curve.slope == pytest.approx(0.004)
+    assert curve.inflation() == pytest.approx((0.030 + 0.004 * 8) / (0.030 + 0.004))
+    assert curve.cost_to_others(rank=1) == 0.0  # the first request in flight has nobody ahead of it
+    assert curve.cost_to_others(rank=5) == pytest.approx(4 * 0.004)
+
+
+def test_one_load_seen_means_no_slope_and_no_cost():
+    curve = curve_from(lambda c: 0.05, range(1, 2), in_flight=1)
+    assert curve.slope is None and curve.inflation() == 1.0 and curve.cost_to_others(rank=3) == 0.0
+
+
+def test_requests_rank_in_start_order_and_leave_cleanly():
+    curve = LoadCurve()
+    for request_id in (3, 7, 9):
+        curve.enter(request_id)
+    assert [curve.rank(r) for r in (3, 7, 9)] == [1, 2, 3]
+    curve.leave(3)
+    assert curve.requests == 2 and curve.rank(9) == 2
+    curve.leave(3)  # twice is harmless
+    assert curve.requests == 2
+    assert curve.rank(None) == 2  # unknown: the last place
+
+
+def learnt_lan_policy() -> AdaptiveDraftLength:
+    """A policy that has seen LAN-like rounds at one stream (draft 4 ms + 4 ms/token, verify 31 ms,
+    acceptance 0.8) and measured the target (30 ms + 25 ms/token) on a request's last tokens."""
+    policy = AdaptiveDraftLength()
+    policy.start_request()
+    rng = random.Random(7)
+    for i in range(40):
+        k = (4, 6, 3)[i % 3]
+        accepted = 0
+        while accepted < k and rng.random() < 0.8:
+            accepted += 1
+        policy.observe(RoundRecord(drafted=k, accepted=accepted, emitted=accepted + 1, draft_latency_s=0.004 + 0.004 * k,
+                                   verify_latency_s=0.031, drafter="draft-model", accepted_by_position=tuple(j < accepted for j in range(k))))
+    policy.observe_plain(8, 0.03 + 0.025 * 8)
+    return policy
+
+
+def decide(policy: AdaptiveDraftLength, curve: LoadCurve | None, request_id: int, rounds_so_far: int = 0) -> tuple[int, str | None]:
+    policy.watch_load(curve, curve)
+    token = current_request.set(request_id)
+    try:
+        k = policy.choose(PolicyState(remaining_tokens=REMAINING, rounds_so_far=rounds_so_far))
+    finally:
+        current_request.reset(token)
+    return k, policy.load_reason
+
+
+def test_at_one_request_in_flight_nothing_changes():
+    unloaded = learnt_lan_policy()
+    k_alone, reason_alone = decide(unloaded, None, 1)
+    steep = curve_from(lambda c: 0.030 + 0.050 * c, range(1, 33), in_flight=1)  # a steep curve, but one request
+    k_loaded, reason_loaded = decide(learnt_lan_policy(), steep, 1)
+    assert k_alone > 0 and (k_loaded, reason_loaded) == (k_alone, reason_alone) and reason_alone is None
+
+
+def test_a_flat_curve_changes_nothing_however_many_requests_are_in_flight():
+    flat = curve_from(lambda c: 0.031, range(1, 33), in_flight=32)
+    assert decide(learnt_lan_policy(), flat, 32) == decide(learnt_lan_policy(), None, 1)
+
+
+def test_on_a_steep_curve_early_requests_speculate_and_later_ones_step_aside():
+    """Latency grows by 6 ms per request in flight: the first requests in flight speculate, those
+    that would slow the ones ahead of them more than they gain let the target generate alone."""
+    steep = curve_from(lambda c: 0.031 + 0.006 * c, range(1, 33), in_flight=32)
+    decisions = [decide(learnt_lan_policy(), steep, rank) for rank in range(1, 33)]
+    ks = [k for k, _ in decisions]
+    assert ks[0] > 0 and decisions[0][1] is None
+    assert ks[-1] == 0 and decisions[-1][1] == LOAD_TARGET_ALONE
+    first_alone = ks.index(0)
+    assert all(k == 0 for k in ks[first_alone:]), "admission in start order: once one steps aside, later ones do too"
+    assert all(reason == LOAD_TARGET_ALONE for _, reason in decisions[first_alone:])
+
+
+def test_a_moderate_curve_changes_the_draft_length_and_says_so():
+    moderate = curve_from(lambda c: 0.031 + 0.002 * c, range(1, 17), in_flight=16)
+    k_unloaded, _ = decide(learnt_lan_policy(), None, 1)
+    changed = [decide(learnt_lan_policy(), moderate, rank) for rank in range(2, 17)]
+    assert any(k not in (0, k_unloaded) and reason == LOAD_DRAFT_LENGTH for k, reason in changed)
+
+
+def test_a_request_that_has_begun_speculating_keeps_going_under_load():
+    steep = curve_from(lambda c: 0.031 + 0.006 * c, range(1, 33), in_flight=32)
+    assert decide(learnt_lan_policy(), steep, 32, rounds_so_far=0)[0] == 0
+    k, reason = decide(learnt_lan_policy(), steep, 32, rounds_so_far=3)
+    assert k > 0 and reason in (None, LOAD_DRAFT_LENGTH)
+
+
+def test_stepping_aside_under_load_does_not_turn_speculation_off_for_later_requests():
+    policy = learnt_lan_policy()
+    steep = curve_from(lambda c: 0.031 + 0.006 * c, range(1, 33), in_flight=32)
+    assert decide(policy, steep, 32)[0] == 0
+    assert policy.start_request() == "speculate"
+    assert decide(policy, None, 1)[0] > 0
+
+
+def test_loaded_verify_calls_do_not_bend_the_targets_own_line():
+    """Rounds observed at 16 requests in flight (every call 2x slower) are learnt as at one stream:
+    the target's predicted speed stays what it measured alone."""
+    policy = learnt_lan_policy()
+    before = policy.predicted_target_rate(REMAINING)
+    curve = curve_from(lambda c: 0.031 * (1 + (c - 1) / 15), range(1, 17), in_flight=16)
+    policy.watch_load(curve, curve)
+    for _ in range(30):
+        policy.observe(RoundRecord(drafted=4, accepted=3, emitted=4, draft_latency_s=0.040, verify_latency_s=0.062,
+                                   drafter="draft-model", accepted_by_position=(True, True, True, False)))
+    assert policy.predicted_target_rate(REMAINING) == pytest.approx(before, rel=0.1)
+
+
+def test_the_reason_is_a_typed_field_of_the_statistics_and_reaches_the_json_and_headers():
+    stats = SpeculativeStats(load_reason=LOAD_TARGET_ALONE, speculated=False)
+    assert stats.to_dict()["load_reason"] == LOAD_TARGET_ALONE
+    assert stats.to_headers()["x-specapi-load-reason"].startswith("target alone under load")
+    assert SpeculativeStats().to_dict()["load_reason"] is None
