@@ -126,6 +126,7 @@ class _Proxy:
                 await release()
             self.readiness = None
             self.metrics.ready.set(0)
+            self.metrics.retire()
             client, self._client = self._client, None
             if client is not None:
                 await client.close()

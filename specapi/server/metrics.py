@@ -43,7 +43,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest, values
-from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
 from ..stats import SpeculativeStats
 
@@ -207,6 +207,12 @@ class ProxyMetrics:
         self.num_drafts.labels(model_name=self.model).inc(drafts)
         self.num_draft_tokens.labels(model_name=self.model).inc(stats.drafted_tokens)
         self.num_accepted_tokens.labels(model_name=self.model).inc(stats.accepted_tokens)
+
+    def retire(self) -> None:
+        """This process stops serving: under several processes, its live gauges leave the sums."""
+        directory = multiprocess_dir()
+        if directory is not None:
+            mark_process_dead(os.getpid(), directory)
 
     def render(self) -> bytes:
         return generate_latest(self._view)  # type: ignore[arg-type]  # any object with collect() will do

@@ -1,7 +1,8 @@
 """Readiness (`GET /ready`): whether the target answers, checked in the background and on upstream failures.
 
 `/health` says the process lives; `/ready` says whether it can serve: 503 while the target is unreachable,
-200 once it answers again. `Readiness.run()` (started with the app) checks every `interval` seconds;
+200 once it answers again. `Readiness.run()` (started with the app) checks every `interval` seconds (every
+`retry_interval` seconds, at most one, while the target is unreachable);
 `suspect(reason)`, called when a request fails on the target with a dropped connection, a timeout or a
 5xx, marks the proxy not ready at once and checks again without waiting for the interval, so one check
 decides whether the failure was the target's or the request's.
@@ -72,6 +73,7 @@ class Readiness:
         check: Check,
         *,
         interval: float = DEFAULT_INTERVAL,
+        retry_interval: float | None = None,
         sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
         clock: Callable[[], float] = time.monotonic,
         on_change: Callable[[bool], None] | None = None,
@@ -80,6 +82,7 @@ class Readiness:
             raise ValueError("interval must be > 0")
         self._check = check
         self.interval = interval
+        self.retry_interval = min(interval, 1.0) if retry_interval is None else retry_interval
         self._sleep = sleep
         self._clock = clock
         self._on_change = on_change
@@ -112,11 +115,12 @@ class Readiness:
         self._wake.set()
 
     async def run(self) -> None:
-        """Check now, then every `interval` seconds or as soon as `suspect()` is called; runs until cancelled."""
+        """Check now, then every `interval` seconds (`retry_interval` while unready) or as soon as `suspect()`
+        is called; runs until cancelled."""
         while True:
             self._wake.clear()
             await self.check_now()
-            pause = asyncio.ensure_future(self._sleep(self.interval))
+            pause = asyncio.ensure_future(self._sleep(self.interval if self.ready else self.retry_interval))
             woken = asyncio.ensure_future(self._wake.wait())
             try:
                 await asyncio.wait({pause, woken}, return_when=asyncio.FIRST_COMPLETED)
