@@ -44,7 +44,7 @@ from .metrics import CONTENT_TYPE, ProxyMetrics
 from .readiness import Readiness, target_check
 from .sse import DONE_EVENT, EventStreamResponse, encode_event
 
-__all__ = ["create_app", "CLIENT_CLOSED_REQUEST"]
+__all__ = ["create_app", "build_client", "CLIENT_CLOSED_REQUEST"]
 
 logger = logging.getLogger("specapi.server")
 
@@ -63,6 +63,12 @@ def _dump(model: Any) -> dict[str, Any]:
     return model.model_dump(mode="json", exclude_unset=True, exclude={"speculative"})
 
 
+def build_client(config: ServerConfig) -> AsyncSpeculativeOpenAI:
+    """The speculative client `config` describes (raises `ConfigurationError` for unknown options)."""
+    options = {"suffix_index": SuffixIndex(max_tokens=config.suffix_max_tokens), **config.client_options}
+    return AsyncSpeculativeOpenAI(target=config.target, draft=config.draft, num_speculative_tokens=config.num_speculative_tokens, **options)
+
+
 class _Proxy:
     """The state one app shares between requests: configuration, the speculative client, metrics."""
 
@@ -76,12 +82,8 @@ class _Proxy:
         self._client: AsyncSpeculativeOpenAI | None = self._build_client()  # validates the configuration now
 
     def _build_client(self) -> AsyncSpeculativeOpenAI:
-        config = self.config
         self._tenants.clear()
-        options = {"suffix_index": SuffixIndex(max_tokens=config.suffix_max_tokens), **config.client_options}
-        return AsyncSpeculativeOpenAI(
-            target=config.target, draft=config.draft, num_speculative_tokens=config.num_speculative_tokens, **options
-        )
+        return build_client(self.config)
 
     @property
     def client(self) -> AsyncSpeculativeOpenAI:

@@ -43,7 +43,7 @@ from starlette.applications import Starlette
 from .._exceptions import ConfigurationError
 from ..cli_options import ENDPOINTS, Option, UsageError, add_options, resolve, speculation_options
 from ..endpoint import Endpoint
-from .app import create_app
+from .app import build_client, create_app
 from .config import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_TOKENS_LIMIT, SUFFIX_SCOPES, ServerConfig
 from .errors import redact
 from .metrics import MULTIPROCESS_DIR_VARIABLE
@@ -267,7 +267,10 @@ def serve_workers(settings: Settings, args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     try:
         settings = resolve_settings(args, os.environ)
-        app = create_app(settings.config)  # builds the client: refuses unknown policy, drafter or verification
+        if settings.workers > 1:
+            build_client(settings.config)  # refuses unknown policy, drafter or verification; the workers build the apps
+        else:
+            app = create_app(settings.config)  # builds the client, with the same checks
     except (SettingsError, ConfigurationError) as exc:
         print(f"specapi serve: {exc}", file=sys.stderr)
         return 2
