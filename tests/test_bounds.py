@@ -4,6 +4,8 @@ metric labels). Sizes only, no timing: `benchmarks/soak.py` shows the resident m
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import httpx2
 
 from specapi import AsyncSpeculativeOpenAI
@@ -80,3 +82,12 @@ def test_metric_labels_are_bounded():
     text = metrics.render().decode()
     positions = {line.split('position="')[1].split('"')[0] for line in text.splitlines() if "per_pos_total{" in line}
     assert len(positions) == 65 and metric(text, "specapi_spec_decode_num_accepted_tokens_per_pos_total", position="65+") == 436
+    for i in range(100):
+        metrics.observe("/v1/completions", _WithReason(load_reason=f"reason {i} " + "x" * 100))
+    reasons = {line.split('reason="')[1].split('"')[0] for line in metrics.render().decode().splitlines() if "reduced_total{" in line}
+    assert len(reasons) == 33 and "other" in reasons and max(map(len, reasons)) == 64
+
+
+@dataclass(frozen=True)
+class _WithReason(SpeculativeStats):
+    load_reason: str | None = None

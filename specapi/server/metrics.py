@@ -57,6 +57,8 @@ _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0
 #: Positions beyond this share one label (0-based metrics: this value; vLLM-style: "65+"), to bound the label set.
 MAX_POSITION_LABEL = 64
 _MAX_REASON_LENGTH = 64
+#: Distinct load reasons kept as labels; later new ones count as "other".
+_MAX_REASONS = 32
 
 _FALLBACK_CATEGORIES = (
     ("draft failed", "draft_failed"),
@@ -154,6 +156,7 @@ class ProxyMetrics:
             ["model_name", "position"],
             registry=registry,
         )
+        self._reasons: set[str] = set()
         self._view = self._exported()
 
     def _exported(self) -> _WithoutCreated:
@@ -187,7 +190,11 @@ class ProxyMetrics:
             self.fallbacks.labels(reason=category).inc()
         reason = getattr(stats, "load_reason", None)  # set by the load-aware policy when it holds speculation back
         if reason:
-            self.reduced.labels(model_name=self.model, reason=str(reason)[:_MAX_REASON_LENGTH]).inc()
+            label = str(reason)[:_MAX_REASON_LENGTH]
+            if label not in self._reasons and len(self._reasons) >= _MAX_REASONS:
+                label = "other"
+            self._reasons.add(label)
+            self.reduced.labels(model_name=self.model, reason=label).inc()
 
     def _observe_positions(self, stats: SpeculativeStats) -> None:
         drafted: dict[int, int] = {}
