@@ -6,8 +6,14 @@ requests with the official openai SDK and checks every output against the target
 (asked of the simulator directly, once per prompt). Prints wall time, latency and time-to-first-token
 percentiles, errors, mismatches, and the same load sent to the target alone for comparison.
 
-    python benchmarks/proxy_load.py                  # 100 concurrent streams, "lan" latency
+    python benchmarks/proxy_load.py                  # 100 concurrent streams, "lan" latency, serve's default policy
+    python benchmarks/proxy_load.py --concurrency 1,16,100             # each level, then the same load on the target alone
+    python benchmarks/proxy_load.py --concurrency 100 --workers 2      # specapi serve --workers 2
     python benchmarks/proxy_load.py --requests 200 --concurrency 50 --latency hosted --max-tokens 96
+
+With several levels, one proxy serves them all (as a long-running one would) and each level's summary ends
+with the throughput ratio, proxy / target alone. Without --requests, a level of c streams sends
+c * ceil(20 / c) requests (1: 20, 16: 32, 100: 100).
 
 Bounded: at most --requests requests, --timeout seconds overall; loopback only. Exit code 1 if any request
 failed or differed from the target's output.
@@ -101,14 +107,51 @@ def _process(args: list[str], env: dict[str, str], health_url: str, name: str) -
                 print(f"  {name} log: {len(lines)} lines, {len(problems)} mentioning errors; last: {problems[-1][:160]}")
 
 
-def _cpu_seconds(process: subprocess.Popen) -> float | None:
-    """CPU time (user + system) a child process has used so far (Linux; None elsewhere)."""
+def _stat(pid: int) -> list[str] | None:
     try:
-        with open(f"/proc/{process.pid}/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def process_tree(pid: int) -> list[int]:
+    """`pid` and its descendants (uvicorn's workers under `serve --workers N`); Linux only."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (fields := _stat(int(entry))) is not None:
+            children.setdefault(int(fields[1]), []).append(int(entry))
+    tree, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        tree.append(current)
+        todo.extend(children.get(current, []))
+    return tree
+
+
+def _cpu_seconds(process: subprocess.Popen) -> float | None:
+    """CPU time (user + system) a child process and its own children have used so far (Linux; None elsewhere)."""
+    total = 0.0
+    try:
+        for pid in process_tree(process.pid):
+            fields = _stat(pid)
+            if fields is not None:
+                total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError):
         return None
+    return total
+
+
+def rss_mb(process: subprocess.Popen) -> float | None:
+    """Resident memory of a child process and its descendants, in MB (Linux; None elsewhere)."""
+    total = 0
+    try:
+        for pid in process_tree(process.pid):
+            with contextlib.suppress(OSError), open(f"/proc/{pid}/status") as status:
+                total += next((int(line.split()[1]) for line in status if line.startswith("VmRSS:")), 0)
+    except (OSError, ValueError):
+        return None
+    return total / 1024
 
 
 def _requests(args: argparse.Namespace) -> list[tuple[str, str]]:
@@ -220,25 +263,16 @@ def _report(title: str, wall: float, outcomes: list[Outcome]) -> dict:
     return summary
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--requests", type=int, default=100)
-    parser.add_argument("--concurrency", type=int, default=100)
-    parser.add_argument("--max-tokens", type=int, default=32)
-    parser.add_argument("--kind", choices=["completions", "chat", "mixed"], default="mixed")
-    parser.add_argument("--latency", default="lan", help="simulator latency profile: lan, hosted, instant")
-    parser.add_argument("--policy", default="fixed", help="the proxy's draft-length policy: fixed (speculate every round) or adaptive")
-    parser.add_argument("--drafter", default="auto", help="the proxy's drafter: auto (suffix index, prompt lookup or the draft model, per round), model, lookup, suffix")
-    parser.add_argument("--num-speculative-tokens", type=int, default=4)
-    parser.add_argument("--timeout", type=float, default=300.0, help="seconds for each whole load run")
-    parser.add_argument("--no-direct", action="store_true", help="skip the target-alone comparison run")
-    parser.add_argument("--json", action="store_true", help="also print the summaries as JSON")
-    args = parser.parse_args(argv)
-    if not 1 <= args.requests <= 10_000 or not 1 <= args.concurrency <= 1_000:
-        parser.error("--requests must be in 1..10000 and --concurrency in 1..1000")
+def _levels(text: str) -> list[int]:
+    levels = [int(part) for part in text.split(",") if part.strip()]
+    if not levels or not all(1 <= level <= 1_000 for level in levels):
+        raise argparse.ArgumentTypeError("concurrency levels must be integers in 1..1000, e.g. 1,16,100")
+    return levels
 
-    sim_port, proxy_port = _free_port(), _free_port()
-    sim_url, proxy_url = f"http://127.0.0.1:{sim_port}", f"http://127.0.0.1:{proxy_port}"
+
+def server_commands(args: argparse.Namespace, sim_port: int, proxy_port: int) -> tuple[list[str], dict[str, str], list[str], dict[str, str]]:
+    """The simulator's and the proxy's command lines and environments (`specapi serve`, the real CLI)."""
+    sim_url = f"http://127.0.0.1:{sim_port}"
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     sim_cmd = [sys.executable, "-c",
                f"from specapi.sim import run_server; run_server(host='127.0.0.1', port={sim_port}, latency={args.latency!r}, log_level='warning')"]
@@ -248,42 +282,84 @@ def main(argv: list[str] | None = None) -> int:
         "SPECAPI_DRAFT_BASE_URL": sim_url + "/v1", "SPECAPI_DRAFT_MODEL": "sim-draft", "SPECAPI_DRAFT_API_KEY": UPSTREAM_KEY,
         "SPECAPI_API_KEY": PROXY_KEY, "SPECAPI_HOST": "127.0.0.1", "SPECAPI_PORT": str(proxy_port),
         "SPECAPI_NUM_SPECULATIVE_TOKENS": str(args.num_speculative_tokens), "SPECAPI_POLICY": args.policy, "SPECAPI_DRAFTER": args.drafter,
-        "SPECAPI_LOG_LEVEL": "warning",
+        "SPECAPI_LOG_LEVEL": "warning", "SPECAPI_WORKERS": str(args.workers),
     }
     proxy_cmd = [sys.executable, "-c", "from specapi.cli import cli; cli()", "serve"]
-    work = _requests(args)
-    print(f"{args.requests} streaming requests ({args.kind}), concurrency {args.concurrency}, max_tokens {args.max_tokens}, "
-          f"simulator latency '{args.latency}', policy {args.policy}, drafter {args.drafter}, k={args.num_speculative_tokens}; "
-          f"{os.cpu_count()} CPUs, all on 127.0.0.1")
+    return sim_cmd, env, proxy_cmd, proxy_env
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=None, help="requests per level (default: c * ceil(20 / c))")
+    parser.add_argument("--concurrency", type=_levels, default=[100], help="concurrent streams, or several levels: 1,16,100")
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--kind", choices=["completions", "chat", "mixed"], default="mixed")
+    parser.add_argument("--latency", default="lan", help="simulator latency profile: lan, hosted, instant")
+    parser.add_argument("--policy", default="adaptive", help="the proxy's draft-length policy: adaptive (serve's default) or fixed (speculate every round)")
+    parser.add_argument("--drafter", default="auto", help="the proxy's drafter: auto (suffix index, prompt lookup or the draft model, per round), model, lookup, suffix")
+    parser.add_argument("--num-speculative-tokens", type=int, default=4)
+    parser.add_argument("--workers", type=int, default=1, help="proxy processes (specapi serve --workers N)")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds for each whole load run")
+    parser.add_argument("--no-direct", action="store_true", help="skip the target-alone comparison runs")
+    parser.add_argument("--json", action="store_true", help="also print the summaries as JSON")
+    args = parser.parse_args(argv)
+    if args.requests is not None and not 1 <= args.requests <= 10_000:
+        parser.error("--requests must be in 1..10000")
+    if not 1 <= args.workers <= 16:
+        parser.error("--workers must be in 1..16")
+
+    sim_port, proxy_port = _free_port(), _free_port()
+    sim_url, proxy_url = f"http://127.0.0.1:{sim_port}", f"http://127.0.0.1:{proxy_port}"
+    sim_cmd, env, proxy_cmd, proxy_env = server_commands(args, sim_port, proxy_port)
+    print(f"streaming requests ({args.kind}), concurrency {','.join(map(str, args.concurrency))}, max_tokens {args.max_tokens}, "
+          f"simulator latency '{args.latency}', policy {args.policy}, drafter {args.drafter}, k={args.num_speculative_tokens}, "
+          f"proxy workers {args.workers}; {os.cpu_count()} CPUs, all on 127.0.0.1")
 
     summaries: dict[str, dict] = {}
-    with _process(sim_cmd, env, sim_url + "/v1/models", "simulator") as sim:
-        expected = asyncio.run(_references(sim_url + "/v1", work, args))
-        with _process(proxy_cmd, proxy_env, proxy_url + "/health", "proxy") as proxy:
-            # One request first, so that the proxy's one-time capability probe is not part of the load.
-            asyncio.run(_load(proxy_url + "/v1", PROXY_KEY, "sim-target", work[:2], args, expected))
+    failed = False
+    with _process(sim_cmd, env, sim_url + "/v1/models", "simulator") as sim, \
+            _process(proxy_cmd, proxy_env, proxy_url + "/ready", "proxy") as proxy:
+        for level in args.concurrency:
+            level_args = argparse.Namespace(**{**vars(args), "concurrency": level})
+            level_args.requests = args.requests or level * -(-20 // level)
+            work = _requests(level_args)
+            expected = asyncio.run(_references(sim_url + "/v1", work, level_args))
+            # A few requests first, so that the proxy's one-time capability probe (one per worker) is not part of the load.
+            warm_up = argparse.Namespace(**{**vars(level_args), "concurrency": 2 * args.workers})
+            asyncio.run(_load(proxy_url + "/v1", PROXY_KEY, "sim-target", work[: 4 * args.workers], warm_up, expected))
             cpu_before = (_cpu_seconds(sim), _cpu_seconds(proxy))
-            wall, outcomes = asyncio.run(_load(proxy_url + "/v1", PROXY_KEY, "sim-target", work, args, expected))
+            wall, outcomes = asyncio.run(_load(proxy_url + "/v1", PROXY_KEY, "sim-target", work, level_args, expected))
             cpu_after = (_cpu_seconds(sim), _cpu_seconds(proxy))
-            summaries["proxy"] = _report("through the speculative proxy", wall, outcomes)
+            title = f"{level} concurrent, {level_args.requests} requests"
+            summary = summaries[f"proxy@{level}"] = _report(f"{title}: through the speculative proxy", wall, outcomes)
             if None not in cpu_before + cpu_after:
-                summaries["proxy"]["cpu_s_simulator"] = round(cpu_after[0] - cpu_before[0], 2)
-                summaries["proxy"]["cpu_s_proxy"] = round(cpu_after[1] - cpu_before[1], 2)
-                print(f"  CPU seconds during the run: simulator {summaries['proxy']['cpu_s_simulator']}, "
-                      f"proxy {summaries['proxy']['cpu_s_proxy']}")
+                summary["cpu_s_simulator"] = round(cpu_after[0] - cpu_before[0], 2)
+                summary["cpu_s_proxy"] = round(cpu_after[1] - cpu_before[1], 2)
+                print(f"  CPU seconds during the run: simulator {summary['cpu_s_simulator']}, proxy {summary['cpu_s_proxy']}")
             metrics = httpx2.get(proxy_url + "/metrics").text
             in_flight = [line for line in metrics.splitlines() if line.startswith("specapi_in_flight_requests ")]
             print(f"  proxy metrics after the run: {in_flight[0] if in_flight else '?'}")
-        if not args.no_direct:
+            failed = failed or bool(summary["errors"] or summary["mismatches"])
+            if args.no_direct:
+                continue
             cpu_before_direct = _cpu_seconds(sim)
-            wall, outcomes = asyncio.run(_load(sim_url + "/v1", UPSTREAM_KEY, "sim-target", work, args, expected))
-            summaries["direct"] = _report("target alone (same load, straight to the simulator)", wall, outcomes)
+            wall, outcomes = asyncio.run(_load(sim_url + "/v1", UPSTREAM_KEY, "sim-target", work, level_args, expected))
+            direct = summaries[f"direct@{level}"] = _report(f"{title}: target alone (same load, straight to the simulator)", wall, outcomes)
             if cpu_before_direct is not None and _cpu_seconds(sim) is not None:
-                summaries["direct"]["cpu_s_simulator"] = round(_cpu_seconds(sim) - cpu_before_direct, 2)
-                print(f"  CPU seconds during the run: simulator {summaries['direct']['cpu_s_simulator']}")
+                direct["cpu_s_simulator"] = round(_cpu_seconds(sim) - cpu_before_direct, 2)
+                print(f"  CPU seconds during the run: simulator {direct['cpu_s_simulator']}")
+            if summary["requests_per_s"] and direct["requests_per_s"]:
+                summary["throughput_vs_target_alone"] = round(summary["requests_per_s"] / direct["requests_per_s"], 3)
+                print(f"  => {level} concurrent: proxy {summary['requests_per_s']} req/s, target alone {direct['requests_per_s']} req/s: "
+                      f"{summary['throughput_vs_target_alone']:.2f}x the target alone's throughput")
+    if len(args.concurrency) > 1 and not args.no_direct:
+        print("\n== throughput, proxy / target alone")
+        for level in args.concurrency:
+            summary = summaries[f"proxy@{level}"]
+            print(f"  {level:>4} concurrent: {summary.get('throughput_vs_target_alone', '?')}x  "
+                  f"(proxy {summary['wall_s']} s, target alone {summaries[f'direct@{level}']['wall_s']} s)")
     if args.json:
         print(json.dumps(summaries, indent=2))
-    failed = summaries["proxy"]["errors"] or summaries["proxy"]["mismatches"]
     return 1 if failed else 0
 
 

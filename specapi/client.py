@@ -15,6 +15,7 @@ import contextlib
 import time
 from dataclasses import replace
 import uuid
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Coroutine, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Dict, List, Literal, Optional, TypeVar, Union, overload
 
@@ -56,6 +57,8 @@ __all__ = ["AsyncSpeculativeOpenAI", "AsyncCompletions", "AsyncChatCompletions",
 T = TypeVar("T")
 
 #: Arguments the engine reproduces exactly.
+#: Other models (`model=` on a call) that keep their own path memory and suffix index; least recently used leave.
+MAX_OTHER_MODELS = 32
 _TRANSPORT_ARGS = {"extra_headers", "extra_query", "timeout"}
 _COMPLETION_ARGS = {"prompt", "model", "max_tokens", "temperature", "top_p", "seed", "stop", "n", "stream", "user", "extra_body", "stream_options", "prediction"} | _TRANSPORT_ARGS
 _CHAT_ARGS = {"messages", "model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop", "n", "stream", "user", "extra_body", "stream_options", "metadata", "store", "prediction"} | _TRANSPORT_ARGS
@@ -187,6 +190,11 @@ def _request_fields(kwargs: Mapping[str, Any]) -> tuple[dict[str, Any], bool]:
     return extras, truncated
 
 
+def _bound(table: OrderedDict[str, Any]) -> None:
+    while len(table) > MAX_OTHER_MODELS:
+        table.popitem(last=False)
+
+
 class _Runtime:
     """What every request of a client shares: the role clients, the policy, the verifier choice."""
 
@@ -209,7 +217,7 @@ class _Runtime:
         self.draft = RoleClient("draft", draft, sleep=sleep, clock=clock) if draft is not None else None
         # What finished requests taught: shared per target model (another `model=` gets its own).
         self.suffix_index = suffix_index if suffix_index is not None else SuffixIndex()
-        self._suffix_by_model: dict[str, SuffixIndex] = {target.model: self.suffix_index}
+        self._suffix_by_model: OrderedDict[str, SuffixIndex] = OrderedDict()
         self.drafter = _build_drafter(drafter, self.draft, self.suffix_index)
         # Learning costs a little CPU per request: only where something drafts from it (or may, later).
         self.learning = suffix_index is not None or bool(indexes(self.drafter))
@@ -220,7 +228,7 @@ class _Runtime:
         self.paths = PathResolver(self.target, verification)
         # `model=` on a call names another model on the target's server: its own client view and
         # path memory, sharing the connection pool.
-        self._by_model: dict[str, tuple[RoleClient, PathResolver]] = {}
+        self._by_model: OrderedDict[str, tuple[RoleClient, PathResolver]] = OrderedDict()
 
     def target_for(self, model: str) -> tuple[RoleClient, PathResolver]:
         if model == self.target.endpoint.model:
@@ -229,11 +237,17 @@ class _Runtime:
             role = RoleClient("target", replace(self.target.endpoint, model=model, name=None), sleep=self.target.sleep, clock=self.clock)
             role.share_connections(self.target)
             self._by_model[model] = (role, PathResolver(role, self.verification))
+            _bound(self._by_model)
+        self._by_model.move_to_end(model)
         return self._by_model[model]
 
     def suffix_for(self, model: str) -> SuffixIndex:
+        if model == self.target.endpoint.model:
+            return self.suffix_index
         if model not in self._suffix_by_model:
             self._suffix_by_model[model] = SuffixIndex(max_tokens=self.suffix_index.max_tokens)
+            _bound(self._suffix_by_model)
+        self._suffix_by_model.move_to_end(model)
         return self._suffix_by_model[model]
 
     def learn(self, context: Context, text: str, model: str) -> None:

@@ -54,6 +54,9 @@ def make_config(srv: ToyServer, **overrides: Any) -> ServerConfig:
         "api_key": PROXY_KEY,
         # Speculate on every request (the adaptive policy measures the target alone first); never wait to retry.
         "client_options": {"policy": "fixed", "sleep": no_sleep},
+        # One readiness check at startup, then none that could land among the upstream requests a test counts
+        # (test_server_readiness.py checks often).
+        "readiness_interval": 3600.0,
     }
     options.update(overrides)
     return ServerConfig(**options)

@@ -4,7 +4,8 @@ Point any OpenAI client at the proxy (`base_url="http://proxy:8000/v1"`, `api_ke
 `/v1/completions` and `/v1/chat/completions` answer with the target model's exact output, produced by
 draft-then-verify rounds against the two upstream endpoints. Statistics come back as `x-specapi-*`
 headers and as an extra top-level `"speculative"` field (in the last chunk of a stream), which OpenAI
-clients ignore. `/metrics` exposes Prometheus metrics, `/health` is a liveness probe.
+clients ignore. `/metrics` exposes Prometheus metrics, `/health` is a liveness probe, `/ready` a readiness probe (503
+while the target is unreachable).
 
     from specapi.server import ServerConfig, create_app
     app = create_app(ServerConfig(target=Endpoint(...), draft=Endpoint(...), api_key="sk-proxy-..."))
@@ -21,12 +22,15 @@ one client per upstream role (connection pools) and one memory of verification p
   Prefer least-outstanding-requests balancing over round robin: requests last from milliseconds to
   minutes. Turn off response buffering for `text/event-stream` (the proxy sends `X-Accel-Buffering: no`
   for nginx) and set the balancer's idle timeout above the longest generation.
-* Use `/health` for liveness and readiness; it never calls upstream, so an upstream outage does not
-  take the replicas out of rotation (requests then fail fast with a 502 naming the role and endpoint).
+* Use `/health` for liveness (it never calls upstream) and `/ready` for readiness: it answers 503 while
+  the target is unreachable (checked in the background and at once after a request fails on the target),
+  so an outage takes the replicas out of rotation and its end brings them back.
 * Deploys: on SIGTERM a replica stops accepting connections and lets in-flight requests finish for up
   to `--shutdown-timeout` seconds (then cancels them, which cancels their upstream calls). Make the
   orchestrator's grace period longer than that, and take the replica out of the balancer first.
-* Metrics are per replica: scrape every replica and aggregate with `sum by (...)`, e.g. acceptance
+* `--workers N` runs N processes on one port; their metrics add up (prometheus-client's multiprocess
+  mode), SIGTERM drains them all. Metrics are per replica: scrape every replica and aggregate with
+  `sum by (...)`, e.g. acceptance
   `sum(rate(specapi_accepted_tokens_total[5m])) / sum(rate(specapi_drafted_tokens_total[5m]))`.
 * A speculative response costs many upstream calls (a draft and a verification per round; fan-out
   verification sends k + 1 at once), and the proxy's CPU goes mostly to making them (the openai SDK

@@ -3,6 +3,7 @@
     POST /v1/completions, POST /v1/chat/completions   JSON, or SSE with `"stream": true`
     GET  /v1/models, /v1/models/{id}                  the target model
     GET  /health                                      liveness (no authentication, no upstream call)
+    GET  /ready                                       readiness: 503 while the target is unreachable (`readiness.py`)
     GET  /metrics                                     Prometheus text format (no authentication)
 
 Responses are the openai SDK's own objects dumped as they were built (`exclude_unset`, so explicit
@@ -12,6 +13,7 @@ last chunk of a stream) and `x-specapi-*` headers. A client that disconnects can
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import hmac
@@ -28,6 +30,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from .._exceptions import EndpointError, MalformedResponseError
 from ..client import AsyncSpeculativeOpenAI
 from ..stats import SpeculativeStats
 from ..suffix import SuffixIndex
@@ -38,9 +41,10 @@ from .disconnect import ClientDisconnected, run_unless_disconnected
 from .errors import ProxyError, error_from_exception, redact
 from .headers import stats_headers
 from .metrics import CONTENT_TYPE, ProxyMetrics
+from .readiness import Readiness, target_check
 from .sse import DONE_EVENT, EventStreamResponse, encode_event
 
-__all__ = ["create_app", "CLIENT_CLOSED_REQUEST"]
+__all__ = ["create_app", "build_client", "CLIENT_CLOSED_REQUEST"]
 
 logger = logging.getLogger("specapi.server")
 
@@ -59,23 +63,27 @@ def _dump(model: Any) -> dict[str, Any]:
     return model.model_dump(mode="json", exclude_unset=True, exclude={"speculative"})
 
 
+def build_client(config: ServerConfig) -> AsyncSpeculativeOpenAI:
+    """The speculative client `config` describes (raises `ConfigurationError` for unknown options)."""
+    options = {"suffix_index": SuffixIndex(max_tokens=config.suffix_max_tokens), **config.client_options}
+    return AsyncSpeculativeOpenAI(target=config.target, draft=config.draft, num_speculative_tokens=config.num_speculative_tokens, **options)
+
+
 class _Proxy:
     """The state one app shares between requests: configuration, the speculative client, metrics."""
 
     def __init__(self, config: ServerConfig) -> None:
         self.config = config
-        self.metrics = ProxyMetrics()
+        self.metrics = ProxyMetrics(model=config.target.model)
+        self.metrics.ready.set(0)
         self.secrets = config.secrets
+        self.readiness: Readiness | None = None
         self._tenants: OrderedDict[str, AsyncSpeculativeOpenAI] = OrderedDict()
         self._client: AsyncSpeculativeOpenAI | None = self._build_client()  # validates the configuration now
 
     def _build_client(self) -> AsyncSpeculativeOpenAI:
-        config = self.config
         self._tenants.clear()
-        options = {"suffix_index": SuffixIndex(max_tokens=config.suffix_max_tokens), **config.client_options}
-        return AsyncSpeculativeOpenAI(
-            target=config.target, draft=config.draft, num_speculative_tokens=config.num_speculative_tokens, **options
-        )
+        return build_client(self.config)
 
     @property
     def client(self) -> AsyncSpeculativeOpenAI:
@@ -102,12 +110,35 @@ class _Proxy:
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        release: Callable[[], Awaitable[None]] | None = None
+        check = self.config.readiness_check
+        if check is None:
+            check, release = target_check(self.config.target)
+        self.readiness = Readiness(
+            check, interval=self.config.readiness_interval, on_change=lambda ready: self.metrics.ready.set(int(ready))
+        )
+        watcher = asyncio.ensure_future(self.readiness.run())
         try:
             yield
         finally:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+            if release is not None:
+                await release()
+            self.readiness = None
+            self.metrics.ready.set(0)
+            self.metrics.retire()
             client, self._client = self._client, None
             if client is not None:
                 await client.close()
+
+    def _watch_failure(self, exc: BaseException) -> None:
+        """A target failure that may mean the target is gone (no answer, a timeout, a 5xx): check readiness now."""
+        if self.readiness is None or not isinstance(exc, EndpointError) or isinstance(exc, MalformedResponseError):
+            return
+        if exc.role == "target" and (exc.status_code is None or exc.status_code >= 500):
+            self.readiness.suspect(self.scrub(f"a request failed on the target: {exc}")[:300])
 
     def scrub(self, text: str) -> str:
         return redact(text, self.secrets)
@@ -202,6 +233,7 @@ class _Proxy:
         return JSONResponse(data, headers={**stats_headers(stats, self.scrub), "x-request-id": request_id})
 
     def _fail(self, route: str, exc: BaseException, request_id: str, params: frozenset[str] | set[str]) -> JSONResponse:
+        self._watch_failure(exc)
         error = error_from_exception(exc, secrets=self.secrets, params=params)
         if error.status >= 500:
             log = logger.exception if error.status == 500 else logger.warning
@@ -255,6 +287,7 @@ class _Proxy:
             yield DONE_EVENT
             self.metrics.duration.labels(route=route).observe(self.config.clock() - started)
         except Exception as exc:  # after the headers: the error travels as an event (the SDK raises it)
+            self._watch_failure(exc)
             error = error_from_exception(exc, secrets=self.secrets)
             logger.warning("stream %s on %s failed: %s", request_id, route, self.scrub(str(exc)))
             self.metrics.stream_errors.labels(route=route).inc()
@@ -288,6 +321,14 @@ class _Proxy:
     async def health(self, request: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
+    async def ready(self, request: Request) -> Response:
+        readiness = self.readiness
+        if readiness is None:
+            return JSONResponse({"status": "starting"}, status_code=503)
+        if readiness.ready:
+            return JSONResponse({"status": "ready"})
+        return JSONResponse({"status": "unready", "reason": self.scrub(readiness.reason or "")}, status_code=503)
+
     async def metrics_page(self, request: Request) -> Response:
         return Response(self.metrics.render(), media_type=CONTENT_TYPE)
 
@@ -308,6 +349,7 @@ def create_app(config: ServerConfig) -> Starlette:
         Route("/v1/models", proxy.models, methods=["GET"]),
         Route("/v1/models/{model:path}", proxy.model, methods=["GET"]),
         Route("/health", proxy.health, methods=["GET"]),
+        Route("/ready", proxy.ready, methods=["GET"]),
         Route("/metrics", proxy.metrics_page, methods=["GET"]),
     ]
     app = Starlette(routes=routes, lifespan=proxy.lifespan, exception_handlers={HTTPException: _http_error})

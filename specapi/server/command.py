@@ -9,6 +9,13 @@ keys: command lines are visible to other users of the machine (`ps`).
     SPECAPI_POLICY  SPECAPI_DRAFTER  SPECAPI_VERIFICATION  SPECAPI_PIPELINE
     SPECAPI_MAX_REQUEST_BYTES  SPECAPI_MAX_TOKENS_LIMIT  SPECAPI_UPSTREAM_TIMEOUT  SPECAPI_MAX_RETRIES
     SPECAPI_SHUTDOWN_TIMEOUT  SPECAPI_LOG_LEVEL  SPECAPI_SUFFIX_SCOPE  SPECAPI_SUFFIX_MAX_TOKENS
+    SPECAPI_WORKERS  SPECAPI_READY_INTERVAL
+
+`--workers N` (N > 1) runs N processes on one port (uvicorn's workers: a supervisor that binds the socket and
+spawns them). Each worker builds its own app from the same settings; Prometheus metrics go through
+prometheus-client's multiprocess mode (a fresh temporary directory, or `PROMETHEUS_MULTIPROC_DIR` if set),
+so `/metrics` on any worker adds up all of them. SIGTERM to the supervisor reaches every worker, and each
+drains its in-flight requests for up to `--shutdown-timeout` seconds.
 
 The draft endpoint is optional with `--drafter lookup` (prompt lookup drafts from the request itself)
 or `--verification none`.
@@ -19,24 +26,34 @@ Exit codes: 0 after a clean shutdown, 1 if the server could not start, 2 for mis
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 import uvicorn
+from uvicorn.supervisors.multiprocess import Multiprocess
 from starlette.applications import Starlette
 
 from .._exceptions import ConfigurationError
 from ..cli_options import ENDPOINTS, Option, UsageError, acceptance_options, acceptance_values, add_options, boolean, resolve, speculation_options
 from ..endpoint import Endpoint
-from .app import create_app
+from .app import build_client, create_app
 from .config import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_TOKENS_LIMIT, SUFFIX_SCOPES, ServerConfig
 from .errors import redact
+from .metrics import MULTIPROCESS_DIR_VARIABLE
 
-__all__ = ["add_arguments", "run", "serve", "resolve_settings", "Settings", "SettingsError", "OPTIONS"]
+__all__ = ["add_arguments", "run", "serve", "serve_workers", "worker_app", "resolve_settings", "Settings", "SettingsError", "OPTIONS"]
+
+#: Where the supervisor hands the command line's options to its workers (they resolve settings again).
+_WORKER_OPTIONS_VARIABLE = "SPECAPI_SERVE_WORKER_OPTIONS"
+#: The most worker processes `--workers` accepts.
+MAX_WORKERS = 64
 
 
 def _suffix_scope(text: str) -> str:
@@ -56,6 +73,13 @@ def _port(text: str) -> int:
     value = int(text)
     if not 0 <= value <= 65535:
         raise ValueError("must be in 0..65535")
+    return value
+
+
+def _workers(text: str) -> int:
+    value = int(text)
+    if not 1 <= value <= MAX_WORKERS:
+        raise ValueError(f"must be in 1..{MAX_WORKERS}")
     return value
 
 
@@ -92,6 +116,8 @@ OPTIONS: tuple[Option, ...] = (
     Option("--upstream-timeout", "SPECAPI_UPSTREAM_TIMEOUT", _positive_float, 60.0, "seconds per upstream request"),
     Option("--max-retries", "SPECAPI_MAX_RETRIES", int, 3, "retries of transient upstream failures per request"),
     Option("--shutdown-timeout", "SPECAPI_SHUTDOWN_TIMEOUT", _positive_float, 30.0, "seconds to let in-flight requests finish on SIGTERM"),
+    Option("--workers", "SPECAPI_WORKERS", _workers, 1, "processes serving the port (uvicorn workers; metrics add up across them)"),
+    Option("--ready-interval", "SPECAPI_READY_INTERVAL", _positive_float, 5.0, "seconds between the checks of the target behind /ready"),
     Option("--log-level", "SPECAPI_LOG_LEVEL", str.lower, "info", "uvicorn log level", choices=("critical", "error", "warning", "info", "debug", "trace")),
 )
 
@@ -109,6 +135,7 @@ class Settings:
     port: int
     shutdown_timeout: float
     log_level: str
+    workers: int = 1
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -145,10 +172,26 @@ def resolve_settings(args: argparse.Namespace, environ: Mapping[str, str]) -> Se
             allow_lossy_acceptance=values["allow_lossy_acceptance"],
             suffix_scope=values["suffix_scope"],
             suffix_max_tokens=values["suffix_max_tokens"],
+            readiness_interval=values["ready_interval"],
         )
     except ConfigurationError as exc:
         raise SettingsError(str(exc)) from exc
-    return Settings(config=config, host=values["host"], port=values["port"], shutdown_timeout=values["shutdown_timeout"], log_level=values["log_level"])
+    return Settings(
+        config=config, host=values["host"], port=values["port"], shutdown_timeout=values["shutdown_timeout"],
+        log_level=values["log_level"], workers=values["workers"],
+    )
+
+
+def _announce(settings: Settings) -> None:
+    config = settings.config
+    auth = "clients must send the proxy's key" if config.api_key else "no client authentication (set --api-key)"
+    workers = f"; {settings.workers} workers" if settings.workers > 1 else ""
+    print(
+        f"specapi serve: target {redact(config.target.label)}, draft {redact(config.draft.label) if config.draft else '-'}; "
+        f"http://{settings.host}:{settings.port}/v1; {auth}{workers}",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def serve(settings: Settings, app: Starlette) -> int:
@@ -165,14 +208,7 @@ def serve(settings: Settings, app: Starlette) -> int:
             backlog=2048,
         )
     )
-    config = settings.config
-    auth = "clients must send the proxy's key" if config.api_key else "no client authentication (set --api-key)"
-    print(
-        f"specapi serve: target {redact(config.target.label)}, draft {redact(config.draft.label) if config.draft else '-'}; "
-        f"http://{settings.host}:{settings.port}/v1; {auth}",
-        file=sys.stderr,
-        flush=True,
-    )
+    _announce(settings)
     # uvicorn handles SIGTERM (graceful shutdown), then re-raises it to the handler it found: make that one
     # a no-op, so that a drained shutdown exits with 0 rather than being killed by the signal's default.
     in_main_thread = threading.current_thread() is threading.main_thread()
@@ -191,11 +227,59 @@ def _ignore_signal(signum: int, frame: object) -> None:
     """Placeholder SIGTERM handler: uvicorn has already shut down gracefully when this runs."""
 
 
+def worker_app() -> Starlette:
+    """The app of one `--workers` process: the supervisor's options, resolved again against the environment."""
+    options = json.loads(os.environ[_WORKER_OPTIONS_VARIABLE])
+    settings = resolve_settings(argparse.Namespace(**options), os.environ)
+    return create_app(settings.config)
+
+
+def serve_workers(settings: Settings, args: argparse.Namespace) -> int:
+    """Run `settings.workers` processes on one port until SIGINT/SIGTERM; each drains like `serve` does."""
+    created = None
+    if not os.environ.get(MULTIPROCESS_DIR_VARIABLE):
+        created = tempfile.mkdtemp(prefix="specapi-metrics-")
+        os.environ[MULTIPROCESS_DIR_VARIABLE] = created  # read by prometheus-client when each worker imports it
+    os.environ[_WORKER_OPTIONS_VARIABLE] = json.dumps({o.dest: getattr(args, o.dest, None) for o in OPTIONS})
+    config = uvicorn.Config(
+        f"{__name__}:worker_app",
+        factory=True,
+        host=settings.host,
+        port=settings.port,
+        workers=settings.workers,
+        log_level=settings.log_level,
+        lifespan="on",
+        ws="none",
+        timeout_graceful_shutdown=settings.shutdown_timeout,
+        backlog=2048,
+    )
+    _announce(settings)
+    try:
+        socket = config.bind_socket()
+    except SystemExit as exc:  # uvicorn exits when it cannot bind
+        return int(exc.code or 1)
+    try:
+        # The supervisor turns SIGINT/SIGTERM into a SIGTERM to every worker, then waits for all of them.
+        Multiprocess(config, sockets=[socket]).run()
+    finally:
+        socket.close()
+        os.environ.pop(_WORKER_OPTIONS_VARIABLE, None)
+        if created is not None:
+            os.environ.pop(MULTIPROCESS_DIR_VARIABLE, None)
+            shutil.rmtree(created, ignore_errors=True)
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         settings = resolve_settings(args, os.environ)
-        app = create_app(settings.config)  # builds the client: refuses unknown policy, drafter or verification
+        if settings.workers > 1:
+            build_client(settings.config)  # refuses unknown policy, drafter or verification; the workers build the apps
+        else:
+            app = create_app(settings.config)  # builds the client, with the same checks
     except (SettingsError, ConfigurationError) as exc:
         print(f"specapi serve: {exc}", file=sys.stderr)
         return 2
+    if settings.workers > 1:
+        return serve_workers(settings, args)
     return serve(settings, app)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -48,6 +48,9 @@ class ServerConfig:
         max_tenants: with "api-key", how many keys keep an index (least recently used dropped first).
         allow_lossy_acceptance: lets `client_options` choose a lossy acceptance rule ("threshold",
             "typical"), whose output is not the target's; refused without it (`--allow-lossy-acceptance`).
+        readiness_interval: seconds between the background checks behind `/ready` (see `readiness.py`).
+        readiness_check: the check itself, an async function returning None when the target answers, else
+            a reason (default: `GET {target}/models`).
         clock: seconds, for the proxy's own latency metrics (injectable for tests).
     """
 
@@ -62,6 +65,8 @@ class ServerConfig:
     suffix_max_tokens: int = 32_768
     max_tenants: int = DEFAULT_MAX_TENANTS
     allow_lossy_acceptance: bool = False
+    readiness_interval: float = 5.0
+    readiness_check: Callable[[], Awaitable[str | None]] | None = field(default=None, repr=False, compare=False)
     clock: Callable[[], float] = field(default=time.perf_counter, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -75,6 +80,9 @@ class ServerConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigurationError(f"{name} must be an integer >= 1, got {value!r}")
+        interval = self.readiness_interval
+        if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not interval > 0:
+            raise ConfigurationError(f"readiness_interval must be a number > 0, got {interval!r}")
         if self.api_key is not None and (not isinstance(self.api_key, str) or not self.api_key.strip()):
             raise ConfigurationError("api_key must be a non-empty string or None")
         acceptance = self.client_options.get("acceptance", "exact")

@@ -10,24 +10,55 @@
     specapi_rounds_total, specapi_drafted_tokens_total, specapi_accepted_tokens_total,
     specapi_generated_tokens_total                  speculation work
     specapi_drafted_tokens_by_position_total{position}, specapi_accepted_tokens_by_position_total{position}
-                                                    acceptance by draft position (accepted / drafted)
+                                                    acceptance by draft position (0-based; accepted / drafted)
     specapi_upstream_requests_total{role}, specapi_upstream_tokens_total{role,kind}, specapi_cost_usd_total{role}
     specapi_fallbacks_total{reason}                 requests (partly) served by the target alone, by category
+    specapi_speculation_reduced_total{model_name,reason}
+                                                    requests whose draft length the load-aware policy lowered
+                                                    or whose speculation it stopped, by the policy's reason
+    specapi_ready                                   1 while the target answers, 0 while it is unreachable
+
+vLLM's spec-decode counters, with vLLM's meaning, under specapi's prefix and with vLLM's `model_name` label:
+
+    specapi_spec_decode_num_drafts_total{model_name}              rounds that proposed at least one token
+    specapi_spec_decode_num_draft_tokens_total{model_name}        tokens proposed
+    specapi_spec_decode_num_accepted_tokens_total{model_name}     tokens accepted
+    specapi_spec_decode_num_accepted_tokens_per_pos_total{model_name,position}
+                                                    accepted tokens at each draft position, 1-based
+                                                    (positions past 64 share the label "65+")
+
+so mean acceptance length is `1 + accepted / drafts` and acceptance at position i is
+`per_pos{position="i"} / drafts`, as on a vLLM dashboard. The prefix stays specapi's: a proxy in front of
+a vLLM that speculates itself would otherwise report a second, different `vllm:spec_decode_*` series.
+
+No `_created` series are exported. Under several worker processes (`specapi serve --workers N`,
+`PROMETHEUS_MULTIPROC_DIR` set before `prometheus_client` is imported), every process writes its values to
+that directory and `render()` adds them up across the processes, so any worker answers for all of them.
 """
 
 from __future__ import annotations
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+import os
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest, values
+from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
 from ..stats import SpeculativeStats
 
-__all__ = ["ProxyMetrics", "fallback_category", "CONTENT_TYPE"]
+__all__ = ["ProxyMetrics", "fallback_category", "CONTENT_TYPE", "MULTIPROCESS_DIR_VARIABLE", "MAX_POSITION_LABEL"]
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
+#: prometheus-client's switch to multiprocess mode (read when it is imported).
+MULTIPROCESS_DIR_VARIABLE = "PROMETHEUS_MULTIPROC_DIR"
 
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
-#: Positions beyond this share one label, to bound the label set.
-_MAX_POSITION_LABEL = 16
+#: Positions beyond this share one label (0-based metrics: this value; vLLM-style: "65+"), to bound the label set.
+MAX_POSITION_LABEL = 64
+_MAX_REASON_LENGTH = 64
+#: Distinct load reasons kept as labels; later new ones count as "other".
+_MAX_REASONS = 32
 
 _FALLBACK_CATEGORIES = (
     ("draft failed", "draft_failed"),
@@ -46,10 +77,34 @@ def fallback_category(reason: str | None) -> str | None:
     return "target_only_request"
 
 
-class ProxyMetrics:
-    """The proxy's counters and histograms, registered in `self.registry`."""
+def _vllm_position(index: int) -> str:
+    """The 1-based label of 0-based draft position `index`."""
+    return str(index + 1) if index < MAX_POSITION_LABEL else f"{MAX_POSITION_LABEL + 1}+"
 
-    def __init__(self) -> None:
+
+class _WithoutCreated:
+    """A collector view that drops `_created` samples (prometheus-client adds them to counters and histograms)."""
+
+    def __init__(self, source: Any) -> None:
+        self._source = source
+
+    def collect(self) -> Iterator[Any]:
+        for metric in self._source.collect():
+            metric.samples = [s for s in metric.samples if not s.name.endswith("_created")]
+            yield metric
+
+
+def multiprocess_dir() -> str | None:
+    """The directory of multiprocess mode if prometheus-client runs in it in this process, else None."""
+    directory = os.environ.get(MULTIPROCESS_DIR_VARIABLE)
+    return directory if directory and getattr(values.ValueClass, "_multiprocess", False) else None
+
+
+class ProxyMetrics:
+    """The proxy's counters and histograms, registered in `self.registry`; `model` is the `model_name` label."""
+
+    def __init__(self, model: str = "") -> None:
+        self.model = model
         self.registry = registry = CollectorRegistry(auto_describe=True)
         self.requests = Counter("specapi_requests", "HTTP requests by route and status", ["route", "status"], registry=registry)
         self.duration = Histogram(
@@ -58,7 +113,8 @@ class ProxyMetrics:
         self.ttft = Histogram(
             "specapi_time_to_first_token_seconds", "Seconds to the first text", ["route"], buckets=_LATENCY_BUCKETS, registry=registry
         )
-        self.in_flight = Gauge("specapi_in_flight_requests", "Generations in progress", registry=registry)
+        self.in_flight = Gauge("specapi_in_flight_requests", "Generations in progress", registry=registry, multiprocess_mode="livesum")
+        self.ready = Gauge("specapi_ready", "1 while the target answers", registry=registry, multiprocess_mode="livemin")
         self.disconnects = Counter("specapi_client_disconnects", "Clients that left before the end", ["route"], registry=registry)
         self.stream_errors = Counter("specapi_stream_errors", "Streams ended by an error event", ["route"], registry=registry)
         self.responses = Counter(
@@ -79,6 +135,37 @@ class ProxyMetrics:
         self.upstream_tokens = Counter("specapi_upstream_tokens", "Upstream tokens billed", ["role", "kind"], registry=registry)
         self.cost = Counter("specapi_cost_usd", "Upstream cost in USD (priced models only)", ["role"], registry=registry)
         self.fallbacks = Counter("specapi_fallbacks", "Requests served partly or wholly by the target alone", ["reason"], registry=registry)
+        self.reduced = Counter(
+            "specapi_speculation_reduced",
+            "Requests whose draft length the load-aware policy lowered or whose speculation it stopped",
+            ["model_name", "reason"],
+            registry=registry,
+        )
+        self.num_drafts = Counter(
+            "specapi_spec_decode_num_drafts", "Speculation rounds that proposed draft tokens (vLLM's num_drafts)", ["model_name"], registry=registry
+        )
+        self.num_draft_tokens = Counter(
+            "specapi_spec_decode_num_draft_tokens", "Draft tokens proposed (vLLM's num_draft_tokens)", ["model_name"], registry=registry
+        )
+        self.num_accepted_tokens = Counter(
+            "specapi_spec_decode_num_accepted_tokens", "Draft tokens accepted (vLLM's num_accepted_tokens)", ["model_name"], registry=registry
+        )
+        self.num_accepted_tokens_per_pos = Counter(
+            "specapi_spec_decode_num_accepted_tokens_per_pos",
+            "Draft tokens accepted at each 1-based position (vLLM's num_accepted_tokens_per_pos)",
+            ["model_name", "position"],
+            registry=registry,
+        )
+        self._reasons: set[str] = set()
+        self._view = self._exported()
+
+    def _exported(self) -> _WithoutCreated:
+        directory = multiprocess_dir()
+        if directory is None:
+            return _WithoutCreated(self.registry)
+        merged = CollectorRegistry()
+        MultiProcessCollector(merged, path=directory)  # reads every process's files at each scrape
+        return _WithoutCreated(merged)
 
     def request(self, route: str, status: int) -> None:
         self.requests.labels(route=route, status=str(status)).inc()
@@ -90,12 +177,7 @@ class ProxyMetrics:
         self.drafted.inc(stats.drafted_tokens)
         self.accepted.inc(stats.accepted_tokens)
         self.generated.inc(stats.generated_tokens)
-        for record in stats.rounds:
-            for position, ok in enumerate(record.accepted_by_position):
-                label = str(min(position, _MAX_POSITION_LABEL))
-                self.drafted_by_position.labels(position=label).inc()
-                if ok:
-                    self.accepted_by_position.labels(position=label).inc()
+        self._observe_positions(stats)
         for role, usage in (("target", stats.target), ("draft", stats.draft)):
             self.upstream_requests.labels(role=role).inc(usage.requests)
             self.upstream_failed.labels(role=role).inc(usage.failed_requests)
@@ -106,6 +188,38 @@ class ProxyMetrics:
         category = fallback_category(stats.fallback_reason)
         if category is not None:
             self.fallbacks.labels(reason=category).inc()
+        reason = getattr(stats, "load_reason", None)  # set by the load-aware policy when it holds speculation back
+        if reason:
+            label = str(reason)[:_MAX_REASON_LENGTH]
+            if label not in self._reasons and len(self._reasons) >= _MAX_REASONS:
+                label = "other"
+            self._reasons.add(label)
+            self.reduced.labels(model_name=self.model, reason=label).inc()
+
+    def _observe_positions(self, stats: SpeculativeStats) -> None:
+        drafted: dict[int, int] = {}
+        accepted: dict[int, int] = {}
+        drafts = 0
+        for record in stats.rounds:
+            drafts += record.drafted > 0
+            for position, ok in enumerate(record.accepted_by_position):
+                slot = min(position, MAX_POSITION_LABEL)
+                drafted[slot] = drafted.get(slot, 0) + 1
+                accepted[slot] = accepted.get(slot, 0) + ok
+        for slot, count in drafted.items():
+            self.drafted_by_position.labels(position=str(slot)).inc(count)
+            if accepted[slot]:
+                self.accepted_by_position.labels(position=str(slot)).inc(accepted[slot])
+                self.num_accepted_tokens_per_pos.labels(model_name=self.model, position=_vllm_position(slot)).inc(accepted[slot])
+        self.num_drafts.labels(model_name=self.model).inc(drafts)
+        self.num_draft_tokens.labels(model_name=self.model).inc(stats.drafted_tokens)
+        self.num_accepted_tokens.labels(model_name=self.model).inc(stats.accepted_tokens)
+
+    def retire(self) -> None:
+        """This process stops serving: under several processes, its live gauges leave the sums."""
+        directory = multiprocess_dir()
+        if directory is not None:
+            mark_process_dead(os.getpid(), directory)
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        return generate_latest(self._view)  # type: ignore[arg-type]  # any object with collect() will do

@@ -220,7 +220,7 @@ class PrefixCache:
     whole prefix up to it was seen. At most ``capacity`` blocks are kept (least recently used go first).
     """
 
-    def __init__(self, *, block_tokens: int, min_tokens: int = 0, capacity: int = 1_000_000) -> None:
+    def __init__(self, *, block_tokens: int, min_tokens: int = 0, capacity: int = 100_000) -> None:
         self.block_tokens = block_tokens
         self.min_tokens = min_tokens
         self.capacity = capacity

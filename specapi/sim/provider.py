@@ -10,7 +10,8 @@ flavour accepts and how it shapes answers), the ``LatencyProfile`` (how long it 
 the ``Faults`` (what goes wrong). Time is injected too (``sleep``, ``clock``), so tests run instantly.
 
 Every request is recorded in ``calls`` (a ``Call`` each: path, body, status, response or chunks, usage,
-simulated timing), and ``usage`` holds per-model counters of requests and billed tokens, for comparison
+simulated timing; the latest ``max_calls`` of them, so that a long-running ``specapi simulate`` keeps a
+bounded memory: a call with echoed logprobs holds ~20 KB), and ``usage`` holds per-model counters of requests and billed tokens, for comparison
 with what a client reports. For streams, completion tokens are counted as chunks are delivered, so a client
 that stops reading early is billed for what it received.
 
@@ -85,6 +86,8 @@ CONTEXT_WINDOW = 8192
 """Prompt plus output tokens a simulated model accepts."""
 """Chat output limit when the request sets none (the models rarely stop on their own)."""
 MAX_N = 8
+#: How many of the latest calls a provider keeps in ``calls`` by default.
+DEFAULT_MAX_CALLS = 1_000
 _MASK64 = (1 << 64) - 1
 
 
@@ -108,7 +111,16 @@ class Call:
 
 
 class CallList(list[Call]):
-    """The recorded calls, oldest first, with a few views."""
+    """The recorded calls, oldest first, with a few views; past ``limit`` calls the oldest leave (None: no limit)."""
+
+    def __init__(self, calls: Sequence[Call] = (), *, limit: int | None = None) -> None:
+        super().__init__(calls)
+        self.limit = limit
+
+    def append(self, call: Call) -> None:
+        super().append(call)
+        if self.limit is not None and len(self) > self.limit:
+            del self[: len(self) - self.limit]
 
     @property
     def last(self) -> Call:
@@ -185,6 +197,7 @@ class SimProvider:
     ``sleep`` / ``clock``: injectable time. ``seed``: the provider's randomness. ``deduct_compute_time``:
     subtract the real time spent computing an answer from its simulated time to first token, so that with
     real sleeps the observed latency is the profile's (use it when serving over real time).
+    ``max_calls``: how many of the latest calls ``calls`` keeps (None: every call, for short tests only).
     """
 
     def __init__(
@@ -198,6 +211,7 @@ class SimProvider:
         clock: Callable[[], float] = time.time,
         seed: int = 0,
         deduct_compute_time: bool = False,
+        max_calls: int | None = DEFAULT_MAX_CALLS,
     ) -> None:
         self.capabilities = get_capabilities(capabilities)
         self.latency = get_latency_profile(latency)
@@ -209,7 +223,7 @@ class SimProvider:
         self.sleep = sleep
         self.clock = clock
         self.deduct_compute_time = deduct_compute_time
-        self.calls = CallList()
+        self.calls = CallList(limit=max_calls)
         self.usage: dict[str, ModelUsage] = {name: ModelUsage() for name in self.specs}
         self._sampling_rng = np.random.default_rng([seed & _MASK64, 1])
         self._jitter_rng = np.random.default_rng([seed & _MASK64, 2])

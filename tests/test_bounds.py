@@ -1,0 +1,93 @@
+"""Bounded memory: every per-request record, cache and learned table stays bounded after many inserts
+(the simulator's call records and prefix cache, the client's per-model tables, the proxy's tenants and
+metric labels). Sizes only, no timing: `benchmarks/soak.py` shows the resident memory over a long run."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import httpx2
+
+from specapi import AsyncSpeculativeOpenAI
+from specapi.client import MAX_OTHER_MODELS
+from specapi.server import ServerConfig, create_app
+from specapi.server.metrics import ProxyMetrics
+from specapi.sim import SimProvider, simulated_endpoints
+from specapi.sim.latency import PrefixCache
+from specapi.sim.provider import CallList
+from specapi.stats import RoundRecord, SpeculativeStats
+from test_server_support import metric
+
+
+async def test_the_simulator_keeps_only_its_latest_calls():
+    provider = SimProvider(latency="instant", max_calls=5)
+    for i in range(40):
+        body = {"model": "sim-target", "prompt": f"def f{i}(x):", "max_tokens": 2, "echo": True, "logprobs": 5}
+        assert (await provider.handle("POST", "/v1/completions", body)).status == 200
+    assert len(provider.calls) == 5
+    assert [c.body["prompt"] for c in provider.calls] == [f"def f{i}(x):" for i in range(35, 40)]
+    assert provider.usage["sim-target"].requests == 40  # the counters still count every request
+
+
+def test_call_list_bound_and_the_default():
+    calls = CallList(limit=3)
+    for i in range(1000):
+        calls.append(i)  # type: ignore[arg-type]
+    assert list(calls) == [997, 998, 999] and calls.last == 999
+    assert SimProvider().calls.limit == 1000
+    assert SimProvider(max_calls=None).calls.limit is None
+
+
+def test_the_simulated_prefix_cache_has_a_default_capacity():
+    cache = PrefixCache(block_tokens=1)
+    assert cache.capacity == 100_000
+    cache = PrefixCache(block_tokens=1, capacity=50)
+    for start in range(0, 10_000, 100):
+        cache.insert(list(range(start, start + 100)))
+    assert len(cache._blocks) == 50
+
+
+async def test_the_clients_tables_for_other_models_are_bounded():
+    target, draft = simulated_endpoints(latency="instant")
+    client = AsyncSpeculativeOpenAI(target=target, draft=draft)
+    runtime = client._runtime
+    own = runtime.suffix_for(target.model)
+    for i in range(10 * MAX_OTHER_MODELS):
+        runtime.target_for(f"model-{i}")
+        runtime.suffix_for(f"model-{i}")
+    assert len(runtime._by_model) == MAX_OTHER_MODELS and len(runtime._suffix_by_model) == MAX_OTHER_MODELS
+    assert f"model-{10 * MAX_OTHER_MODELS - 1}" in runtime._by_model and "model-0" not in runtime._by_model
+    assert runtime.suffix_for(target.model) is own is runtime.suffix_index  # the target's own index never leaves
+    await client.close()
+
+
+async def test_the_proxys_tenant_indexes_are_bounded():
+    target, draft = simulated_endpoints(latency="instant")
+    app = create_app(ServerConfig(target=target, draft=draft, suffix_scope="api-key", max_tenants=3))
+    async with httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app), base_url="http://proxy") as http:
+        for i in range(12):
+            response = await http.post(
+                "/v1/completions", json={"prompt": "def f(x):", "max_tokens": 2, "temperature": 0},
+                headers={"authorization": f"Bearer tenant-{i}"},
+            )
+            assert response.status_code == 200
+    proxy = app.routes[0].endpoint.__self__
+    assert len(proxy._tenants) == 3
+
+
+def test_metric_labels_are_bounded():
+    metrics = ProxyMetrics(model="m")
+    long_draft = SpeculativeStats(rounds=(RoundRecord(drafted=500, accepted=500, emitted=501, accepted_by_position=(True,) * 500),))
+    metrics.observe("/v1/completions", long_draft)
+    text = metrics.render().decode()
+    positions = {line.split('position="')[1].split('"')[0] for line in text.splitlines() if "per_pos_total{" in line}
+    assert len(positions) == 65 and metric(text, "specapi_spec_decode_num_accepted_tokens_per_pos_total", position="65+") == 436
+    for i in range(100):
+        metrics.observe("/v1/completions", _WithReason(load_reason=f"reason {i} " + "x" * 100))
+    reasons = {line.split('reason="')[1].split('"')[0] for line in metrics.render().decode().splitlines() if "reduced_total{" in line}
+    assert len(reasons) == 33 and "other" in reasons and max(map(len, reasons)) == 64
+
+
+@dataclass(frozen=True)
+class _WithReason(SpeculativeStats):
+    load_reason: str | None = None

@@ -1,0 +1,183 @@
+"""The proxy's Prometheus metrics: vLLM-style spec-decode counters on a known run, the load-reason counter,
+no `_created` series, and values from two worker processes adding up in a multiprocess directory."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+import httpx2
+import pytest
+from prometheus_client import values
+from prometheus_client.mmap_dict import MmapedDict
+
+from specapi.server import BackgroundServer
+from specapi.server.metrics import MULTIPROCESS_DIR_VARIABLE, ProxyMetrics
+from specapi.sim import SimProvider
+from specapi.stats import RoundRecord, SpeculativeStats
+from test_server_support import metric
+
+ROUTE = "/v1/completions"
+# Three rounds: 4 drafted, first 3 accepted; 4 drafted, none accepted; a plain target step (nothing drafted).
+KNOWN = SpeculativeStats(
+    rounds=(
+        RoundRecord(drafted=4, accepted=3, emitted=4, accepted_by_position=(True, True, True, False)),
+        RoundRecord(drafted=4, accepted=0, emitted=1, accepted_by_position=(False, False, False, False)),
+        RoundRecord(drafted=0, accepted=0, emitted=1),
+    ),
+    generated_tokens=6,
+)
+
+
+def test_vllm_style_counters_on_a_known_run():
+    metrics = ProxyMetrics(model="big-model")
+    metrics.observe(ROUTE, KNOWN)
+    metrics.observe(ROUTE, KNOWN)
+    text = metrics.render().decode()
+    labels = {"model_name": "big-model"}
+    assert metric(text, "specapi_spec_decode_num_drafts_total", **labels) == 4  # rounds that drafted, not the plain step
+    assert metric(text, "specapi_spec_decode_num_draft_tokens_total", **labels) == 16
+    assert metric(text, "specapi_spec_decode_num_accepted_tokens_total", **labels) == 6
+    per_position = [metric(text, "specapi_spec_decode_num_accepted_tokens_per_pos_total", position=str(p), **labels) for p in range(1, 6)]
+    assert per_position == [2, 2, 2, 0, 0]  # 1-based positions; the per-position counts add up to the accepted total
+    assert "_created" not in text
+    # The 0-based counters are unchanged.
+    assert metric(text, "specapi_drafted_tokens_by_position_total", position="0") == 4
+    assert metric(text, "specapi_accepted_tokens_by_position_total", position="2") == 2
+
+
+def test_deep_positions_share_one_label():
+    deep = SpeculativeStats(rounds=(RoundRecord(drafted=70, accepted=70, emitted=71, accepted_by_position=(True,) * 70),))
+    metrics = ProxyMetrics(model="m")
+    metrics.observe(ROUTE, deep)
+    text = metrics.render().decode()
+    assert metric(text, "specapi_spec_decode_num_accepted_tokens_per_pos_total", position="64") == 1
+    assert metric(text, "specapi_spec_decode_num_accepted_tokens_per_pos_total", position="65+") == 6
+
+
+@dataclass(frozen=True)
+class LoadAwareStats(SpeculativeStats):
+    """Stats as the load-aware policy fills them in (a field this module only reads by name)."""
+
+    load_reason: str | None = None
+
+
+def test_speculation_held_back_by_load_is_counted_by_reason():
+    metrics = ProxyMetrics(model="m")
+    metrics.observe(ROUTE, LoadAwareStats(load_reason="shorter_draft_under_load"))
+    metrics.observe(ROUTE, LoadAwareStats(load_reason="shorter_draft_under_load"))
+    metrics.observe(ROUTE, LoadAwareStats(load_reason="stopped_under_load"))
+    metrics.observe(ROUTE, LoadAwareStats())
+    metrics.observe(ROUTE, KNOWN)  # stats without the field at all
+    text = metrics.render().decode()
+    assert metric(text, "specapi_speculation_reduced_total", model_name="m", reason="shorter_draft_under_load") == 2
+    assert metric(text, "specapi_speculation_reduced_total", model_name="m", reason="stopped_under_load") == 1
+    assert sum(s.value for f in _families(text, "specapi_speculation_reduced") for s in f.samples) == 3
+
+
+def _families(text: str, name: str) -> list:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return [f for f in text_string_to_metric_families(text) if f.name == name]
+
+
+def test_metrics_of_two_processes_add_up_in_the_multiprocess_directory(tmp_path, monkeypatch):
+    """Two workers simulated in one process: each writes its own files (process ids 101 and 102)."""
+    monkeypatch.setenv(MULTIPROCESS_DIR_VARIABLE, str(tmp_path))
+    workers = []
+    for pid in (101, 102):
+        monkeypatch.setattr(values, "ValueClass", values.MultiProcessValue(lambda pid=pid: pid))
+        workers.append(ProxyMetrics(model="m"))
+    first, second = workers
+    first.observe(ROUTE, KNOWN)
+    second.observe(ROUTE, KNOWN)
+    second.observe(ROUTE, KNOWN)
+    first.request(ROUTE, 200)
+    second.request(ROUTE, 200)
+    second.request(ROUTE, 429)
+    first.in_flight.inc(2)
+    second.in_flight.inc(1)
+    assert {p.name for p in tmp_path.iterdir()} >= {"counter_101.db", "counter_102.db"}
+    for text in (first.render().decode(), second.render().decode()):  # either worker answers for both
+        assert metric(text, "specapi_spec_decode_num_drafts_total", model_name="m") == 6
+        assert metric(text, "specapi_spec_decode_num_accepted_tokens_total", model_name="m") == 9
+        assert metric(text, "specapi_requests_total", route=ROUTE, status="200") == 2
+        assert metric(text, "specapi_requests_total", route=ROUTE, status="429") == 1
+        assert metric(text, "specapi_in_flight_requests") == 3
+        assert "_created" not in text
+    assert first.registry.get_sample_value("specapi_rounds_total") == 3  # each process's own registry: its own values
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _counts_by_process(directory, name: str) -> dict[str, float]:
+    """What each worker's own counter file holds for samples called `name` (summed over labels)."""
+    totals: dict[str, float] = {}
+    for path in directory.glob("counter_*.db"):
+        pid = path.stem.split("_", 1)[1]
+        for key, value, *_ in MmapedDict.read_all_values_from_file(str(path)):
+            if f'"{name}"' in key.split(",")[1]:
+                totals[pid] = totals.get(pid, 0.0) + value
+    return totals
+
+
+def test_specapi_serve_with_two_workers_adds_up_and_drains_on_sigterm(tmp_path):
+    with BackgroundServer(SimProvider(latency="lan").asgi_app(), shutdown_timeout=1) as target:
+        port = _free_port()
+        env = {
+            **os.environ,
+            "SPECAPI_TARGET_BASE_URL": target.url + "/v1", "SPECAPI_TARGET_MODEL": "sim-target",
+            "SPECAPI_DRAFT_BASE_URL": target.url + "/v1", "SPECAPI_DRAFT_MODEL": "sim-draft",
+            "SPECAPI_TARGET_API_KEY": "sk-sim", "SPECAPI_DRAFT_API_KEY": "sk-sim",
+            "SPECAPI_PORT": str(port), "SPECAPI_LOG_LEVEL": "warning", MULTIPROCESS_DIR_VARIABLE: str(tmp_path),
+        }
+        process = subprocess.Popen(
+            [sys.executable, "-c", "from specapi.cli import cli; cli()", "serve", "--workers", "2", "--shutdown-timeout", "10"],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
+        )
+        url = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + 60
+            while True:
+                assert process.poll() is None, process.communicate()
+                try:
+                    if httpx2.get(url + "/ready").status_code == 200:
+                        break
+                except httpx2.TransportError:
+                    pass
+                assert time.monotonic() < deadline, "specapi serve --workers 2 did not come up"
+                time.sleep(0.1)
+            body = {"model": "sim-target", "prompt": "def f(x):", "max_tokens": 8, "temperature": 0}
+            for _ in range(6):  # a new connection each: the kernel spreads them over the workers
+                assert httpx2.post(url + "/v1/completions", json=body, timeout=30).status_code == 200
+            text = httpx2.get(url + "/metrics").text
+            by_process = _counts_by_process(tmp_path, "specapi_requests_total")
+            assert len(list(tmp_path.glob("counter_*.db"))) == 2  # two workers, one file each
+            assert sum(by_process.values()) == 6 == metric(text, "specapi_requests_total", route="/v1/completions", status="200")
+            drafts = metric(text, "specapi_spec_decode_num_drafts_total", model_name="sim-target")
+            assert drafts == sum(_counts_by_process(tmp_path, "specapi_spec_decode_num_drafts_total").values()) > 0
+            # A long stream in flight when SIGTERM comes: it finishes before its worker exits.
+            with httpx2.Client(timeout=60) as client, client.stream(
+                "POST", url + "/v1/completions", json={**body, "max_tokens": 60, "stream": True}
+            ) as stream:
+                lines = stream.iter_lines()
+                first = next(line for line in lines if line.startswith("data: "))
+                process.send_signal(signal.SIGTERM)
+                rest = [line for line in lines if line.startswith("data: ")]
+            assert first and rest[-1] == "data: [DONE]"
+            assert process.wait(timeout=30) == 0
+        finally:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)  # the supervisor and its workers
+            process.communicate(timeout=30)
+    with pytest.raises(httpx2.TransportError):
+        httpx2.get(url + "/health", timeout=2)

@@ -1,0 +1,144 @@
+"""`/ready`: 503 while the simulated target is down, 200 once it is back; checked in the background and
+at once after a request fails on the target. `/health` stays 200 throughout (liveness)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Iterator
+
+import httpx2
+import openai
+import pytest
+
+from specapi import Endpoint
+from specapi.server import BackgroundServer, ServerConfig, create_app
+from specapi.server.readiness import Readiness, target_check
+from specapi.sim import SimProvider
+from test_server_support import PROXY_KEY, metric, no_sleep
+
+
+@contextlib.contextmanager
+def simulated_target(port: int = 0) -> Iterator[BackgroundServer]:
+    with BackgroundServer(SimProvider(latency="instant").asgi_app(), port=port, shutdown_timeout=1) as server:
+        yield server
+
+
+def proxy_config(port: int, **overrides) -> ServerConfig:
+    common = {"base_url": f"http://127.0.0.1:{port}/v1", "api_key": "sk-sim", "max_retries": 0, "timeout": 5.0}
+    options = {
+        "target": Endpoint(model="sim-target", **common),
+        "draft": Endpoint(model="sim-draft", **common),
+        "api_key": PROXY_KEY,
+        "client_options": {"policy": "fixed", "sleep": no_sleep},
+        **overrides,
+    }
+    return ServerConfig(**options)
+
+
+def wait_for(client: httpx2.Client, status: int, timeout: float = 15.0) -> httpx2.Response:
+    deadline = time.monotonic() + timeout
+    while True:
+        response = client.get("/ready")
+        if response.status_code == status or time.monotonic() > deadline:
+            return response
+        time.sleep(0.02)
+
+
+def test_ready_flips_when_the_target_goes_down_and_comes_back():
+    with simulated_target() as target:
+        port = target.port
+        proxy = BackgroundServer(create_app(proxy_config(port, readiness_interval=0.05)), shutdown_timeout=1).start()
+        try:
+            with httpx2.Client(base_url=proxy.url, timeout=10) as client:
+                assert wait_for(client, 200).json() == {"status": "ready"}
+                target.stop()  # the simulated target goes away
+                down = wait_for(client, 503)
+                assert down.status_code == 503 and down.json()["status"] == "unready"
+                assert "unreachable" in down.json()["reason"]
+                assert client.get("/health").status_code == 200  # liveness does not depend on the target
+                assert metric(client.get("/metrics").text, "specapi_ready") == 0
+                with simulated_target(port):  # and comes back on the same port
+                    assert wait_for(client, 200).status_code == 200
+                    assert metric(client.get("/metrics").text, "specapi_ready") == 1
+        finally:
+            proxy.stop()
+
+
+def test_a_failed_request_makes_the_proxy_unready_without_waiting_for_the_next_check():
+    with simulated_target() as target:
+        port = target.port
+        # Background checks an hour apart: only the failed request can trigger the check that flips /ready.
+        proxy = BackgroundServer(create_app(proxy_config(port, readiness_interval=3600)), shutdown_timeout=1).start()
+        try:
+            with httpx2.Client(base_url=proxy.url, timeout=10) as client, \
+                    openai.OpenAI(base_url=proxy.url + "/v1", api_key=PROXY_KEY, max_retries=0) as sdk:
+                assert wait_for(client, 200).status_code == 200
+                sdk.completions.create(model="sim-target", prompt="def f(x):", max_tokens=4, temperature=0)
+                assert client.get("/ready").status_code == 200
+                target.stop()
+                with pytest.raises(openai.InternalServerError):  # 502 naming the target
+                    sdk.completions.create(model="sim-target", prompt="def f(x):", max_tokens=4, temperature=0)
+                assert client.get("/ready").status_code == 503
+                with simulated_target(port):  # while unready it re-checks often, whatever the interval
+                    assert wait_for(client, 200).status_code == 200
+        finally:
+            proxy.stop()
+
+
+def test_ready_before_startup_and_a_refused_key():
+    async def ready_before_startup() -> httpx2.Response:
+        async with httpx2.AsyncClient(transport=httpx2.ASGITransport(app=create_app(proxy_config(1))), base_url="http://proxy") as client:
+            return await client.get("/ready")  # the transport runs no lifespan: nothing checked yet
+
+    response = asyncio.run(ready_before_startup())
+    assert response.status_code == 503 and response.json() == {"status": "starting"}
+
+    def refuse(request: httpx2.Request) -> httpx2.Response:
+        assert request.url.path == "/v1/models" and request.headers["authorization"] == "Bearer sk-t"
+        return httpx2.Response(401, json={"error": {"message": "bad key"}})
+
+    endpoint = Endpoint(model="m", base_url="http://t/v1", api_key="sk-t", http_client=httpx2.AsyncClient(transport=httpx2.MockTransport(refuse)))
+    check, release = target_check(endpoint)
+
+    async def check_once() -> str | None:
+        try:
+            return await check()
+        finally:
+            await release()
+
+    assert "credentials" in asyncio.run(check_once())
+
+
+def test_suspect_checks_at_once_and_the_loop_goes_on():
+    answers = iter([None, "target unreachable (ConnectError)", None])
+    changes: list[bool] = []
+
+    async def check() -> str | None:
+        return next(answers)
+
+    async def never(seconds: float) -> None:  # the interval never elapses: only suspect() can wake the loop
+        await asyncio.Future()
+
+    async def scenario() -> None:
+        readiness = Readiness(check, interval=60, sleep=never, on_change=changes.append)
+        task = asyncio.ensure_future(readiness.run())
+        while readiness.checks < 1:
+            await asyncio.sleep(0)
+        assert readiness.ready
+        readiness.suspect("a request failed on the target")
+        assert not readiness.ready and readiness.reason == "a request failed on the target"
+        while readiness.checks < 2:
+            await asyncio.sleep(0)
+        assert not readiness.ready and "ConnectError" in readiness.reason
+        readiness.suspect("again")
+        while readiness.checks < 3:
+            await asyncio.sleep(0)
+        assert readiness.ready and readiness.reason is None
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    asyncio.run(scenario())
+    assert changes == [True, False, True]
