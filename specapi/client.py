@@ -213,7 +213,7 @@ class _Runtime:
         self.pipeline = pipeline
         self.verification = verification
         self.clock = clock
-        self.paths = PathResolver(self.target, verification)
+        self.paths = PathResolver(self.target, verification, self.draft)
         # `model=` on a call names another model on the target's server: its own client view and
         # path memory, sharing the connection pool.
         self._by_model: dict[str, tuple[RoleClient, PathResolver]] = {}
@@ -224,7 +224,7 @@ class _Runtime:
         if model not in self._by_model:
             role = RoleClient("target", replace(self.target.endpoint, model=model, name=None), sleep=self.target.sleep, clock=self.clock)
             role._client = self.target.sdk
-            self._by_model[model] = (role, PathResolver(role, self.verification))
+            self._by_model[model] = (role, PathResolver(role, self.verification, self.draft))
         return self._by_model[model]
 
     def suffix_for(self, model: str) -> SuffixIndex:

@@ -110,10 +110,15 @@ class _Output:
         request = self.request
         before = len(self.text)
         limit = request.max_tokens
+        ids: list[int] | None = []  # the target's ids of the new tokens, while all are known
         for index, token in enumerate(new):
             if token.eos:
                 self.finish_reason, self.ended = token.finish_reason, True
                 break
+            if ids is not None and token.ids is not None and len(token.ids) == token.count:
+                ids.extend(token.ids)
+            else:
+                ids = None
             if token.data:
                 if token.count == 1 and self.token_starts[-1] != len(self.data):
                     self.token_starts.append(len(self.data))
@@ -136,7 +141,7 @@ class _Output:
             self.text = self.text[:cut]
             self.finish_reason, self.ended = "stop", True
             done = True
-        self.context = self.context.advanced(self.text[before:])
+        self.context = self.context.advanced(self.text[before:], ids)
         safe = len(self.text) if done else len(self.text) - _stop_prefix_len(self.text, request.stop)
         if safe <= self.sent:
             return ""
@@ -267,7 +272,12 @@ class Engine:
             books=_Books(fallback_reason=unverifiable_reason),
             top_k=1 if request.context.sampling.greedy else self.target.endpoint.max_logprobs,
         )
-        path = await self.paths.resolve(self.chat, run.target_meter) if unverifiable_reason is None and self.drafter else Path("none")
+        context = request.context
+        if unverifiable_reason is None and self.drafter:
+            chars = len(context.completion_prompt()) if not context.is_chat else 0
+            path = await self.paths.resolve(self.chat, run.target_meter, context_chars=chars, greedy=context.sampling.greedy)
+        else:
+            path = Path("none")
         run.books.path_note = path.note
         self.prefill = path.prefill
         if path.whole is not None:
@@ -300,6 +310,20 @@ class Engine:
         if speculate and mode == TARGET_ALONE:
             speculate = False
             run.books.fallback_reason = getattr(self.policy, "reason", "") or "the draft-length policy chose the target alone"
+        prompt_ids = getattr(self.verifier, "prompt_ids", None)
+        if speculate and prompt_ids is not None and not request.context.is_chat:
+            # Token-id verification: the target tokenizes the prompt once; from then on it is sent ids.
+            try:
+                ids = await prompt_ids(request.context, run.target_meter)
+            except EndpointError as exc:
+                if exc.status_code is not None and exc.status_code not in (400, 404, 405, 422):
+                    raise
+                speculate = False
+                run.books.fallback_reason = f"the target would not tokenize the prompt, continued with the target alone: {exc}"
+                self.paths.refuse(self.chat, run.books.fallback_reason, definite=True)
+            else:
+                request = replace(request, context=replace(request.context, token_ids=ids))
+                run.request = request
         out = _Output(request=request, context=request.context)
         prefetch: _Prefetch | None = None
         target_decides = False  # the previous round handed the next position to the target alone
@@ -436,7 +460,10 @@ class Engine:
         yield self._finished(run, started, finish, result.completion_tokens)
 
     def _can_stream(self, context: Context) -> bool:
-        """Streaming the last step needs no prefix handling the stream could get wrong."""
+        """Streaming the last step needs no prefix handling the stream could get wrong, and a context
+        kept as token ids is continued from its ids (one plain call)."""
+        if context.token_ids is not None and hasattr(self.verifier, "plain"):
+            return False
         return self.stream_plain and not (context.is_chat and context.accepted and self.prefill.echoes_prefix)
 
     async def _plain_stream(self, context: Context, remaining: int | None, produced: int, run: _Run) -> AsyncIterator[list[Emitted]]:
@@ -502,7 +529,8 @@ class Engine:
         if remaining is not None:
             count = min(count, remaining)
         if step.text or (step.finish_reason == "length" and count):
-            new.append(Emitted(token=step.text, data=step.text.encode("utf-8"), count=max(count, 1)))
+            data = step.data if step.data is not None else step.text.encode("utf-8")
+            new.append(Emitted(token=step.text, data=data, count=max(count, 1), ids=step.ids))
         if step.finish_reason != "length" or step_tokens is None:
             new.append(Emitted(token="", data=b"", eos=True, finish_reason=step.finish_reason or "stop"))
         return new
@@ -513,6 +541,9 @@ class Engine:
         """One target-alone call; `streamed` asks it as a stream and collects it, so that the text is
         rendered as a streaming caller would receive it."""
         stop = list(run.request.stop) or None
+        native = getattr(self.verifier, "plain", None)
+        if native is not None and context.token_ids is not None:
+            return await native(context, max_tokens, run.target_meter, seed, stop)
         if not streamed or not self._can_stream(context):
             return await plain_step(
                 self.target, context, max_tokens, run.target_meter, seed, stop, count_tokens=count_tokens, prefill=self.prefill
@@ -588,7 +619,7 @@ class Engine:
         if books.prompt_tokens is None and not context.accepted and verification.prompt_tokens is not None:
             books.prompt_tokens = verification.prompt_tokens
         _check_token_boundaries(verification, context, draft, out.token_starts, books)
-        decision = decide_round(verification.positions, verification.straddle, draft.tokens, context.sampling, run.rng)
+        decision = verification.decision or decide_round(verification.positions, verification.straddle, draft.tokens, context.sampling, run.rng)
         _check_token_counts(verification, decision.accepted, context, out.produced, books)
         if verification.seeds and decision.accepted < len(verification.seeds):
             # If the target's pick after the kept tokens was unreadable, the next step redraws it.

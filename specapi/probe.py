@@ -17,6 +17,7 @@ from typing import Any
 from ._calls import Meter, RoleClient, is_transient
 from ._exceptions import EndpointError, MalformedResponseError
 from ._wire import WireError, chat_tokens, completion_tokens, prompt_logprob_tokens
+from .dialects import native_dialect
 from .cli_options import EXIT_FAILED, EXIT_OK, EXIT_USAGE, Option, UsageError, add_options, boolean, resolve
 from .endpoint import Endpoint
 
@@ -32,8 +33,9 @@ _DEFAULT_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty")
 
 
 async def _server_defaults(client: RoleClient) -> tuple[str | None, dict[str, float] | None]:
-    """Which llama.cpp server this is, if any, and the sampling defaults it applies: llama-server
-    reports them at `/props`; llama-cpp-python's are known. GETs bill nothing and are not metered."""
+    """Which server this is, if recognised, and the sampling defaults it applies: llama-server answers
+    `/props` (with its defaults), vLLM `/version`, SGLang `/get_model_info`; llama-cpp-python names
+    itself the owner "me" of its models (its defaults are known). GETs bill nothing and are not metered."""
     meter = Meter(client.endpoint)
     root = str(client.sdk.base_url).rstrip("/").removesuffix("/v1")
     try:
@@ -42,6 +44,18 @@ async def _server_defaults(client: RoleClient) -> tuple[str | None, dict[str, fl
         defaults = {k: float(params[k]) for k in _DEFAULT_FIELDS if isinstance(params.get(k), (int, float))}
         if defaults:
             return "llama-server", defaults
+    except (EndpointError, AttributeError, TypeError, ValueError):
+        pass
+    try:
+        version = await client.get(root + "/version", meter)
+        if isinstance(version, dict) and isinstance(version.get("version"), str):
+            return "vllm", None
+    except (EndpointError, AttributeError, TypeError, ValueError):
+        pass
+    try:
+        info = await client.get(root + "/get_model_info", meter)
+        if isinstance(info, dict) and "model_path" in info:
+            return "sglang", None
     except (EndpointError, AttributeError, TypeError, ValueError):
         pass
     try:
@@ -71,7 +85,9 @@ class Capabilities:
     predicted_outputs: bool = False
     logprobs_raw: bool | None = None  # True: logprobs ignore temperature; None: unknown
     offsets_from_prompt_start: bool | None = None  # text_offset's convention (reported, never relied on)
-    server: str | None = None  # "llama-server" or "llama-cpp-python" when recognised
+    server: str | None = None  # "llama-server", "llama-cpp-python", "vllm" or "sglang" when recognised
+    #: The server takes token-id prompts (its native dialect tokenized a probe text): token-id verification.
+    token_ids: bool = False
     #: Sampling settings the server applies to requests that do not set them (None: OpenAI's, 1.0 and 1.0).
     sampler_defaults: dict[str, float] | None = None
     #: The caller's last tokens the target must write in one call for the text to end as its own would.
@@ -95,6 +111,11 @@ def choose_verification(caps: Capabilities, *, chat: bool) -> str:
         if caps.predicted_outputs:
             return "predicted-outputs"
         return "prefix-match"
+    if caps.token_ids and caps.server != "vllm":
+        # One request per round on the target's own ids (llama.cpp's multi-prompt /completion, SGLang's
+        # batched /generate on its radix cache). vLLM's echo is one request too, and better on short
+        # contexts; the path resolver moves long contexts to token ids (see paths.py).
+        return "token-ids"
     if caps.echo_logprobs:
         return "echo"
     if caps.completions:
@@ -217,7 +238,20 @@ async def probe_endpoint(client: RoleClient, meter: Meter) -> Capabilities:
     server, defaults = await _server_defaults(client)
     if server is not None:
         found.update(server=server, sampler_defaults=defaults, final_stretch=16 if server == "llama-cpp-python" else 0)
-        notes.append(f"{server}: applies {defaults} to requests that do not set them")
+        if defaults:
+            notes.append(f"{server}: applies {defaults} to requests that do not set them")
+        dialect = native_dialect(server)
+        if dialect is not None and found.get("completions"):
+            try:
+                ids = await dialect.tokenize(client, prompt, meter, special=False)
+                found["token_ids"] = bool(ids)
+            except EndpointError:
+                found["token_ids"] = False
+            notes.append(f"dialect: {dialect.name}; token-id prompts: " + ("yes" if found.get("token_ids") else "no (tokenize refused)"))
+        else:
+            notes.append(f"dialect: {server} (OpenAI formats only)")
+    else:
+        notes.append("dialect: OpenAI formats only (no native API recognised)")
     return Capabilities(notes=tuple(notes), **found)
 
 
@@ -347,6 +381,7 @@ def run(args: argparse.Namespace) -> int:
     table = Table(title=f"{endpoint.label}")
     table.add_column("capability")
     table.add_column("value")
+    table.add_row("dialect", caps.server or "OpenAI formats")
     table.add_row("verification for completions", paths["completions"])
     table.add_row("verification for chat", paths["chat"])
     for key, value in caps.to_dict().items():
