@@ -108,14 +108,28 @@ class TokenIdVerifier:
         generated = await self.dialect.generate(
             self.client, context.token_ids, context.sampling_body(seed), max_tokens, stop, meter, options=context.options
         )
+        latency = self.client.clock() - started
+        whole = None
+        if generated.whole_tokens is not None and generated.whole_tokens < len(generated.ids):
+            count, data = generated.whole_tokens, generated.whole_data or b""
+            whole = PlainStep(
+                text=data.decode("utf-8", errors="replace"),
+                finish_reason="length",
+                completion_tokens=count,
+                prompt_tokens=generated.prompt_tokens,
+                latency_s=latency,
+                data=data,
+                ids=generated.ids[:count],
+            )
         return PlainStep(
             text=generated.data.decode("utf-8", errors="replace"),
             finish_reason=generated.finish_reason,
             completion_tokens=generated.completion_tokens,
             prompt_tokens=generated.prompt_tokens,
-            latency_s=self.client.clock() - started,
+            latency_s=latency,
             data=generated.data,
             ids=generated.ids,
+            whole=whole,
         )
 
 

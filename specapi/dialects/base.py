@@ -43,6 +43,10 @@ class Generated:
     finish_reason: str
     prompt_tokens: int | None
     completion_tokens: int
+    #: The first `whole_tokens` tokens end on a whole character and their bytes are `whole_data`
+    #: (None: all of them, `data`); the rest is a character the server has not finished.
+    whole_tokens: int | None = None
+    whole_data: bytes | None = None
 
 
 class NativeDialect(Protocol):

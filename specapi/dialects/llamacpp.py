@@ -75,7 +75,7 @@ class LlamaCppDialect:
         *,
         options: Mapping[str, Any],
     ) -> Generated:
-        body: dict[str, Any] = {**native_fields(fields), "prompt": list(ids), "n_probs": 1, "return_tokens": True, "cache_prompt": True}
+        body: dict[str, Any] = {**native_fields(fields), "prompt": list(ids), "return_tokens": True, "cache_prompt": True}
         body["n_predict"] = -1 if max_tokens is None else max_tokens
         if stop:
             body["stop"] = list(stop)
@@ -118,28 +118,23 @@ def _pick(result: Mapping[str, Any]) -> Pick:
 
 
 def _generated(result: Mapping[str, Any]) -> Generated:
-    """The generated tokens. `completion_probabilities` merges the tokens of a character split over
-    several into one entry (its id the group's last), and leaves out a character still unfinished
-    at the end: the bytes are the entries' bytes, then U+FFFD for an unfinished tail, as `content`
-    renders it."""
-    probs = list(result.get("completion_probabilities") or [])
+    """The generated tokens and their text. The text is `content`, the server's own rendering (what its
+    OpenAI endpoints return; U+FFFD where it ends inside a character): `completion_probabilities` cannot
+    give the bytes, since it merges the tokens of a character split over several into one entry, and
+    leaves out every token of a run of characters that each straddle a token boundary."""
     tokens = [int(t) for t in result.get("tokens") or []]
     stop_type = result.get("stop_type")
     if stop_type == "eos" and tokens:
         tokens = tokens[:-1]  # the end-of-text token is listed, but it is no text
-        probs = [p for p in probs if _token_data(p)] if probs and not _token_data(probs[-1]) else probs
-    covered = 0
-    for entry in probs:
-        covered = tokens.index(int(entry["id"]), covered) + 1
-    data = b"".join(_token_data(p) for p in probs)
-    if covered < len(tokens):
-        data += "\ufffd".encode("utf-8")
+    content = result["content"]
+    if not isinstance(content, str):
+        raise TypeError("content is not a string")
     finish = "stop" if stop_type in ("eos", "word") else "length"
     prompt_tokens = result.get("tokens_evaluated")
     predicted = result.get("tokens_predicted")
     return Generated(
         ids=tuple(tokens),
-        data=data,
+        data=content.encode("utf-8"),
         finish_reason=finish,
         prompt_tokens=prompt_tokens if isinstance(prompt_tokens, int) else None,
         completion_tokens=predicted if isinstance(predicted, int) else len(tokens),
