@@ -317,14 +317,19 @@ class RoleClient:
             box.http_response = stream.response
         failed = True
         usage_seen = False
+        last: dict[str, Any] | None = None
         try:
             async for chunk in stream:
                 if isinstance(chunk, dict):
+                    last = chunk
                     if chunk.get("usage"):
                         usage_seen = True
                         meter.record_usage(chunk["usage"])
                     yield chunk
             failed = False
+            if not usage_seen and last is not None and _is_native(last) and last.get("stop"):
+                usage_seen = True  # llama.cpp's native stream bills in its last chunk
+                meter.record_usage(_native_usage([last]))
         except openai.APIError as exc:
             raise self.error(f"stream broke: {exc}", cause=exc) from exc
         finally:

@@ -554,12 +554,7 @@ class Engine:
         stop = list(run.request.stop) or None
         native = getattr(self.verifier, "plain", None)
         if native is not None and context.token_ids is not None:
-            step = await native(context, max_tokens, run.target_meter, seed, stop)
-            if streamed and step.finish_reason == "length" and step.text.endswith("\ufffd"):
-                # A stream leaves out a character it has not finished, where a plain answer shows U+FFFD.
-                text = step.text[:-1]
-                step = replace(step, text=text, data=text.encode("utf-8"))
-            return step
+            return await native(context, max_tokens, run.target_meter, seed, stop, streamed=streamed)
         if not streamed or not self._can_stream(context):
             return await plain_step(
                 self.target, context, max_tokens, run.target_meter, seed, stop, count_tokens=count_tokens, prefill=self.prefill

@@ -101,35 +101,24 @@ class TokenIdVerifier:
             decision=_decide(pieces, picks, len(draft)),
         )
 
-    async def plain(self, context: Context, max_tokens: int | None, meter: Meter, seed: int | None, stop: list[str] | None) -> PlainStep:
-        """The target alone continues the context's ids (the engine's plain steps on this path)."""
+    async def plain(
+        self, context: Context, max_tokens: int | None, meter: Meter, seed: int | None, stop: list[str] | None, *, streamed: bool = False
+    ) -> PlainStep:
+        """The target alone continues the context's ids (the engine's plain steps on this path);
+        `streamed` renders the text as a stream would (a streaming caller's last step)."""
         assert context.token_ids is not None
         started = self.client.clock()
         generated = await self.dialect.generate(
-            self.client, context.token_ids, context.sampling_body(seed), max_tokens, stop, meter, options=context.options
+            self.client, context.token_ids, context.sampling_body(seed), max_tokens, stop, meter, options=context.options, stream=streamed
         )
-        latency = self.client.clock() - started
-        whole = None
-        if generated.whole_tokens is not None and generated.whole_tokens < len(generated.ids):
-            count, data = generated.whole_tokens, generated.whole_data or b""
-            whole = PlainStep(
-                text=data.decode("utf-8", errors="replace"),
-                finish_reason="length",
-                completion_tokens=count,
-                prompt_tokens=generated.prompt_tokens,
-                latency_s=latency,
-                data=data,
-                ids=generated.ids[:count],
-            )
         return PlainStep(
             text=generated.data.decode("utf-8", errors="replace"),
             finish_reason=generated.finish_reason,
             completion_tokens=generated.completion_tokens,
             prompt_tokens=generated.prompt_tokens,
-            latency_s=latency,
+            latency_s=self.client.clock() - started,
             data=generated.data,
             ids=generated.ids,
-            whole=whole,
         )
 
 

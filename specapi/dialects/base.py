@@ -35,18 +35,14 @@ class Pick:
 
 @dataclass(frozen=True)
 class Generated:
-    """What the target generated from a token-id prompt: ids and bytes of every token (end of text
-    excluded), why it stopped, and what it was billed."""
+    """What the target generated from a token-id prompt: ids (end of text excluded; None when the
+    server did not list them) and the text's bytes, why it stopped, and what it was billed."""
 
-    ids: tuple[int, ...]
+    ids: tuple[int, ...] | None
     data: bytes
     finish_reason: str
     prompt_tokens: int | None
     completion_tokens: int
-    #: The first `whole_tokens` tokens end on a whole character and their bytes are `whole_data`
-    #: (None: all of them, `data`); the rest is a character the server has not finished.
-    whole_tokens: int | None = None
-    whole_data: bytes | None = None
 
 
 class NativeDialect(Protocol):
@@ -74,7 +70,10 @@ class NativeDialect(Protocol):
         meter: Meter,
         *,
         options: Mapping[str, Any],
-    ) -> Generated: ...
+        stream: bool = False,
+    ) -> Generated:
+        """The target alone continues `ids`; `stream` renders the text as the server streams it."""
+        ...
 
 
 @contextlib.contextmanager

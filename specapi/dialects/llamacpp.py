@@ -14,6 +14,7 @@ the server evaluates them in its parallel slots, reusing cached prefixes.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -74,15 +75,40 @@ class LlamaCppDialect:
         meter: Meter,
         *,
         options: Mapping[str, Any],
+        stream: bool = False,
     ) -> Generated:
         body: dict[str, Any] = {**native_fields(fields), "prompt": list(ids), "return_tokens": True, "cache_prompt": True}
         body["n_predict"] = -1 if max_tokens is None else max_tokens
         if stop:
             body["stop"] = list(stop)
+        if stream:
+            return await self._streamed(client, body, meter, options)
         response = await client.post(server_root(client) + "/completion", body, meter, options=options, array_ok=True)
         with reading(client, "/completion"):
             result = response[0] if isinstance(response, list) else response
             return _generated(result)
+
+
+    async def _streamed(self, client: RoleClient, body: dict[str, Any], meter: Meter, options: Mapping[str, Any]) -> Generated:
+        """The text as the server streams it: a stream holds back a character it has not finished, and
+        at the end leaves it out, with the rest of the token that began it, where `content` shows U+FFFD."""
+        pieces: list[str] = []
+        last: Mapping[str, Any] = {}
+        async with contextlib.aclosing(client.stream(server_root(client) + "/completion", body, meter, options=options)) as chunks:
+            async for chunk in chunks:
+                pieces.append(chunk.get("content") or "")
+                last = chunk
+        with reading(client, "streamed /completion"):
+            if not last.get("stop"):
+                raise ValueError("the stream ended without its last chunk")
+            predicted, evaluated = last.get("tokens_predicted"), last.get("tokens_evaluated")
+            return Generated(
+                ids=None,
+                data="".join(pieces).encode("utf-8"),
+                finish_reason="stop" if last.get("stop_type") in ("eos", "word") else "length",
+                prompt_tokens=evaluated if isinstance(evaluated, int) else None,
+                completion_tokens=predicted if isinstance(predicted, int) else 0,
+            )
 
 
 def _piece(item: Any) -> tuple[int, bytes | None]:

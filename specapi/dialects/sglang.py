@@ -83,6 +83,7 @@ class SglangDialect:
         meter: Meter,
         *,
         options: Mapping[str, Any],
+        stream: bool = False,
     ) -> Generated:
         body = self._body([ids], fields, max_tokens)
         if stop:

@@ -62,6 +62,7 @@ class VllmDialect:
         meter: Meter,
         *,
         options: Mapping[str, Any],
+        stream: bool = False,
     ) -> Generated:
         body: dict[str, Any] = {**fields, "prompt": list(ids), "return_token_ids": True}
         if max_tokens is not None:
