@@ -632,7 +632,7 @@ class Engine:
         _check_token_boundaries(verification, context, draft, out.token_starts, books)
         decision = verification.decision or decide_round(verification.positions, verification.straddle, draft.tokens, context.sampling, run.rng)
         _check_token_counts(verification, decision.accepted, context, out.produced, books)
-        if verification.seeds and decision.accepted < len(verification.seeds):
+        if verification.decision is None and verification.seeds and decision.accepted < len(verification.seeds):
             # If the target's pick after the kept tokens was unreadable, the next step redraws it.
             kept = "".join(t.data.decode("utf-8", errors="replace") for t in draft.tokens[: decision.accepted])
             run.pending_seed = (context.accepted + kept, verification.seeds[decision.accepted]) if verification.seeds[decision.accepted] is not None else None
@@ -645,7 +645,24 @@ class Engine:
                 new.append(Emitted(token="", data=b"", eos=True))
         if not context.sampling.greedy:
             books.max_gap = max(books.max_gap, decision.gap)
-        new = _whole_characters(_within_limit(new, out.remaining), context.sampling.greedy, books)
+        if verification.decision is not None:
+            # Token ids: what is cut here (at the caller's limit, or a character left unfinished) is
+            # drawn again by the next step, a plain one, with the seed of the call that drew it first:
+            # the same token, so the output is the target's draws whatever the cut depended on.
+            drawn = [t for t in new if not t.eos]
+            new = _within_limit(new, out.remaining)
+            cut = _whole_characters(new, True, books)
+            kept = [t for t in cut if not t.eos]
+            decided = len(drawn) + (1 if decision.handover else 0)
+            if len(kept) < decided and not any(t.eos for t in cut):
+                seeds = verification.seeds
+                if len(kept) < len(seeds) and seeds[len(kept)] is not None:
+                    text = b"".join(t.data for t in kept).decode("utf-8", errors="replace")
+                    run.pending_seed = (context.accepted + text, seeds[len(kept)])
+                decision = replace(decision, handover=True)
+            new = cut
+        else:
+            new = _whole_characters(_within_limit(new, out.remaining), context.sampling.greedy, books)
         record = RoundRecord(
             drafted=len(draft.tokens),
             accepted=decision.accepted,

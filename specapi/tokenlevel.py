@@ -83,11 +83,12 @@ class TokenIdVerifier:
         prompts = [base + drafted[:j] for j in range(len(drafted) + 1)]
         started = self.client.clock()
         if context.sampling.greedy and self.dialect.batches:
-            fields = context.sampling_body(next_seed())
-            picks = await self.dialect.next_tokens(self.client, prompts, fields, meter, options=context.options)
+            seeds = [next_seed()] * len(prompts)
+            picks = await self.dialect.next_tokens(self.client, prompts, context.sampling_body(seeds[0]), meter, options=context.options)
         else:
+            seeds = [next_seed() for _ in prompts]
             answers = await asyncio.gather(
-                *(self.dialect.next_tokens(self.client, [p], context.sampling_body(next_seed()), meter, options=context.options) for p in prompts)
+                *(self.dialect.next_tokens(self.client, [p], context.sampling_body(seed), meter, options=context.options) for p, seed in zip(prompts, seeds))
             )
             picks = [a[0] for a in answers]
         latency = self.client.clock() - started
@@ -99,6 +100,7 @@ class TokenIdVerifier:
             latency_s=latency,
             prompt_tokens=picks[0].prompt_tokens,
             decision=_decide(pieces, picks, len(draft)),
+            seeds=tuple(seeds),
         )
 
     async def plain(
@@ -129,6 +131,7 @@ def _decide(pieces: Sequence[tuple[int, bytes | None]], picks: Sequence[Pick], d
     drafted = [i for i, _ in pieces]
     emitted: list[Emitted] = []
     kept = 0
+    unread = False
     for j, pick in enumerate(picks):
         if pick.end:
             if pick.uncounted:
@@ -140,6 +143,7 @@ def _decide(pieces: Sequence[tuple[int, bytes | None]], picks: Sequence[Pick], d
         if data is None and j < len(pieces) and pieces[j][0] == pick.id:
             data = pieces[j][1]
         if data is None:
+            unread = True  # drawn, but its bytes are unknown: the target alone decides it again
             break
         pick = replace(pick, data=data)
         emitted.append(Emitted(token=pick.data.decode("utf-8", errors="replace"), data=pick.data, ids=(pick.id,) if pick.id is not None else None))
@@ -157,4 +161,5 @@ def _decide(pieces: Sequence[tuple[int, bytes | None]], picks: Sequence[Pick], d
         accepted_by_position=tuple(i < accepted for i in range(draft_tokens)),
         all_accepted=all_kept,
         stalled=not emitted,
+        handover=unread,
     )
