@@ -318,7 +318,7 @@ class Engine:
             try:
                 ids = await prompt_ids(request.context, run.target_meter)
             except EndpointError as exc:
-                if exc.status_code is not None and exc.status_code not in (400, 404, 405, 422):
+                if not (exc.refused_shape or exc.not_served):
                     raise
                 speculate = False
                 run.books.fallback_reason = f"the target would not tokenize the prompt, continued with the target alone: {exc}"
@@ -619,7 +619,7 @@ class Engine:
             self.paths.refuse(self.chat, books.fallback_reason, definite=False)
             return None
         except EndpointError as exc:
-            if exc.status_code not in (400, 422):
+            if not exc.refused_shape:
                 raise
             # The target refuses the verification request's shape (e.g. echo with logprobs): a plain
             # request may still be fine, and if it is not, the plain step raises the real error.

@@ -17,6 +17,7 @@ from ._wire import WireError, chat_tokens, completion_tokens, prompt_logprob_tok
 from .acceptance import DEFAULT_EOS_TOKENS, RoundDecision
 from .alignment import ScoredToken, complete_utf8_prefix, locate_suffix, token_bytes
 from .context import Context, Prefill
+from .dialects.openai import openai_format
 
 __all__ = [
     "Verification",
@@ -186,17 +187,14 @@ def generation_request(
 ) -> tuple[str, dict]:
     """The path and body of a request in which the target generates from the context by itself
     (`max_tokens` None: none is sent, and the server's own limit applies)."""
+    form = openai_format(context)
     body: dict = {**context.sampling_body(seed)}
     if max_tokens is not None:
         body["max_tokens"] = max_tokens
     if stop:
         body["stop"] = stop
-    if context.is_chat:
-        body["messages"] = context.chat_messages()
-        body.update(prefill.fields(bool(context.accepted)))
-        return "/chat/completions", body
-    body["prompt"] = context.completion_prompt()
-    return "/completions", body
+    body.update(form.prompt_fields(context, prefill=prefill))
+    return form.path, body
 
 
 @dataclass(frozen=True)
@@ -227,20 +225,16 @@ async def plain_step(
     With `count_tokens`, logprobs are requested just to count the text's tokens exactly (usage counts
     an end-of-text token too, on most servers).
     """
+    form = openai_format(context)
     path, body = generation_request(context, max_tokens, seed, stop, prefill)
     if count_tokens and max_tokens != 1:
-        body.update({"logprobs": True} if context.is_chat else {"logprobs": 1})
+        body.update(form.logprobs())
     started = client.clock()
     response = await client.post(path, body, meter, options=context.options)
     latency = client.clock() - started
     try:
         choice = response["choices"][0]
-        if context.is_chat:
-            text = prefill.strip((choice.get("message") or {}).get("content") or "", context.accepted)
-        else:
-            text = choice.get("text") or ""
-        if not isinstance(text, str):
-            raise TypeError("text is not a string")
+        text = form.text(choice, context.accepted, prefill)
     except (KeyError, IndexError, TypeError, ValueError) as exc:
         raise client.error(f"response has no choices[0] text ({exc})", malformed=True) from exc
     usage = response.get("usage") or {}
@@ -249,8 +243,7 @@ async def plain_step(
         completion = 1 if text else 0  # usage may count an end-of-text token
     elif count_tokens:
         try:
-            logprobs = choice.get("logprobs") or {}
-            tokens = chat_tokens(logprobs.get("content")) if context.is_chat else completion_tokens(logprobs)
+            tokens = form.tokens(choice)
             completion = sum(1 for t in tokens if t.text not in DEFAULT_EOS_TOKENS)
         except (WireError, TypeError, AttributeError):
             pass  # keep the billed count
@@ -276,6 +269,7 @@ async def plain_stream(
 ) -> AsyncIterator[tuple[str, str | None]]:
     """Like `plain_step`, streamed: yields `(text, finish_reason)` per chunk (finish_reason None until
     the end). The billed usage, when the server sends it, is copied into `usage`."""
+    form = openai_format(context)
     path, body = generation_request(context, max_tokens, seed, stop, prefill)
     body["stream_options"] = {"include_usage": True}
     finished = False
@@ -286,10 +280,7 @@ async def plain_stream(
             for choice in chunk.get("choices") or []:
                 if choice.get("index", 0) != 0:
                     continue
-                if context.is_chat:
-                    text = (choice.get("delta") or {}).get("content") or ""
-                else:
-                    text = choice.get("text") or ""
+                text = form.delta(choice)
                 finish = choice.get("finish_reason")
                 finished = finished or finish is not None
                 if text or finish is not None:
