@@ -94,12 +94,16 @@ def _find_stop(text: str, stop: Sequence[str], start: int) -> int | None:
     return min(hits) if hits else None
 
 
-def score_prompt(model: NGramModel, prompt_ids: Sequence[int], *, top_k: int, with_rank: bool) -> list[TokenRecord]:
-    """Records for every prompt token; the first has no logprob (nothing precedes it)."""
+def score_prompt(
+    model: NGramModel, prompt_ids: Sequence[int], *, top_k: int, with_rank: bool, start: int = 1
+) -> list[TokenRecord]:
+    """Records for the prompt tokens from position ``start - 1`` on; that first one has no logprob
+    (position 0 has nothing before it; SGLang leaves the token at ``logprob_start_len`` unscored too)."""
     if not prompt_ids:
         return []
-    scored = model.score(prompt_ids, k=top_k, start=1, with_rank=with_rank)
-    return [TokenRecord(int(prompt_ids[0]))] + [
+    first = max(0, start - 1)
+    scored = model.score(prompt_ids, k=top_k, start=first + 1, with_rank=with_rank)
+    return [TokenRecord(int(prompt_ids[first]))] + [
         TokenRecord(s.token_id, s.logprob, s.top, s.rank) for s in scored
     ]
 

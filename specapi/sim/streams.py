@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .corpus import EOS_TOKEN_ID
+from .corpus import EOS_TOKEN_ID, token_str
 from .faults import FaultPlan, drop_logprobs, mismatch_logprobs, truncate
 from .generation import Generation, TokenRecord, text_offsets
 from .latency import RequestTiming, Sleep
@@ -100,6 +100,7 @@ def completion_chunks(
     logprobs: int | None,
     prompt_text: str,
     prompt_records: Sequence[TokenRecord] | None,
+    render: Callable[[int], str] = token_str,
 ) -> list[Chunk]:
     """``text_completion`` chunks: the echoed prompt first (with its logprobs), then one per token."""
 
@@ -117,7 +118,9 @@ def completion_chunks(
         lp = None
         if logprobs is not None and prompt_records is not None:
             offsets = text_offsets([r.token_id for r in prompt_records])
-            lp = completion_logprobs(prompt_records, offsets, include_chosen=caps.logprobs_all)
+            if caps.offsets_unknown:
+                offsets = [-1] * len(offsets)
+            lp = completion_logprobs(prompt_records, offsets, include_chosen=caps.logprobs_all, render=render)
         chunks.extend(Chunk(0, chunk(index, prompt_text, lp, None)) for index in range(len(choices)))
     base = len(prompt_text) if (caps.offsets_from_prompt_start or echo) else 0
     last_step = {index: len(_pieces(gen)) - 1 for index, gen in enumerate(choices)}
@@ -125,10 +128,11 @@ def completion_chunks(
         lp = None
         if logprobs is not None:
             if caps.completions_logprobs_chat_shape:
-                lp = {"content": chat_logprob_items([record] if record else [])}
+                lp = {"content": chat_logprob_items([record] if record else [], render=render)}
             else:
-                lp = completion_logprobs([record] if record else [], [base + offset] if record else [],
-                                         include_chosen=caps.logprobs_all)
+                at = -1 if caps.offsets_unknown else base + offset
+                lp = completion_logprobs([record] if record else [], [at] if record else [],
+                                         include_chosen=caps.logprobs_all, render=render)
         finish = choices[index].finish_reason if step == last_step[index] else None
         chunks.append(Chunk(step, chunk(index, text, lp, finish), billed))
     return chunks
