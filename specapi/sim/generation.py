@@ -21,7 +21,7 @@ import numpy as np
 from .corpus import EOS_TOKEN_ID, incremental_decoder, token_bytes
 from .models import NGramModel
 
-__all__ = ["Generation", "TokenRecord", "generate", "score_prompt", "text_offsets"]
+__all__ = ["Generation", "TokenRecord", "generate", "score_prompt", "stop_reason", "text_offsets"]
 
 
 @dataclass(frozen=True)
@@ -87,6 +87,18 @@ def generate(
                 return Generation(tuple(records), text[:cut], "stop")
     text += decoder.decode(b"", final=True)
     return Generation(tuple(records), text, finish)
+
+
+def stop_reason(gen: Generation, stop: Sequence[str], *, eos: bool) -> str | int | None:
+    """What ended a generation, as vLLM's ``stop_reason`` / SGLang's ``matched_stop`` say it: the stop
+    string that cut it; the end-of-text id when ``eos`` (SGLang names it, vLLM does not); else ``None``."""
+    if gen.tokens and gen.tokens[-1].token_id == EOS_TOKEN_ID:
+        return EOS_TOKEN_ID if eos else None
+    if gen.finish_reason != "stop":
+        return None
+    full = b"".join(token_bytes(t) for t in gen.token_ids).decode("utf-8", errors="replace")
+    hits = [(full.find(s, len(gen.text)), s) for s in stop if s and full.find(s, len(gen.text)) >= 0]
+    return min(hits)[1] if hits else None
 
 
 def _find_stop(text: str, stop: Sequence[str], start: int) -> int | None:

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from .corpus import EOS_TOKEN_ID, decode_text, encode_text, is_known_token, token_bytes
-from .generation import Generation, TokenRecord
+from .generation import Generation, TokenRecord, stop_reason
 from .jobs import Job, PromptWork
 from .models import NGramModel
 from .params import ApiError, Sampling, read_bool, read_int, read_number
@@ -57,7 +57,8 @@ __all__ = [
 
 TOTAL_SLOTS = 4
 N_CTX = 8192
-_DEFAULTS = {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.05}
+_DEFAULTS = {"temperature": 0.8, "top_p": 0.95, "min_p": 0.05}
+_DEFAULT_TOP_K = 40
 _RANDOM_SEED = 4294967295
 _SAMPLERS = ["penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"]
 
@@ -141,7 +142,7 @@ def read_completion(body: Mapping[str, Any]) -> CompletionRequest:
         batch=batch,
         sampling=sampling,
         n_predict=n_predict,
-        top_k=read_int(body, "top_k", _DEFAULTS["top_k"]) or 0,
+        top_k=read_int(body, "top_k", _DEFAULT_TOP_K) or 0,
         min_p=read_number(body, "min_p", _DEFAULTS["min_p"], minimum=0.0, maximum=1.0),
         n_probs=read_int(body, "n_probs", 0, minimum=0) or 0,
         post_sampling=read_bool(body, "post_sampling_probs", False),
@@ -240,7 +241,7 @@ def generation_settings(request: CompletionRequest | None, model: str) -> dict[s
         "seed": seed,
         "temperature": sampling.temperature if sampling else _DEFAULTS["temperature"],
         "dynatemp_range": 0.0, "dynatemp_exponent": 1.0,
-        "top_k": request.top_k if request else _DEFAULTS["top_k"],
+        "top_k": request.top_k if request else _DEFAULT_TOP_K,
         "top_p": sampling.top_p if sampling else _DEFAULTS["top_p"],
         "min_p": request.min_p if request else _DEFAULTS["min_p"],
         "top_n_sigma": -1.0, "xtc_probability": 0.0, "xtc_threshold": 0.1, "typical_p": 1.0,
@@ -282,11 +283,8 @@ def _timings(job: Job, gen: Generation) -> dict[str, Any]:
 def _stop(gen: Generation, request: CompletionRequest) -> tuple[str, str]:
     if gen.tokens and gen.tokens[-1].token_id == EOS_TOKEN_ID:
         return "eos", ""
-    if gen.finish_reason == "stop":
-        full = decode_text([t.token_id for t in gen.tokens])
-        hits = [(full.find(s, len(gen.text)), s) for s in request.stop if s and full.find(s, len(gen.text)) >= 0]
-        return "word", min(hits)[1] if hits else ""
-    return "limit", ""
+    word = stop_reason(gen, request.stop, eos=False)
+    return ("word", str(word)) if word is not None else ("limit", "")
 
 
 def completion_results(

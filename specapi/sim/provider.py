@@ -37,7 +37,7 @@ import numpy as np
 
 from .corpus import encode_text, token_id_str, token_str
 from .faults import FaultInjector, FaultPlan, Faults, drop_logprobs, mismatch_logprobs, truncate
-from .generation import generate, score_prompt, text_offsets
+from .generation import generate, score_prompt, stop_reason, text_offsets
 from . import llamacpp_api, sglang_api, vllm_api
 from .jobs import Job, PromptWork, total_usage
 from .latency import (
@@ -409,7 +409,7 @@ class SimProvider:
                 render=render,
             )
             return self._stream(call, job, chunks, sampling.include_usage)
-        choices = []
+        choices: list[dict[str, Any]] = []
         for job, (_, prompt_text) in zip(jobs, prompts):
             base_offset = len(prompt_text) if caps.offsets_from_prompt_start else 0
             for gen in job.choices:
@@ -431,11 +431,15 @@ class SimProvider:
                     "logprobs": lp,
                     "finish_reason": gen.finish_reason,
                 }
+                if caps.dialect == "vllm":  # vLLM serializes every field of its choice, nulls included
+                    choice["stop_reason"] = stop_reason(gen, sampling.stop, eos=False)
+                    choice["token_ids"] = gen.token_ids if with_ids else None
+                    choice["prompt_logprobs"] = None
+                    choice["prompt_token_ids"] = list(job.prompt_ids) if with_ids else None
+                elif caps.dialect == "sglang":
+                    choice["matched_stop"] = stop_reason(gen, sampling.stop, eos=True)
                 if prompt_logprobs is not None:
                     choice["prompt_logprobs"] = raw_prompt_logprobs(job.prompt_records or [])
-                if with_ids:
-                    choice["prompt_token_ids"] = list(job.prompt_ids)
-                    choice["token_ids"] = gen.token_ids
                 choices.append(choice)
         payload = {
             "id": ident,
@@ -445,6 +449,8 @@ class SimProvider:
             "choices": choices,
             "usage": total_usage(jobs),
         }
+        if caps.dialect == "vllm":
+            payload.update(service_tier=None, system_fingerprint=None, kv_transfer_params=None)
         return await self._finish(call, jobs[0], payload)
 
     async def _chat(self, call: Call, body: dict[str, Any]) -> SimResponse:

@@ -34,8 +34,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .corpus import EOS_TOKEN_ID, decode_text, encode_text, is_known_token, token_str
-from .generation import Generation, TokenRecord
+from .corpus import encode_text, is_known_token, token_str
+from .generation import Generation, TokenRecord, stop_reason
 from .jobs import Job, PromptWork
 from .params import ApiError, Sampling, read_bool, read_int, read_number
 
@@ -85,7 +85,7 @@ def _read_prompts(body: Mapping[str, Any]) -> tuple[list[list[int]], bool]:
         if isinstance(text, list) and text and all(isinstance(t, str) for t in text):
             return [encode_text(t) for t in text], True
         raise ApiError(400, "text must be a string or a list of strings", param="text")
-    if _is_ids(input_ids):
+    if isinstance(input_ids, list) and _is_ids(input_ids):
         return [_check_ids(input_ids)], False
     if isinstance(input_ids, list) and input_ids and all(_is_ids(p) for p in input_ids):
         return [_check_ids(p) for p in input_ids], True
@@ -155,13 +155,10 @@ def _tops(records: Sequence[TokenRecord], with_text: bool) -> list[list[list[Any
 
 
 def _finish_reason(gen: Generation, sampling: Sampling) -> dict[str, Any]:
-    if gen.tokens and gen.tokens[-1].token_id == EOS_TOKEN_ID:
-        return {"type": "stop", "matched": EOS_TOKEN_ID}
-    if gen.finish_reason == "stop":
-        full = decode_text(gen.token_ids)
-        hits = [(full.find(s, len(gen.text)), s) for s in sampling.stop if s and full.find(s, len(gen.text)) >= 0]
-        return {"type": "stop", "matched": min(hits)[1] if hits else ""}
-    return {"type": "length", "length": len(gen.tokens)}
+    matched = stop_reason(gen, sampling.stop, eos=True)
+    if matched is None:
+        return {"type": "length", "length": len(gen.tokens)}
+    return {"type": "stop", "matched": matched}
 
 
 def generate_results(request: GenerateRequest, jobs: Sequence[Job], ids: Sequence[str]) -> Any:

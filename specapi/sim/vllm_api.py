@@ -46,9 +46,10 @@ def tokenize(body: Mapping[str, Any], *, max_model_len: int) -> dict[str, Any]:
         except ValueError as error:
             raise ApiError(400, str(error), param="messages") from None
     else:
-        text = body.get("prompt")
-        if not isinstance(text, str):
+        prompt = body.get("prompt")
+        if not isinstance(prompt, str):
             raise ApiError(400, "prompt must be a string", param="prompt")
+        text = prompt
     ids = encode_text(text)
     strs = [token_str(t) for t in ids] if read_bool(body, "return_token_strs", False) else None
     return {"count": len(ids), "max_model_len": max_model_len, "tokens": ids, "token_strs": strs}
