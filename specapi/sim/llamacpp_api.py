@@ -188,7 +188,9 @@ def _post_sampling_top(
 def completion_probabilities(
     model: NGramModel, prompt_ids: Sequence[int], gen: Generation, request: CompletionRequest
 ) -> list[dict[str, Any]]:
-    """The ``completion_probabilities`` of one result (grouped by completed text, see the docstring)."""
+    """The ``completion_probabilities`` of one result: an entry each time the text generated so far ends
+    on a whole character (as llama-server checks with ``validate_utf8`` before it sends text), for the run
+    of tokens since the last entry."""
     out: list[dict[str, Any]] = []
     pending = b""
     context = list(prompt_ids)
@@ -196,25 +198,23 @@ def completion_probabilities(
         if record.token_id == EOS_TOKEN_ID:
             break
         pending += token_bytes(record.token_id)
-        done = _complete_prefix(pending)
-        if done:
-            out.append(_entry(model, context, record, pending[:done], request))
-            pending = pending[done:]
+        if not ends_inside_a_character(pending):
+            out.append(_entry(model, context, record, pending, request))
+            pending = b""
         context.append(record.token_id)
     return out
 
 
-def _complete_prefix(data: bytes) -> int:
-    """Length of the longest prefix of ``data`` that ends on a character boundary."""
-    for cut in range(len(data), max(-1, len(data) - 4), -1):
-        try:
-            data[:cut].decode("utf-8")
-        except UnicodeDecodeError as error:
-            if error.reason == "unexpected end of data":
-                continue
-            return cut  # invalid bytes (not merely unfinished) count as complete: they print as U+FFFD
-        return cut
-    return 0
+def ends_inside_a_character(data: bytes) -> bool:
+    """Whether ``data`` ends with the first bytes of a multi-byte UTF-8 character (bytes that are invalid
+    in other ways do not hold text back)."""
+    for back in range(1, min(4, len(data)) + 1):
+        byte = data[-back]
+        if byte & 0xC0 == 0x80:
+            continue  # a continuation byte: look further back for its lead
+        needed = 2 if byte & 0xE0 == 0xC0 else 3 if byte & 0xF0 == 0xE0 else 4 if byte & 0xF8 == 0xF0 else 1
+        return needed > back
+    return False
 
 
 def _entry(
@@ -232,31 +232,32 @@ def _entry(
 
 
 def generation_settings(request: CompletionRequest | None, model: str) -> dict[str, Any]:
-    """``generation_settings`` (and ``/props``' ``default_generation_settings.params``), with the keys the
-    real server reports."""
-    sampling = request.sampling if request else None
-    seed = sampling.seed if sampling and sampling.seed is not None else _RANDOM_SEED
-    n_predict = request.n_predict if request else -1
+    """``generation_settings`` of a result, with the keys the real server reports; ``None``: ``/props``'
+    ``default_generation_settings.params`` (the defaults, without the per-request fields)."""
+    if request is None:
+        settings = generation_settings(read_completion({"prompt": "x"}), model)
+        for key in ("dry_sequence_breakers", "stop", "logit_bias", "grammar", "grammar_lazy", "grammar_triggers",
+                    "preserved_tokens"):
+            del settings[key]
+        settings.update(max_tokens=-1, n_predict=-1, reasoning_format="none")
+        return settings
+    sampling = request.sampling
     return {
-        "seed": seed,
-        "temperature": sampling.temperature if sampling else _DEFAULTS["temperature"],
-        "dynatemp_range": 0.0, "dynatemp_exponent": 1.0,
-        "top_k": request.top_k if request else _DEFAULT_TOP_K,
-        "top_p": sampling.top_p if sampling else _DEFAULTS["top_p"],
-        "min_p": request.min_p if request else _DEFAULTS["min_p"],
+        "seed": sampling.seed if sampling.seed is not None else _RANDOM_SEED,
+        "temperature": sampling.temperature, "dynatemp_range": 0.0, "dynatemp_exponent": 1.0,
+        "top_k": request.top_k, "top_p": sampling.top_p, "min_p": request.min_p,
         "top_n_sigma": -1.0, "xtc_probability": 0.0, "xtc_threshold": 0.1, "typical_p": 1.0,
         "repeat_last_n": 64, "repeat_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0,
         "dry_multiplier": 0.0, "dry_base": 1.75, "dry_allowed_length": 2, "dry_penalty_last_n": 64,
         "dry_sequence_breakers": ["\n", ":", "\"", "*"],
         "mirostat": 0, "mirostat_tau": 5.0, "mirostat_eta": 0.1, "adaptive_target": -1.0, "adaptive_decay": 0.9,
-        "stop": list(request.stop) if request else [],
-        "max_tokens": n_predict, "n_predict": n_predict, "n_keep": 0, "n_discard": 0,
-        "ignore_eos": False, "stream": False, "logit_bias": [],
-        "n_probs": request.n_probs if request else 0, "min_keep": 0,
+        "stop": list(request.stop), "max_tokens": request.n_predict, "n_predict": request.n_predict,
+        "n_keep": 0, "n_discard": 0, "ignore_eos": False, "stream": False, "logit_bias": [],
+        "n_probs": request.n_probs, "min_keep": 0,
         "grammar": "", "grammar_lazy": False, "grammar_triggers": [], "preserved_tokens": [],
         "chat_format": "Content-only", "reasoning_format": "deepseek", "reasoning_in_content": False,
         "generation_prompt": "", "samplers": list(_SAMPLERS), "speculative.types": "none",
-        "timings_per_token": False, "post_sampling_probs": request.post_sampling if request else False,
+        "timings_per_token": False, "post_sampling_probs": request.post_sampling,
         "backend_sampling": False, "lora": [],
     }  # fmt: skip
 
