@@ -230,3 +230,19 @@ def _partial(raw: bytes) -> bool:
     except UnicodeDecodeError:
         return True
     return False
+
+
+async def test_sampling_follows_llama_servers_chain(provider):
+    prompt = "def add(a, b):\n"
+    greedy = await post(provider, "/completion", {"prompt": prompt, "n_predict": 8, "temperature": 0, "return_tokens": True})
+    for seed in range(3):  # top_k 1 leaves one candidate: greedy at any temperature
+        top1 = await post(provider, "/completion", {"prompt": prompt, "n_predict": 8, "temperature": 1.5, "top_k": 1,
+                                                    "seed": seed, "return_tokens": True})
+        assert top1["tokens"] == greedy["tokens"]
+    defaults = await post(provider, "/completion", {"prompt": prompt, "n_predict": 6, "n_probs": 100, "seed": 9,
+                                                    "post_sampling_probs": True, "return_tokens": True})
+    for entry in defaults["completion_probabilities"]:  # top_k 40, top_p 0.95, min_p 0.05, temperature 0.8
+        probs = [c["prob"] for c in entry["top_probs"]]
+        assert 1 <= len(probs) <= 40 and sum(probs) == pytest.approx(1.0)
+        assert min(probs) >= 0.05 ** (1 / 0.8) * max(probs) * (1 - 1e-9)  # min_p on raw probs, then temperature
+        assert entry["id"] in [c["id"] for c in entry["top_probs"]]  # the drawn token was a candidate

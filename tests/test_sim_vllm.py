@@ -5,6 +5,7 @@ shapes in tests/fixtures/vllm/ (from vLLM's source), and the prefix cache that p
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any
 
 import httpx2
@@ -170,3 +171,20 @@ async def test_over_http():
             assert [c["prompt_token_ids"] for c in answer["choices"]] == body["prompt"]
             alone = await post(provider, "/v1/completions", {**body, "prompt": ids})
             assert answer["choices"][0]["token_ids"] == alone["choices"][0]["token_ids"]
+
+
+async def test_a_streamed_batch_gives_each_prompts_text_under_its_index(provider):
+    prompts = [encode_text("import os\n"), "class Stack:\n    def"]
+    body = {"model": MODEL, "prompt": prompts, "max_tokens": 5, "temperature": 0, "n": 2}
+    whole = await post(provider, "/v1/completions", body)
+    response = await provider.handle("POST", "/v1/completions", {**body, "stream": True,
+                                                                 "stream_options": {"include_usage": True}})
+    assert response.status == 200
+    raw = b"".join([chunk async for chunk in response.stream])
+    events = [json.loads(line[6:]) for line in raw.decode().split("\n\n") if line.startswith("data: {")]
+    texts: dict[int, str] = {}
+    for event in events:
+        for choice in event["choices"]:
+            texts[choice["index"]] = texts.get(choice["index"], "") + choice["text"]
+    assert texts == {c["index"]: c["text"] for c in whole["choices"]}
+    assert events[-1]["usage"] == whole["usage"]

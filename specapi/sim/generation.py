@@ -13,15 +13,18 @@ token by token (the model is a pure function of the context).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from .corpus import EOS_TOKEN_ID, incremental_decoder, token_bytes
-from .models import NGramModel
+from .models import Mixture, NGramModel
 
-__all__ = ["Generation", "TokenRecord", "generate", "score_prompt", "stop_reason", "text_offsets"]
+Sampler = Callable[[NGramModel, Mixture, np.random.Generator], int]
+"""Draws the next token from a model's mixture: ``sampler(model, mix, rng)``."""
+
+__all__ = ["Generation", "Sampler", "TokenRecord", "generate", "score_prompt", "stop_reason", "text_offsets"]
 
 
 @dataclass(frozen=True)
@@ -57,9 +60,11 @@ def generate(
     rng: np.random.Generator,
     stop: Sequence[str] = (),
     top_k: int | None = None,
+    sampler: Sampler | None = None,
 ) -> Generation:
     """Generate after ``prompt_ids``. ``top_k``: record logprobs with that many alternatives
-    (``None`` = no logprobs, ``-1`` = every token)."""
+    (``None`` = no logprobs, ``-1`` = every token). ``sampler``: draws each token instead of the model's
+    own temperature-then-top-p sampling (a server's own sampler chain, e.g. llama-server's)."""
     n = len(prompt_ids)
     context = np.empty(n + max_tokens, dtype=np.int64)
     context[:n] = prompt_ids
@@ -70,7 +75,7 @@ def generate(
     finish = "length"
     for step in range(max_tokens):
         mix = model.mixture(context[: n + step])
-        token = model.sample_from(mix, temperature, top_p, rng)
+        token = sampler(model, mix, rng) if sampler is not None else model.sample_from(mix, temperature, top_p, rng)
         context[n + step] = token
         if top_k is None:
             records.append(TokenRecord(token))

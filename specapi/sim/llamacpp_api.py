@@ -23,9 +23,11 @@ Shapes recorded from the real server (``tests/fixtures/llamacpp/``, ``tests/real
   ``{tokens: [{id, piece}]}`` where ``piece`` is a string, or a list of byte values when the token is not
   valid UTF-8 alone. ``POST /detokenize`` ``{tokens}`` -> ``{content}``. ``GET /props``, ``GET /health``.
 
-Where the simulator differs (its models, not the shapes): its tokenizer has no BOS token, so text
-prompts get none (the real server adds ``<s>``); ``top_k`` and ``min_p`` are reported but not applied in
-sampling; ``stream`` is refused. The served model is the request's ``model`` field (``?model=`` on GET)
+Sampling follows llama-server's chain (``sampling_candidates``): top-k, top-p and min-p on the raw
+probabilities, then temperature; ``post_sampling_probs`` reports the same candidates. Where the
+simulator differs (its models, not the shapes): its tokenizer has no BOS token, so text prompts get none
+(the real server adds ``<s>``); the random draws are its own (a seed reproduces the simulator's text,
+not the real server's); ``stream`` is refused. The served model is the request's ``model`` field (``?model=`` on GET)
 when it names one, else the provider's first (the real server serves one model and ignores the field).
 """
 
@@ -39,9 +41,9 @@ from typing import Any
 import numpy as np
 
 from .corpus import EOS_TOKEN_ID, decode_text, encode_text, is_known_token, token_bytes
-from .generation import Generation, TokenRecord, stop_reason
+from .generation import Generation, Sampler, TokenRecord, stop_reason
 from .jobs import Job, PromptWork
-from .models import NGramModel
+from .models import Mixture, NGramModel
 from .params import ApiError, Sampling, read_bool, read_int, read_number
 
 __all__ = [
@@ -81,6 +83,24 @@ class CompletionRequest:
 
     def work(self) -> list[PromptWork]:
         return [PromptWork(ids, cache_limit=None if self.cache_prompt else 0) for ids in self.prompts]
+
+    def chain(self) -> dict[str, Any]:
+        """The sampler chain's settings (``sampling_candidates``' keywords)."""
+        return {"temperature": self.sampling.temperature, "top_k": self.top_k, "top_p": self.sampling.top_p,
+                "min_p": self.min_p}
+
+    def sampler(self) -> Sampler | None:
+        """Draws tokens through llama-server's chain; ``None`` when nothing truncates (plain temperature
+        sampling over the whole vocabulary, the model's own)."""
+        if self.sampling.temperature <= 0.0 or (self.top_k <= 0 and self.sampling.top_p >= 1.0 and self.min_p <= 0.0):
+            return None
+        chain = self.chain()
+
+        def draw(model: NGramModel, mix: Mixture, rng: np.random.Generator) -> int:
+            ids, probs = sampling_candidates(*model.distribution_from(mix), **chain)
+            return int(ids[min(int(np.searchsorted(np.cumsum(probs), rng.random(), "right")), len(ids) - 1)])
+
+        return draw
 
 
 def _is_id(value: Any) -> bool:
@@ -164,25 +184,37 @@ def _candidate(token_id: int, value: float, key: str) -> dict[str, Any]:
     return {"id": token_id, "token": _text(token_bytes(token_id)), "bytes": _bytes_list(token_id), key: value}
 
 
-def _post_sampling_top(
-    model: NGramModel, context: Sequence[int], temperature: float, top_p: float, n: int
-) -> list[tuple[int, float]]:
-    """The ``n`` most likely tokens after temperature and top-p, with their probabilities."""
-    ids, probs = model.next_distribution(context)
+def sampling_candidates(
+    ids: np.ndarray, probs: np.ndarray, *, temperature: float, top_k: int, top_p: float, min_p: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """llama-server's sampler chain on a distribution (``ids``, raw ``probs``): top-k, top-p, min-p on the
+    raw probabilities, then temperature; ``(ids, probs)`` of the candidates left, most likely first.
+
+    Temperature 0 is greedy (one candidate). The model's uniform tail (tokens outside ``ids``) is left out
+    as soon as anything truncates: it never reaches a top-k, top-p or min-p cut.
+    """
+    order = np.lexsort((ids, -probs))
+    ids, probs = ids[order], probs[order]
     if temperature <= 0.0:
-        best = int(ids[np.lexsort((ids, -probs))[0]])
-        return [(best, 1.0)]
-    weights = probs ** (1.0 / temperature)
-    tail = model.tail_prob ** (1.0 / temperature) * max(0, EOS_TOKEN_ID - len(ids))
-    order = np.lexsort((ids, -weights))
-    ids, weights = ids[order], weights[order]
-    total = float(weights.sum()) + tail
+        return ids[:1], np.ones(1)
+    if top_k > 0:
+        ids, probs = ids[:top_k], probs[:top_k]
     if top_p < 1.0:
-        cut = int(np.searchsorted(np.cumsum(weights) / total, top_p)) + 1
-        if cut <= len(ids):
-            ids, weights = ids[:cut], weights[:cut]
-            total = float(weights.sum())
-    return [(int(i), float(w) / total) for i, w in zip(ids[:n].tolist(), weights[:n].tolist())]
+        cumulative = np.cumsum(probs) / probs.sum()
+        keep = int(np.searchsorted(cumulative, top_p)) + 1
+        ids, probs = ids[:keep], probs[:keep]
+    if min_p > 0.0:
+        keep = max(1, int(np.count_nonzero(probs >= min_p * probs[0])))
+        ids, probs = ids[:keep], probs[:keep]
+    weights = probs ** (1.0 / temperature)
+    return ids, weights / weights.sum()
+
+
+def _post_sampling_top(model: NGramModel, context: Sequence[int], request: CompletionRequest) -> list[tuple[int, float]]:
+    """The ``n_probs`` most likely candidates after the sampler chain, with their probabilities."""
+    ids, probs = model.next_distribution(context)
+    ids, probs = sampling_candidates(ids, probs, **request.chain())
+    return [(int(i), float(p)) for i, p in zip(ids[: request.n_probs].tolist(), probs[: request.n_probs].tolist())]
 
 
 def completion_probabilities(
@@ -222,7 +254,7 @@ def _entry(
 ) -> dict[str, Any]:
     entry: dict[str, Any] = {"id": record.token_id, "token": _text(run), "bytes": list(run)}
     if request.post_sampling:
-        top = _post_sampling_top(model, context, request.sampling.temperature, request.sampling.top_p, request.n_probs)
+        top = _post_sampling_top(model, context, request)
         entry["prob"] = dict(top).get(record.token_id, 0.0)
         entry["top_probs"] = [_candidate(i, p, "prob") for i, p in top]
     else:

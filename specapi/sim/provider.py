@@ -37,7 +37,7 @@ import numpy as np
 
 from .corpus import encode_text, token_id_str, token_str
 from .faults import FaultInjector, FaultPlan, Faults, drop_logprobs, mismatch_logprobs, truncate
-from .generation import generate, score_prompt, stop_reason, text_offsets
+from .generation import Sampler, generate, score_prompt, stop_reason, text_offsets
 from . import llamacpp_api, sglang_api, vllm_api
 from .jobs import Job, PromptWork, total_usage
 from .latency import (
@@ -312,7 +312,8 @@ class SimProvider:
         call.model = spec.name
         completion = llamacpp_api.read_completion(body)
         top_k = completion.n_probs if completion.n_probs > 0 else None
-        jobs = await self._run_batch(call, spec, completion.work(), completion.sampling, top_k=top_k, with_rank=False)
+        jobs = await self._run_batch(call, spec, completion.work(), completion.sampling, top_k=top_k, with_rank=False,
+                                     sampler=completion.sampler())
         payload = llamacpp_api.completion_results(self.model(spec.name), spec.name, completion, jobs)
         return await self._finish(call, jobs[0], payload)
 
@@ -380,8 +381,6 @@ class SimProvider:
         if prompt_logprobs is not None and sampling.stream:
             raise ApiError(400, "prompt_logprobs is not supported with stream=True", param="prompt_logprobs")
         prompts = read_prompts(body.get("prompt"), batch=caps.batch_prompts)
-        if len(prompts) > 1 and sampling.stream:
-            raise ApiError(400, "the simulator does not stream a list of prompts", param="prompt")
         as_ids = caps.token_id_extras and read_bool(body, "return_tokens_as_token_ids", False)
         with_ids = caps.token_id_extras and read_bool(body, "return_token_ids", False)
         render = token_id_str if as_ids else token_str
@@ -395,20 +394,23 @@ class SimProvider:
         created = int(self.clock())
         ident = f"cmpl-sim-{next(self._ids):08x}"
         if sampling.stream:
-            job, prompt_text = jobs[0], prompts[0][1]
-            chunks = completion_chunks(
-                ident=ident,
-                created=created,
-                model=spec.name,
-                choices=job.choices,
-                caps=caps,
-                echo=echo,
-                logprobs=logprobs,
-                prompt_text=prompt_text,
-                prompt_records=job.prompt_records,
-                render=render,
-            )
-            return self._stream(call, job, chunks, sampling.include_usage)
+            chunks: list[Chunk] = []
+            for number, (job, (_, prompt_text)) in enumerate(zip(jobs, prompts)):
+                chunks += completion_chunks(
+                    ident=ident,
+                    created=created,
+                    model=spec.name,
+                    choices=job.choices,
+                    caps=caps,
+                    echo=echo,
+                    logprobs=logprobs,
+                    prompt_text=prompt_text,
+                    prompt_records=job.prompt_records,
+                    render=render,
+                    first_index=number * sampling.n,
+                )
+            chunks.sort(key=lambda c: c.step)  # the prompts decode together: step by step, prompt by prompt
+            return self._stream(call, jobs[0], chunks, sampling.include_usage, usage=total_usage(jobs))
         choices: list[dict[str, Any]] = []
         for job, (_, prompt_text) in zip(jobs, prompts):
             base_offset = len(prompt_text) if caps.offsets_from_prompt_start else 0
@@ -517,7 +519,8 @@ class SimProvider:
         ident = f"chatcmpl-sim-{next(self._ids):08x}"
         if sampling.stream:
             chunks = chat_chunks(
-                ident=ident, created=created, model=spec.name, choices=job.choices, logprobs=logprobs, prefix=prefix
+                ident=ident, created=created, model=spec.name, choices=job.choices, logprobs=logprobs, prefix=prefix,
+                render=render,
             )
             return self._stream(call, job, chunks, sampling.include_usage)
         choices = []
@@ -611,6 +614,7 @@ class SimProvider:
         top_k: int | None,
         with_rank: bool,
         prediction: list[int] | None = None,
+        sampler: Sampler | None = None,
     ) -> list[Job]:
         """Fault plan, limits, cache, generation and timing of one request holding one or more prompts.
 
@@ -677,6 +681,7 @@ class SimProvider:
                         rng=rng,
                         stop=sampling.stop,
                         top_k=top_k,
+                        sampler=sampler,
                     )
                     for _ in range(sampling.n)
                 ]
@@ -736,13 +741,16 @@ class SimProvider:
             return SimResponse(200, {"content-type": "application/json"}, content=truncate(json.dumps(payload).encode()))
         return SimResponse(200, {"content-type": "application/json"}, payload)
 
-    def _stream(self, call: Call, job: Job, chunks: list[Chunk], include_usage: bool) -> SimResponse:
-        """A timed SSE stream of ``chunks``; completion tokens are counted as they go out."""
+    def _stream(
+        self, call: Call, job: Job, chunks: list[Chunk], include_usage: bool, usage: dict[str, Any] | None = None
+    ) -> SimResponse:
+        """A timed SSE stream of ``chunks``; completion tokens are counted as they go out. ``usage``: of the
+        whole request when it holds several prompts (else ``job``'s)."""
         events, call.chunks = timed_events(
             chunks,
             call.timing or RequestTiming(0.0),
             call.faults,
-            usage=job.usage() if include_usage else None,
+            usage=(usage or job.usage()) if include_usage else None,
             late_billed=job.prediction[1] if job.prediction else 0,
         )
         counters = self.usage[job.spec.name]

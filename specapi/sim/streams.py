@@ -101,8 +101,10 @@ def completion_chunks(
     prompt_text: str,
     prompt_records: Sequence[TokenRecord] | None,
     render: Callable[[int], str] = token_str,
+    first_index: int = 0,
 ) -> list[Chunk]:
-    """``text_completion`` chunks: the echoed prompt first (with its logprobs), then one per token."""
+    """``text_completion`` chunks: the echoed prompt first (with its logprobs), then one per token.
+    ``first_index``: the index of the first choice (a later prompt of a list of prompts)."""
 
     def chunk(index: int, text: str, lp: Any, finish: str | None) -> dict[str, Any]:
         return {
@@ -110,7 +112,7 @@ def completion_chunks(
             "object": "text_completion",
             "created": created,
             "model": model,
-            "choices": [{"index": index, "text": text, "logprobs": lp, "finish_reason": finish}],
+            "choices": [{"index": first_index + index, "text": text, "logprobs": lp, "finish_reason": finish}],
         }
 
     chunks = []
@@ -146,6 +148,7 @@ def chat_chunks(
     choices: Sequence[Generation],
     logprobs: bool,
     prefix: str,
+    render: Callable[[int], str] = token_str,
 ) -> list[Chunk]:
     """``chat.completion.chunk``s: the role, the continued prefix (llama.cpp prefill), one per token, the
     finish reason."""
@@ -166,7 +169,7 @@ def chat_chunks(
             chunks.append(Chunk(0, chunk(index, {"content": prefix}, None, None)))
     last = 0
     for step, index, (record, text, _, billed) in _interleave(choices):
-        lp = {"content": chat_logprob_items([record] if record else [])} if logprobs else None
+        lp = {"content": chat_logprob_items([record] if record else [], render=render)} if logprobs else None
         chunks.append(Chunk(step, chunk(index, {"content": text}, lp, None), billed))
         last = step
     chunks.extend(Chunk(last, chunk(index, {}, None, gen.finish_reason)) for index, gen in enumerate(choices))
