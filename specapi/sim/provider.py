@@ -541,9 +541,16 @@ class SimProvider:
             "choices": choices,
             "usage": job.usage(),
         }
+        with_ids = caps.token_id_extras and read_bool(body, "return_token_ids", False)
+        if caps.dialect == "vllm":  # vLLM serializes every field, nulls included
+            payload.update(service_tier=None, system_fingerprint=None, prompt_logprobs=None, prompt_token_ids=None,
+                           kv_transfer_params=None)
+            for choice, gen in zip(choices, job.choices):
+                choice["stop_reason"] = stop_reason(gen, sampling.stop, eos=False)
+                choice["token_ids"] = None
         if prompt_logprobs is not None:
             payload["prompt_logprobs"] = raw_prompt_logprobs(job.prompt_records or [])
-        if caps.token_id_extras and read_bool(body, "return_token_ids", False):
+        if with_ids:
             payload["prompt_token_ids"] = list(job.prompt_ids)  # vLLM's return_token_ids: top level on chat,
             for choice, gen in zip(choices, job.choices):  # the generated ids on each choice
                 choice["token_ids"] = gen.token_ids
