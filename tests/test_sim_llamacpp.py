@@ -246,3 +246,14 @@ async def test_sampling_follows_llama_servers_chain(provider):
         assert 1 <= len(probs) <= 40 and sum(probs) == pytest.approx(1.0)
         assert min(probs) >= 0.05 ** (1 / 0.8) * max(probs) * (1 - 1e-9)  # min_p on raw probs, then temperature
         assert entry["id"] in [c["id"] for c in entry["top_probs"]]  # the drawn token was a candidate
+
+
+async def test_a_native_request_names_its_model(provider):
+    assert (await post(provider, "/props?model=sim-draft", method="GET"))["model_alias"] == "sim-draft"
+    assert (await post(provider, "/props", method="GET"))["model_alias"] == "sim-target"
+    body = {"prompt": "def add(a, b):\n", "n_predict": 12, "temperature": 0, "return_tokens": True}
+    draft = await post(provider, "/completion", {**body, "model": "sim-draft"})
+    target = await post(provider, "/completion", body)
+    assert draft["model"] == "sim-draft" and target["model"] == "sim-target"
+    assert [c.model for c in provider.calls.to("/completion")] == ["sim-draft", "sim-target"]
+    assert provider.usage["sim-draft"].requests == provider.usage["sim-target"].requests == 1

@@ -3,23 +3,22 @@ provider and the native dialects (``vllm_api``, ``sglang_api``, ``llamacpp_api``
 
 A request holds one or more prompts (``PromptWork``); the engine answers each with a ``Job``: its prompt,
 how much of it the prefix cache served, the generations, the scored prompt tokens, and the timing of
-the whole request. ``Runner`` is how a dialect asks the provider to run prompts (the provider binds the
-call, the model, limits, faults and latency), so the dialects never import the provider.
+the whole request. The dialect modules read requests into ``PromptWork`` and build answers from ``Job``s;
+the provider runs them (limits, faults, cache, generation, timing), so the dialects never import it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from .generation import Generation, TokenRecord
 from .latency import RequestTiming
 from .models import ModelSpec
-from .params import Sampling
 from .responses import usage_body
 
-__all__ = ["Job", "PromptWork", "Runner", "total_usage"]
+__all__ = ["Job", "PromptWork", "total_usage"]
 
 
 @dataclass(frozen=True)
@@ -70,11 +69,3 @@ def total_usage(jobs: Sequence[Job]) -> dict[str, Any]:
         completion_tokens=sum(j.completion_tokens for j in jobs),
         cached_tokens=sum(j.cached_tokens for j in jobs),
     )
-
-
-class Runner(Protocol):
-    """Runs the prompts of one request on the provider (limits, faults, cache, generation, timing)."""
-
-    async def __call__(
-        self, prompts: Sequence[PromptWork], sampling: Sampling, *, top_k: int | None, with_rank: bool
-    ) -> list[Job]: ...

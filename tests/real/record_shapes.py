@@ -144,21 +144,28 @@ def _seed_experiment(client: httpx2.Client, root: str, token_ids: list[int]) -> 
     }
 
 
-def record(out: pathlib.Path) -> None:
+def record_from(root: str, out: pathlib.Path) -> None:
+    """Send the requests to a running llama-server at `root` and write the fixtures into `out`."""
     out.mkdir(parents=True, exist_ok=True)
+    with httpx2.Client(timeout=60) as client:
+        token_ids = client.post(root + "/tokenize", json={"content": CODE}).json()["tokens"]
+        for name, (method, path, body) in _requests(token_ids).items():
+            answer = _call(client, root, method, path, body)
+            (out / f"{name}.json").write_text(json.dumps(answer, indent=1, ensure_ascii=False) + "\n")
+            print(name, answer["status"])
+        seed = _seed_experiment(client, root, token_ids)
+        (out / "seed_per_prompt.json").write_text(json.dumps(seed, indent=1) + "\n")
+        print("seed:", seed["identical_prompts_same_tokens"], "/", seed["trials"], "identical;",
+              seed["same_request_repeated_same_tokens"], "repeatable")
+
+
+def record(out: pathlib.Path) -> None:
+    """Start llama-server on the tiny target model, record into `out`, stop it."""
     target, _ = make_models()
-    log = out / ".llama-server.log"
+    log = out.parent / ".llama-server-record.log"
     process, root = _start(llama_server_binary(), target, log)
     try:
-        with httpx2.Client(timeout=60) as client:
-            token_ids = client.post(root + "/tokenize", json={"content": CODE}).json()["tokens"]
-            for name, (method, path, body) in _requests(token_ids).items():
-                record = _call(client, root, method, path, body)
-                (out / f"{name}.json").write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n")
-                print(name, record["status"])
-            seed = _seed_experiment(client, root, token_ids)
-            (out / "seed_per_prompt.json").write_text(json.dumps(seed, indent=1) + "\n")
-            print("seed:", seed["identical_prompts_same_tokens"], "/", seed["trials"], "identical;", seed["same_request_repeated_same_tokens"], "repeatable")
+        record_from(root, out)
     finally:
         process.send_signal(signal.SIGTERM)
         try:
