@@ -25,8 +25,9 @@ __all__ = ["VERIFICATIONS", "Path", "PathResolver"]
 
 VERIFICATIONS = ("auto", "token-ids", "echo", "prompt-logprobs", "prefill-fanout", "predicted-outputs", "prefix-match", "none")
 
-#: vLLM: a prompt this long (in characters, about 1,000 tokens) is verified in token ids: one-token
-#: calls read the prefix cache, where echo's prompt logprobs re-prefill the whole context every round.
+#: A prompt this long (in characters, about 1,000 tokens) is verified in token ids where the target
+#: offers both: one-token calls read the prefix cache, where echo's prompt logprobs re-prefill the whole
+#: context every round (vLLM; SGLang's input logprobs bypass its radix cache likewise).
 LONG_CONTEXT_CHARS = 4000
 
 

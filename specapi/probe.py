@@ -41,7 +41,8 @@ async def _server_defaults(client: RoleClient) -> tuple[str | None, dict[str, fl
     try:
         props = await client.get(root + "/props", meter)
         params = (props.get("default_generation_settings") or {}).get("params") or {}
-        defaults = {k: float(params[k]) for k in _DEFAULT_FIELDS if isinstance(params.get(k), (int, float))}
+        # As the server reports them: top_k stays an integer (a float is refused by stricter servers).
+        defaults = {k: params[k] for k in _DEFAULT_FIELDS if isinstance(params.get(k), (int, float)) and not isinstance(params.get(k), bool)}
         if defaults:
             return "llama-server", defaults
     except (EndpointError, AttributeError, TypeError, ValueError):
@@ -111,10 +112,10 @@ def choose_verification(caps: Capabilities, *, chat: bool) -> str:
         if caps.predicted_outputs:
             return "predicted-outputs"
         return "prefix-match"
-    if caps.token_ids and caps.server != "vllm":
-        # One request per round on the target's own ids (llama.cpp's multi-prompt /completion, SGLang's
-        # batched /generate on its radix cache). vLLM's echo is one request too, and better on short
-        # contexts; the path resolver moves long contexts to token ids (see paths.py).
+    if caps.token_ids and not caps.echo_logprobs:
+        # One request per round on the target's own ids (llama.cpp's multi-prompt /completion) instead
+        # of one per draft position. Where echo scores a draft in one request too (vLLM, SGLang), echo
+        # stays for short contexts, and the path resolver moves long ones to token ids (see paths.py).
         return "token-ids"
     if caps.echo_logprobs:
         return "echo"

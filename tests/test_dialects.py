@@ -168,20 +168,38 @@ async def test_vllm_generate_and_tokenize() -> None:
 # -- SGLang ---------------------------------------------------------------------------------------
 
 
-async def test_sglang_batch_keeps_the_radix_cache_and_names_the_seed_its_way() -> None:
+async def test_sglang_batch_uses_the_radix_cache_and_names_the_seed_its_way() -> None:
     client, meter = role()
     answer = recorded("sglang", "generate_batch")
-    for result, token in zip(answer, (1471, 1680)):  # as asked: return_logprob with text
-        result["meta_info"]["output_token_logprobs"] = [[-0.1, token, result["text"]]]
     with respx.mock(base_url=ROOT) as router:
         route = router.post("/generate").respond(200, json=answer)
         picks = await SglangDialect().next_tokens(client, [[755, 16178], [755, 16178, 1471]], {"temperature": 0.7, "seed": 3}, meter, options={})
     body = sent(route)
     assert body["input_ids"] == [[755, 16178], [755, 16178, 1471]]
     assert body["sampling_params"] == {"temperature": 0.7, "sampling_seed": 3, "max_new_tokens": 1}
-    assert body["logprob_start_len"] == [1, 2]  # near the end: 0 would bypass the radix cache
+    assert "return_logprob" not in body  # with it, logprob_start_len decides how much of the cache is read
     assert [p.id for p in picks] == [1471, 1680] and [p.data for p in picks] == [b"(n", b"):"]
     assert meter.prompt_tokens == 5 and meter.completion_tokens == 2
+
+
+async def test_sglang_tokenizes_through_generate_without_the_tokens_it_adds() -> None:
+    client, meter = role()
+
+    def answer(request: Any) -> Any:
+        text = json.loads(request.content)["text"]
+        ids = [1] + [ord(c) for c in text]  # the server adds 1 (BOS) to every text
+        items = [[None, i, None if i == 1 else chr(i)] for i in ids]
+        return respx.MockResponse(200, json={"text": "", "output_ids": [], "meta_info": {
+            "prompt_tokens": len(ids), "completion_tokens": 0, "finish_reason": {"type": "length", "length": 0},
+            "input_token_logprobs": items}})  # fmt: skip
+
+    with respx.mock(base_url=ROOT) as router:
+        route = router.post("/generate").mock(side_effect=answer)
+        plain = await SglangDialect().tokenize(client, "xy", meter, special=False)
+        special = await SglangDialect().tokenize(client, "xy", meter, special=True)
+    assert plain == [(ord("x"), b"x"), (ord("y"), b"y")] and [i for i, _ in special] == [1, ord("x"), ord("y")]
+    body = json.loads(route.calls[0].request.content)
+    assert body["sampling_params"] == {"max_new_tokens": 0} and body["logprob_start_len"] == 0
 
 
 async def test_sglang_generate_reads_meta_info() -> None:

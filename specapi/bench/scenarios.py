@@ -241,7 +241,7 @@ def _long_code_prompt(tokens: int = 4000) -> BenchRequest:
         if len(text) >= tokens * 4:
             break
     text = text[: tokens * 4]
-    text = text[: text.rfind("\n") + 1] + 'def dedent(text):\n    """Remove any common leading whitespace from every line in `text`.\n'
+    text = text[: text.rfind("\n") + 1] + 'def dedent(text):\n    """Remove any common leading whitespace from every line in `text`.'
     return BenchRequest(prompt=text, label=f"{len(text) // 1000}k characters of stdlib code, then dedent()")
 
 

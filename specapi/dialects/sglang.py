@@ -2,16 +2,16 @@
 
 `input_ids` is one list or a batch of lists (then the answer is a list, in order); `sampling_params`
 holds `max_new_tokens`, `temperature`, `top_p`, `top_k`, `stop` and the seed (`sampling_seed`);
-`return_logprob` with `return_text_in_logprobs` lists each output token as `[logprob, id, text]` in
-`meta_info.output_token_logprobs`. `logprob_start_len` is set to the prompt's last position: 0 would
-bypass the radix cache (`cached_tokens` 0 on every turn). `meta_info` also has `prompt_tokens`,
-`completion_tokens`, `cached_tokens` and `finish_reason` (`{"type": "stop"|"length", ...}`).
+a result is `{text, output_ids, meta_info}`, `meta_info` with `prompt_tokens`, `completion_tokens`,
+`cached_tokens` and `finish_reason` (`{"type": "length", ...}` or `{"type": "stop", "matched": ...}`).
+Verification asks no logprobs: with `return_logprob`, a `logprob_start_len` of 0 would bypass the radix
+cache (`cached_tokens` 0 on every turn); the token ids and the text say all a token-id round needs.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .._calls import Meter, RoleClient
@@ -40,27 +40,43 @@ def _text_data(text: Any) -> bytes | None:
 class SglangDialect:
     name: str = "sglang"
     batches: bool = True
+    _added: list[int] | None = field(default=None, repr=False)
 
     async def tokenize(self, client: RoleClient, text: str, meter: Meter, *, special: bool) -> list[tuple[int, bytes | None]]:
-        body = {"model": client.endpoint.model, "prompt": text, "add_special_tokens": special}
-        response = await client.post(server_root(client) + "/tokenize", body, meter)
-        with reading(client, "/tokenize"):
-            return [(int(t), None) for t in response["tokens"]]
+        """SGLang has no tokenize endpoint of its own here: `/generate` with `max_new_tokens` 0 and input
+        logprobs from position 0 lists the prompt's ids (a prefill, billed as one). Without `special`,
+        the tokens the server adds to every text (BOS) are left out: found once, from a one-token text."""
+        tokens = await self._prompt_tokens(client, text, meter)
+        if special:
+            return tokens
+        if self._added is None:
+            # "a" is one token in every tokenizer: what comes before it, the server adds to every text.
+            self._added = [i for i, _ in await self._prompt_tokens(client, "a", meter)][:-1]
+        added = self._added or []
+        return tokens[len(added) :] if [i for i, _ in tokens[: len(added)]] == added else tokens
 
-    def _body(self, prompts: Sequence[Sequence[int]], fields: Mapping[str, Any], max_new_tokens: int | None) -> dict[str, Any]:
+    async def _prompt_tokens(self, client: RoleClient, text: str, meter: Meter) -> list[tuple[int, bytes | None]]:
+        body = {
+            "text": text,
+            "sampling_params": {"max_new_tokens": 0},
+            "return_logprob": True,
+            "logprob_start_len": 0,
+            "return_text_in_logprobs": True,
+        }
+        response = await client.post(server_root(client) + "/generate", body, meter, array_ok=True)
+        with reading(client, "/generate (tokenizing)"):
+            result = response[0] if isinstance(response, list) else response
+            return [(int(item[1]), _text_data(item[2])) for item in result["meta_info"]["input_token_logprobs"]]
+
+    @staticmethod
+    def _body(prompts: Sequence[Sequence[int]], fields: Mapping[str, Any], max_new_tokens: int | None) -> dict[str, Any]:
+        """No logprobs are asked: `output_ids` and `text` say what was generated, and a request without
+        `return_logprob` uses the radix cache in full."""
         params = sampling_params(fields)
         if max_new_tokens is not None:
             params["max_new_tokens"] = max_new_tokens
         batch = len(prompts) > 1
-        start = [max(0, len(p) - 1) for p in prompts]
-        return {
-            "input_ids": [list(p) for p in prompts] if batch else list(prompts[0]),
-            "sampling_params": params,
-            "return_logprob": True,
-            "top_logprobs_num": 1,
-            "return_text_in_logprobs": True,
-            "logprob_start_len": start if batch else start[0],
-        }
+        return {"input_ids": [list(p) for p in prompts] if batch else list(prompts[0]), "sampling_params": params}
 
     async def next_tokens(
         self, client: RoleClient, prompts: Sequence[Sequence[int]], fields: Mapping[str, Any], meter: Meter, *, options: Mapping[str, Any]
@@ -92,18 +108,17 @@ class SglangDialect:
         with reading(client, "/generate"):
             result = response[0] if isinstance(response, list) else response
             meta = result["meta_info"]
-            items = meta.get("output_token_logprobs") or []
-            finish = (meta.get("finish_reason") or {}).get("type")
+            finish = meta.get("finish_reason") or {}
             text = result["text"]
             if not isinstance(text, str):
                 raise TypeError("text is not a string")
-            ids_out = tuple(int(item[1]) for item in items)
-            if finish == "stop" and ids_out and items[-1][2] == "":
-                ids_out = ids_out[:-1]  # the end-of-text token renders as nothing
+            ids_out = tuple(int(i) for i in result.get("output_ids") or ())
+            if finish.get("type") == "stop" and ids_out and finish.get("matched") == ids_out[-1]:
+                ids_out = ids_out[:-1]  # stopped by an end-of-text token: listed, but no text
             return Generated(
                 ids=ids_out,
                 data=text.encode("utf-8"),
-                finish_reason="length" if finish == "length" else "stop",
+                finish_reason="length" if finish.get("type") == "length" else "stop",
                 prompt_tokens=meta.get("prompt_tokens") if isinstance(meta.get("prompt_tokens"), int) else None,
                 completion_tokens=int(meta.get("completion_tokens") or len(ids_out)),
             )
@@ -113,9 +128,9 @@ def _pick(result: Mapping[str, Any]) -> Pick:
     meta = result["meta_info"]
     finish = meta.get("finish_reason") or {}
     prompt_tokens = meta.get("prompt_tokens") if isinstance(meta.get("prompt_tokens"), int) else None
-    items = meta.get("output_token_logprobs") or []
+    ids = result.get("output_ids") or []
     if finish.get("type") == "stop" and not result.get("text"):
         return Pick(id=None, data=None, end=True, prompt_tokens=prompt_tokens, uncounted=int(meta.get("completion_tokens") or 0))
-    if len(items) != 1:
-        raise ValueError(f"expected one output token, got {len(items)}")
-    return Pick(id=int(items[0][1]), data=_text_data(items[0][2]), prompt_tokens=prompt_tokens)
+    if len(ids) != 1:
+        raise ValueError(f"expected one output token, got {ids!r}")
+    return Pick(id=int(ids[0]), data=_text_data(result.get("text")), prompt_tokens=prompt_tokens)
