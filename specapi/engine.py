@@ -613,7 +613,7 @@ class Engine:
         assert self.verifier is not None
         books, top_k = run.books, run.top_k
         try:
-            verification = await self.verifier.verify(context, draft.tokens, run.target_meter, run.seed, top_k)
+            verification = await self.verifier.verify(context, draft.tokens, run.target_meter, run.seed, top_k, draft_meter=run.draft_meter)
         except MalformedResponseError as exc:
             books.fallback_reason = f"target response could not be verified against, continued with the target alone: {exc}"
             self.paths.refuse(self.chat, books.fallback_reason, definite=False)

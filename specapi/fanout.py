@@ -36,7 +36,9 @@ class PrefillFanoutVerifier:
     #: Every kept token is one the target drew itself, so any sampler settings are reproduced.
     draws_target_tokens: bool = True
 
-    async def verify(self, context: Context, draft: Sequence[ScoredToken], meter: Meter, next_seed: SeedSource, top_k: int) -> Verification:
+    async def verify(
+        self, context: Context, draft: Sequence[ScoredToken], meter: Meter, next_seed: SeedSource, top_k: int, draft_meter: Meter | None = None
+    ) -> Verification:
         seeds = [next_seed() for _ in range(len(draft) + 1)]
         # Each prefix is sent as text, so it may only end on a whole character: a draft token that
         # ends inside one is scored only together with the token that completes it.

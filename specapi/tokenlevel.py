@@ -51,14 +51,14 @@ class TokenIdVerifier:
         """The prompt (and any accepted text) as the target tokenizes it for a request of its own."""
         return tuple(i for i, _ in await self.dialect.tokenize(self.client, context.completion_prompt(), meter, special=True))
 
-    async def _shares_tokenizer(self, meter: Meter) -> bool:
+    async def _shares_tokenizer(self, meter: Meter, draft_meter: Meter | None) -> bool:
         async with self._lock:
             if self._same_tokenizer is None:
                 self._same_tokenizer = False
                 if self.draft_client is not None:
                     try:
                         mine = await self.dialect.tokenize(self.client, TOKENIZER_PROBE, meter, special=False)
-                        theirs = await self.dialect.tokenize(self.draft_client, TOKENIZER_PROBE, Meter(self.draft_client.endpoint), special=False)
+                        theirs = await self.dialect.tokenize(self.draft_client, TOKENIZER_PROBE, draft_meter or Meter(self.draft_client.endpoint), special=False)
                         self._same_tokenizer = [i for i, _ in mine] == [i for i, _ in theirs]
                     except Exception:  # a draft that cannot tokenize (another kind of server): not shared
                         self._same_tokenizer = False
@@ -70,14 +70,16 @@ class TokenIdVerifier:
         text = b"".join(t.data for t in draft).decode("utf-8")
         if not text:
             return []
-        if self.draft_client is not None and await self._shares_tokenizer(meter):
+        if self.draft_client is not None and await self._shares_tokenizer(meter, draft_meter):
             return await self.dialect.tokenize(self.draft_client, text, draft_meter or Meter(self.draft_client.endpoint), special=False)
         return await self.dialect.tokenize(self.client, text, meter, special=False)
 
-    async def verify(self, context: Context, draft: Sequence[ScoredToken], meter: Meter, next_seed: SeedSource, top_k: int) -> Verification:
+    async def verify(
+        self, context: Context, draft: Sequence[ScoredToken], meter: Meter, next_seed: SeedSource, top_k: int, draft_meter: Meter | None = None
+    ) -> Verification:
         if context.token_ids is None:
             raise self.client.error("token-id verification needs the context's token ids", malformed=True)
-        pieces = await self._draft_ids(draft, meter, None)
+        pieces = await self._draft_ids(draft, meter, draft_meter)
         drafted = [i for i, _ in pieces]
         base = list(context.token_ids)
         prompts = [base + drafted[:j] for j in range(len(drafted) + 1)]

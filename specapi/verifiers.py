@@ -58,7 +58,9 @@ SeedSource = Callable[[], "int | None"]
 class Verifier(Protocol):
     name: str
 
-    async def verify(self, context: Context, draft: Sequence[ScoredToken], meter: Meter, next_seed: SeedSource, top_k: int) -> Verification: ...
+    async def verify(
+        self, context: Context, draft: Sequence[ScoredToken], meter: Meter, next_seed: SeedSource, top_k: int, draft_meter: Meter | None = None
+    ) -> Verification: ...
 
 
 def _text(draft: Sequence[ScoredToken]) -> str:
@@ -106,7 +108,9 @@ class EchoVerifier:
     client: RoleClient
     name: str = "echo"
 
-    async def verify(self, context: Context, draft: Sequence[ScoredToken], meter: Meter, next_seed: SeedSource, top_k: int) -> Verification:
+    async def verify(
+        self, context: Context, draft: Sequence[ScoredToken], meter: Meter, next_seed: SeedSource, top_k: int, draft_meter: Meter | None = None
+    ) -> Verification:
         draft_text = _text(draft)
         prompt = context.completion_prompt(draft_text)
         body = {"prompt": prompt, "echo": True, "logprobs": top_k, "max_tokens": 1, **context.sampling_body(next_seed())}
@@ -149,7 +153,9 @@ class ChatPromptLogprobsVerifier:
     client: RoleClient
     name: str = "prompt-logprobs"
 
-    async def verify(self, context: Context, draft: Sequence[ScoredToken], meter: Meter, next_seed: SeedSource, top_k: int) -> Verification:
+    async def verify(
+        self, context: Context, draft: Sequence[ScoredToken], meter: Meter, next_seed: SeedSource, top_k: int, draft_meter: Meter | None = None
+    ) -> Verification:
         draft_text = _text(draft)
         seed = next_seed()
         body = {
