@@ -158,6 +158,32 @@ class Meter:
         )
 
 
+def _is_native(result: Mapping[str, Any]) -> bool:
+    """A native answer that bills in its own fields (llama.cpp's `/completion`, SGLang's `/generate`)."""
+    return "tokens_evaluated" in result or "meta_info" in result or ("tokens" in result and "choices" not in result)
+
+
+def _native_usage(results: list[Any]) -> dict[str, int] | None:
+    """OpenAI-shaped usage summed over native results: llama.cpp's `tokens_evaluated`/`tokens_predicted`,
+    SGLang's `meta_info.prompt_tokens`/`completion_tokens`; None when a result shows neither."""
+    prompt = completion = 0
+    for result in results:
+        if not isinstance(result, Mapping):
+            return None
+        meta = result.get("meta_info")
+        if isinstance(meta, Mapping) and isinstance(meta.get("prompt_tokens"), int):
+            prompt += int(meta["prompt_tokens"])
+            completion += int(meta.get("completion_tokens") or 0)
+        elif isinstance(result.get("tokens_evaluated"), int):
+            prompt += int(result["tokens_evaluated"])
+            completion += int(result.get("tokens_predicted") or 0)
+        elif "tokens" in result and "choices" not in result:
+            return {"prompt_tokens": 0, "completion_tokens": 0}  # /tokenize: nothing billed
+        else:
+            return None
+    return {"prompt_tokens": prompt, "completion_tokens": completion}
+
+
 @dataclass
 class _Wire:
     """How a role reaches its endpoint: the transport, the base URL, the headers and the timeout."""
@@ -279,8 +305,15 @@ class RoleClient:
         )
 
     async def post(
-        self, path: str, body: Mapping[str, Any], meter: Meter, *, retries: int | None = None, options: Mapping[str, Any] | None = None
-    ) -> dict[str, Any]:
+        self,
+        path: str,
+        body: Mapping[str, Any],
+        meter: Meter,
+        *,
+        retries: int | None = None,
+        options: Mapping[str, Any] | None = None,
+        array_ok: bool = False,
+    ) -> Any:
         """POST `body` (plus the endpoint's extras) and return the JSON; retry transient failures.
 
         `options` are the SDK's request options (`headers`, `params`, `timeout`) for this call.
@@ -303,9 +336,14 @@ class RoleClient:
             raise self.error(f"{type(exc).__name__}: {exc}", cause=exc) from exc
         except (json.JSONDecodeError, UnicodeDecodeError, ValueError) as exc:
             raise self.error(f"unreadable response body ({exc})", malformed=True) from exc
+        if isinstance(result, list) and array_ok:
+            # A native multi-prompt answer (llama.cpp's /completion): one result per prompt, unbilled
+            # in OpenAI's terms; what each evaluated and generated is its bill.
+            meter.record_usage(_native_usage(result))
+            return result
         if not isinstance(result, dict):
             raise self.error(f"expected a JSON object, got {type(result).__name__}", malformed=True)
-        meter.record_usage(result.get("usage"))
+        meter.record_usage(result.get("usage") if "usage" in result or not _is_native(result) else _native_usage([result]))
         return result
 
     async def get(self, path: str, meter: Meter) -> Any:
@@ -397,6 +435,7 @@ class RoleClient:
         failed = True
         usage_seen = False
         decoder = SSEDecoder()
+        last: dict[str, Any] | None = None
         done = False
         try:
             async for piece in reply.chunks():
@@ -408,6 +447,7 @@ class RoleClient:
                         continue
                     chunk = _stream_item(event, reply)
                     if isinstance(chunk, dict):
+                        last = chunk
                         if chunk.get("usage"):
                             usage_seen = True
                             meter.record_usage(chunk["usage"])
@@ -416,11 +456,15 @@ class RoleClient:
                 if not done and not event.startswith("[DONE]"):
                     chunk = _stream_item(event, reply)
                     if isinstance(chunk, dict):
+                        last = chunk
                         if chunk.get("usage"):
                             usage_seen = True
                             meter.record_usage(chunk["usage"])
                         yield chunk
             failed = False
+            if not usage_seen and last is not None and _is_native(last) and last.get("stop"):
+                usage_seen = True  # llama.cpp's native stream bills in its last chunk
+                meter.record_usage(_native_usage([last]))
         except openai.APIError as exc:
             raise self.error(f"stream broke: {exc}", cause=exc) from exc
         finally:

@@ -108,6 +108,17 @@ class EndpointError(SpecAPIError):
         self.endpoint = endpoint
         self.status_code = status_code
 
+    @property
+    def refused_shape(self) -> bool:
+        """The endpoint refused what the request asked for (HTTP 400 or 422: a field or combination it
+        does not take), which retrying or another request of the same shape will not change."""
+        return getattr(self, "status_code", None) in (400, 422)
+
+    @property
+    def not_served(self) -> bool:
+        """The endpoint does not serve the path or method asked for (HTTP 404 or 405)."""
+        return getattr(self, "status_code", None) in (404, 405)
+
 
 class DraftError(EndpointError):
     """The draft endpoint failed."""

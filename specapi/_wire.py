@@ -47,11 +47,13 @@ def chat_tokens(content: Any) -> list[ScoredToken]:
         if not isinstance(item, Mapping) or "token" not in item:
             raise WireError("a logprobs.content item has no token")
         logprob = item.get("logprob")
+        token_id = item.get("id")
         tokens.append(
             ScoredToken(
                 text=_spelling(item),
                 logprob=None if logprob is None else float(logprob),
                 top=_top_from_list(item.get("top_logprobs")),
+                id=token_id if isinstance(token_id, int) and not isinstance(token_id, bool) else None,
             )
         )
     return tokens

@@ -58,6 +58,8 @@ class Emitted:
     eos: bool = False
     count: int = 1  # how many target tokens `data` stands for (a plain target step returns many at once)
     finish_reason: str = "stop"  # with `eos`: why the text ended ("length": the server's own limit)
+    #: The target's ids of the `count` tokens, when known (token-id verification keeps them).
+    ids: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,8 @@ class ScoredToken:
     text: str
     logprob: float | None = None
     top: Mapping[str, float] | None = field(default=None, compare=False)
+    #: The token's id in the server's vocabulary, when the server showed it.
+    id: int | None = field(default=None, compare=False)
 
     @property
     def data(self) -> bytes:

@@ -44,7 +44,7 @@ __all__ = [
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
 #: `specapi.paths.VERIFICATIONS`, spelled out: `paths` imports `probe`, which imports this module.
-VERIFICATION_CHOICES = ("auto", "echo", "prompt-logprobs", "prefill-fanout", "predicted-outputs", "prefix-match", "none")
+VERIFICATION_CHOICES = ("auto", "token-ids", "echo", "prompt-logprobs", "prefill-fanout", "predicted-outputs", "prefix-match", "none")
 
 
 #: `specapi.lossy.ACCEPTANCE_MODES`, spelled out as above.

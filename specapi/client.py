@@ -225,7 +225,7 @@ class _Runtime:
         self.pipeline = pipeline
         self.verification = verification
         self.clock = clock
-        self.paths = PathResolver(self.target, verification)
+        self.paths = PathResolver(self.target, verification, self.draft)
         # `model=` on a call names another model on the target's server: its own client view and
         # path memory, sharing the connection pool.
         self._by_model: OrderedDict[str, tuple[RoleClient, PathResolver]] = OrderedDict()
@@ -236,7 +236,7 @@ class _Runtime:
         if model not in self._by_model:
             role = RoleClient("target", replace(self.target.endpoint, model=model, name=None), sleep=self.target.sleep, clock=self.clock)
             role.share_connections(self.target)
-            self._by_model[model] = (role, PathResolver(role, self.verification))
+            self._by_model[model] = (role, PathResolver(role, self.verification, self.draft))
             _bound(self._by_model)
         self._by_model.move_to_end(model)
         return self._by_model[model]

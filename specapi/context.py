@@ -51,6 +51,9 @@ class Context:
     extras: Mapping[str, Any] = field(default_factory=dict)
     #: Per-call transport options (`extra_headers`, `extra_query`, `timeout`) for every upstream request.
     options: Mapping[str, Any] = field(default_factory=dict)
+    #: The target's token ids of the prompt and the accepted text, when the target is spoken to in ids
+    #: (token-id verification); None when unknown.
+    token_ids: tuple[int, ...] | None = None
 
     @property
     def is_chat(self) -> bool:
@@ -80,5 +83,7 @@ class Context:
             body["seed"] = seed
         return body
 
-    def advanced(self, text: str) -> Context:
-        return replace(self, accepted=self.accepted + text)
+    def advanced(self, text: str, ids: Sequence[int] | None = None) -> Context:
+        """The context after `text`; its token ids follow only when the ids of `text` are known."""
+        token_ids = self.token_ids + tuple(ids) if self.token_ids is not None and ids is not None else None
+        return replace(self, accepted=self.accepted + text, token_ids=token_ids)

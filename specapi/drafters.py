@@ -9,10 +9,12 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from ._calls import Meter, RoleClient
-from ._wire import WireError, chat_tokens, completion_tokens
+from ._exceptions import EndpointError
+from ._wire import WireError
 from .acceptance import DEFAULT_EOS_TOKENS
 from .alignment import ScoredToken, complete_utf8_prefix, token_bytes
 from .context import Context, Prefill
+from .dialects.openai import ChatFormat, CompletionsFormat, OpenAIFormat
 from .stats import RoundRecord
 
 __all__ = ["Draft", "Drafter", "ModelDrafter", "LookupDrafter", "PredictionDrafter", "CombinedDrafter", "lookup_continuation"]
@@ -82,8 +84,8 @@ class ModelDrafter:
         """Post; a 400 on a list longer than 5 is retried once with 5 (OpenAI's cap), and remembered."""
         try:
             return await self.client.post(path, body, meter, options=context.options)
-        except Exception as exc:
-            if getattr(exc, "status_code", None) != 400 or not isinstance(body.get(field), int) or body[field] <= 5:
+        except EndpointError as exc:
+            if not exc.refused_shape or not isinstance(body.get(field), int) or body[field] <= 5:
                 raise
             self._logprobs_cap = 5
             return await self.client.post(path, {**body, field: 5}, meter, options=context.options)
@@ -99,14 +101,13 @@ class ModelDrafter:
             }
             try:
                 response = await self._post_lowering_logprobs("/completions", body, "logprobs", meter, context)
-            except Exception as exc:
-                status = getattr(exc, "status_code", None)
-                if status in (400, 404, 405, 422):
+            except EndpointError as exc:
+                if exc.refused_shape or exc.not_served:
                     self._completions_ok = False  # e.g. a chat-only model: use chat from now on
                 else:
                     raise
             else:
-                tokens = self._parse(response, chat=False)
+                tokens = self._parse(response, CompletionsFormat())
                 return Draft(tokens=tokens, latency_s=self.client.clock() - started, drafter=self.name)
         body = {
             "messages": self._chat_messages(context),
@@ -118,14 +119,14 @@ class ModelDrafter:
         body.update(self._prefill.fields(bool(context.accepted) or not context.is_chat))
         try:
             response = await self._post_lowering_logprobs("/chat/completions", body, "top_logprobs", meter, context)
-        except Exception as exc:
-            if getattr(exc, "status_code", None) != 400 or self._prefill.style != "continue_final_message":
+        except EndpointError as exc:
+            if not exc.refused_shape or self._prefill.style != "continue_final_message":
                 raise
             # A server that refuses vLLM's flags: rely on it continuing a trailing assistant message.
             self._prefill = Prefill(style="trailing")
             body = {k: v for k, v in body.items() if k not in ("continue_final_message", "add_generation_prompt")}
             response = await self._post_lowering_logprobs("/chat/completions", body, "top_logprobs", meter, context)
-        tokens = self._parse(response, chat=True)
+        tokens = self._parse(response, ChatFormat())
         return Draft(tokens=tokens, latency_s=self.client.clock() - started, drafter=self.name)
 
     @staticmethod
@@ -134,15 +135,15 @@ class ModelDrafter:
             return context.chat_messages()
         return [{"role": "assistant", "content": context.completion_prompt()}]
 
-    def _parse(self, response: dict, *, chat: bool) -> tuple[ScoredToken, ...]:
+    def _parse(self, response: dict, form: OpenAIFormat) -> tuple[ScoredToken, ...]:
         try:
             choice = response["choices"][0]
-            text = (choice.get("message") or {}).get("content") if chat else choice.get("text")
+            text = form.text(choice)
             if choice.get("logprobs") is None and choice.get("finish_reason") == "length" and (not text or "\ufffd" in text):
                 # llama-server sends no logprobs while its text ends inside a character (it holds the
                 # bytes back until they decode): nothing usable to propose, which is no failure.
                 return ()
-            tokens = chat_tokens((choice.get("logprobs") or {}).get("content")) if chat else completion_tokens(choice.get("logprobs"))
+            tokens = form.tokens(choice)
         except (KeyError, IndexError, TypeError, WireError) as exc:
             raise self.client.error(f"draft response has no usable logprobs ({exc})", malformed=True) from exc
         return usable_prefix(tokens)

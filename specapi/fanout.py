@@ -15,10 +15,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ._calls import Meter, RoleClient
-from ._wire import chat_tokens, completion_tokens
 from .acceptance import DEFAULT_EOS_TOKENS
 from .alignment import ScoredToken, complete_utf8_prefix, token_bytes
 from .context import Context, Prefill
+from .dialects.openai import openai_format
 from .verifiers import SeedSource, Verification
 
 __all__ = ["PrefillFanoutVerifier", "END_OF_TEXT"]
@@ -36,7 +36,9 @@ class PrefillFanoutVerifier:
     #: Every kept token is one the target drew itself, so any sampler settings are reproduced.
     draws_target_tokens: bool = True
 
-    async def verify(self, context: Context, draft: Sequence[ScoredToken], meter: Meter, next_seed: SeedSource, top_k: int) -> Verification:
+    async def verify(
+        self, context: Context, draft: Sequence[ScoredToken], meter: Meter, next_seed: SeedSource, top_k: int, draft_meter: Meter | None = None
+    ) -> Verification:
         seeds = [next_seed() for _ in range(len(draft) + 1)]
         # Each prefix is sent as text, so it may only end on a whole character: a draft token that
         # ends inside one is scored only together with the token that completes it.
@@ -80,22 +82,13 @@ class PrefillFanoutVerifier:
         shown), and the prompt tokens it was billed."""
         if prefix is None:
             return None, None
-        body = {"max_tokens": 1, **context.sampling_body(seed)}
-        if context.is_chat:
-            body.update({"messages": context.chat_messages(prefix), "logprobs": True, "top_logprobs": min(top_k, 20)})
-            body.update(self.prefill.fields(bool(context.accepted or prefix)))
-            response = await self.client.post("/chat/completions", body, meter, options=context.options)
-        else:
-            body.update({"prompt": context.completion_prompt(prefix), "logprobs": min(top_k, 5)})
-            response = await self.client.post("/completions", body, meter, options=context.options)
+        form = openai_format(context)
+        body = {"max_tokens": 1, **context.sampling_body(seed), **form.prompt_fields(context, prefix, self.prefill), **form.logprobs(top_k)}
+        response = await self.client.post(form.path, body, meter, options=context.options)
         try:
             choice = response["choices"][0]
-            if context.is_chat:
-                text = self.prefill.strip((choice.get("message") or {}).get("content") or "", context.accepted + prefix)
-                tokens = chat_tokens((choice.get("logprobs") or {}).get("content") or [])
-            else:
-                text = choice.get("text") or ""
-                tokens = completion_tokens(choice.get("logprobs")) if choice.get("logprobs") else []
+            text = form.text(choice, context.accepted + prefix, self.prefill)
+            tokens = form.tokens(choice) if choice.get("logprobs") else []
         except (KeyError, IndexError, TypeError, ValueError) as exc:
             raise self.client.error(f"fan-out response is unreadable ({exc})", malformed=True) from exc
         real = [t for t in tokens if t.text not in DEFAULT_EOS_TOKENS]

@@ -15,13 +15,20 @@ from ._calls import Meter, RoleClient
 from ._exceptions import ConfigurationError, EndpointError
 from .context import Prefill
 from .fanout import PrefillFanoutVerifier
+from .dialects import native_dialect
 from .probe import Capabilities, cached_probe, choose_verification
+from .tokenlevel import TokenIdVerifier
 from .verifiers import ChatPromptLogprobsVerifier, EchoVerifier
 from .whole import PredictedOutputsPath, PrefixMatchPath
 
 __all__ = ["VERIFICATIONS", "Path", "PathResolver"]
 
-VERIFICATIONS = ("auto", "echo", "prompt-logprobs", "prefill-fanout", "predicted-outputs", "prefix-match", "none")
+VERIFICATIONS = ("auto", "token-ids", "echo", "prompt-logprobs", "prefill-fanout", "predicted-outputs", "prefix-match", "none")
+
+#: A prompt this long (in characters, about 1,000 tokens) is verified in token ids where the target
+#: offers both: one-token calls read the prefix cache, where echo's prompt logprobs re-prefill the whole
+#: context every round (vLLM; SGLang's input logprobs bypass its radix cache likewise).
+LONG_CONTEXT_CHARS = 4000
 
 
 @dataclass(frozen=True)
@@ -36,10 +43,11 @@ class Path:
 
 
 class PathResolver:
-    def __init__(self, target: RoleClient, verification: str) -> None:
+    def __init__(self, target: RoleClient, verification: str, draft: RoleClient | None = None) -> None:
         if verification not in VERIFICATIONS:
             raise ConfigurationError(f"verification must be one of {', '.join(VERIFICATIONS)}; got {verification!r}")
         self.target = target
+        self.draft = draft
         self.verification = verification
         self.capabilities: Capabilities | None = None
         self.refused: dict[bool, str] = {}  # chat? -> reason
@@ -59,6 +67,15 @@ class PathResolver:
 
     def _build_path(self, name: str, chat: bool) -> Path:
         raw = self.capabilities.logprobs_raw if self.capabilities else None
+        if name == "token-ids":
+            dialect = native_dialect(self.capabilities.server if self.capabilities else None)
+            if dialect is None or (self.capabilities is not None and not self.capabilities.token_ids):
+                return Path("none", note="token-id verification needs a server whose native API takes token ids (llama.cpp, vLLM, SGLang); the target alone generated")
+            if chat:
+                fallback = choose_verification(self.capabilities, chat=True) if self.capabilities else "none"
+                path = self._build_path(fallback, chat) if fallback != "token-ids" else Path("none")
+                return replace(path, note=f"token ids verify completions; chat went to {path.name}")
+            return Path(name, verifier=TokenIdVerifier(self.target, dialect, draft_client=self.draft))
         if name == "echo":
             if chat:
                 return Path("none", note="echo verification scores completions only; chat went to the target alone")
@@ -77,12 +94,12 @@ class PathResolver:
             return Path(name, whole=PrefixMatchPath(self.target))
         return Path("none")
 
-    async def resolve(self, chat: bool, meter: Meter) -> Path:
+    async def resolve(self, chat: bool, meter: Meter, *, context_chars: int = 0, greedy: bool = True) -> Path:
         if chat in self.refused:
             return Path("none", note=self.refused[chat], prefill=self.prefill())
         if self.verification == "none":
             return Path("none", note="verification='none': the target alone", prefill=self.prefill())
-        if self.verification != "auto" and not (chat and self.verification == "prefill-fanout"):
+        if self.verification != "auto" and not (chat and self.verification == "prefill-fanout") and self.verification != "token-ids":
             return self._build(self.verification, chat)
         # Auto needs the probe to choose; chat fan-out needs it to know how the target continues an
         # assistant message (vLLM's flags, or llama.cpp's echoed prefix).
@@ -98,6 +115,9 @@ class PathResolver:
         if self.verification != "auto":
             return self._build(self.verification, chat)
         name = choose_verification(self.capabilities, chat=chat)
+        caps = self.capabilities
+        if name == "echo" and caps.token_ids and greedy and context_chars >= LONG_CONTEXT_CHARS:
+            name = "token-ids"
         path = self._build(name, chat)
         return replace(path, note=f"auto chose {path.name} from the target's capabilities")
 

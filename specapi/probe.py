@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 from ._calls import Meter, RoleClient, is_transient
 from ._exceptions import EndpointError, MalformedResponseError
 from ._wire import WireError, chat_tokens, completion_tokens, prompt_logprob_tokens
+from .dialects import native_dialect
 from .cli_options import EXIT_FAILED, EXIT_OK, EXIT_USAGE, Option, UsageError, add_options, boolean, resolve
 from .endpoint import Endpoint
 
@@ -33,16 +34,30 @@ _DEFAULT_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty")
 
 
 async def _server_defaults(client: RoleClient) -> tuple[str | None, dict[str, float] | None]:
-    """Which llama.cpp server this is, if any, and the sampling defaults it applies: llama-server
-    reports them at `/props`; llama-cpp-python's are known. GETs bill nothing and are not metered."""
+    """Which server this is, if recognised, and the sampling defaults it applies: llama-server answers
+    `/props` (with its defaults), vLLM `/version`, SGLang `/get_model_info`; llama-cpp-python names
+    itself the owner "me" of its models (its defaults are known). GETs bill nothing and are not metered."""
     meter = Meter(client.endpoint)
     root = str(client.sdk.base_url).rstrip("/").removesuffix("/v1")
     try:
         props = await client.get(root + "/props", meter)
         params = (props.get("default_generation_settings") or {}).get("params") or {}
-        defaults = {k: float(params[k]) for k in _DEFAULT_FIELDS if isinstance(params.get(k), (int, float))}
+        # As the server reports them: top_k stays an integer (a float is refused by stricter servers).
+        defaults = {k: params[k] for k in _DEFAULT_FIELDS if isinstance(params.get(k), (int, float)) and not isinstance(params.get(k), bool)}
         if defaults:
             return "llama-server", defaults
+    except (EndpointError, AttributeError, TypeError, ValueError):
+        pass
+    try:
+        version = await client.get(root + "/version", meter)
+        if isinstance(version, dict) and isinstance(version.get("version"), str):
+            return "vllm", None
+    except (EndpointError, AttributeError, TypeError, ValueError):
+        pass
+    try:
+        info = await client.get(root + "/get_model_info", meter)
+        if isinstance(info, dict) and "model_path" in info:
+            return "sglang", None
     except (EndpointError, AttributeError, TypeError, ValueError):
         pass
     try:
@@ -72,7 +87,9 @@ class Capabilities:
     predicted_outputs: bool = False
     logprobs_raw: bool | None = None  # True: logprobs ignore temperature; None: unknown
     offsets_from_prompt_start: bool | None = None  # text_offset's convention (reported, never relied on)
-    server: str | None = None  # "llama-server" or "llama-cpp-python" when recognised
+    server: str | None = None  # "llama-server", "llama-cpp-python", "vllm" or "sglang" when recognised
+    #: The server takes token-id prompts (its native dialect tokenized a probe text): token-id verification.
+    token_ids: bool = False
     #: Sampling settings the server applies to requests that do not set them (None: OpenAI's, 1.0 and 1.0).
     sampler_defaults: dict[str, float] | None = None
     #: The caller's last tokens the target must write in one call for the text to end as its own would.
@@ -96,6 +113,11 @@ def choose_verification(caps: Capabilities, *, chat: bool) -> str:
         if caps.predicted_outputs:
             return "predicted-outputs"
         return "prefix-match"
+    if caps.token_ids and not caps.echo_logprobs:
+        # One request per round on the target's own ids (llama.cpp's multi-prompt /completion) instead
+        # of one per draft position. Where echo scores a draft in one request too (vLLM, SGLang), echo
+        # stays for short contexts, and the path resolver moves long ones to token ids (see paths.py).
+        return "token-ids"
     if caps.echo_logprobs:
         return "echo"
     if caps.completions:
@@ -246,7 +268,20 @@ async def _probe(client: RoleClient, meter: Meter, defaults_task: asyncio.Future
     server, defaults = await defaults_task
     if server is not None:
         found.update(server=server, sampler_defaults=defaults, final_stretch=16 if server == "llama-cpp-python" else 0)
-        notes.append(f"{server}: applies {defaults} to requests that do not set them")
+        if defaults:
+            notes.append(f"{server}: applies {defaults} to requests that do not set them")
+        dialect = native_dialect(server)
+        if dialect is not None and found.get("completions"):
+            try:
+                ids = await dialect.tokenize(client, prompt, meter, special=False)
+                found["token_ids"] = bool(ids)
+            except EndpointError:
+                found["token_ids"] = False
+            notes.append(f"dialect: {dialect.name}; token-id prompts: " + ("yes" if found.get("token_ids") else "no (tokenize refused)"))
+        else:
+            notes.append(f"dialect: {server} (OpenAI formats only)")
+    else:
+        notes.append("dialect: OpenAI formats only (no native API recognised)")
     return Capabilities(notes=tuple(notes), **found)
 
 
@@ -376,6 +411,7 @@ def run(args: argparse.Namespace) -> int:
     table = Table(title=f"{endpoint.label}")
     table.add_column("capability")
     table.add_column("value")
+    table.add_row("dialect", caps.server or "OpenAI formats")
     table.add_row("verification for completions", paths["completions"])
     table.add_row("verification for chat", paths["chat"])
     for key, value in caps.to_dict().items():

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from ._calls import Meter, RoleClient
 from .context import Context
+from .dialects.openai import openai_format
 from .drafters import Draft, Drafter
 from .stats import RoundRecord
 from .suffix import screen_prediction
@@ -35,9 +36,9 @@ class WholeResult:
     record: RoundRecord | None
 
 
-def _read(response: dict, chat: bool) -> tuple[str, str, dict]:
+def _read(response: dict, context: Context) -> tuple[str, str, dict]:
     choice = response["choices"][0]
-    text = ((choice.get("message") or {}).get("content") if chat else choice.get("text")) or ""
+    text = openai_format(context).text(choice)
     return text, choice.get("finish_reason") or "stop", response.get("usage") or {}
 
 
@@ -62,7 +63,7 @@ class PredictedOutputsPath:
         started = self.target.clock()
         response = await self.target.post(path, body, target_meter, options=context.options)
         try:
-            text, finish, usage = _read(response, context.is_chat)
+            text, finish, usage = _read(response, context)
         except (KeyError, IndexError, TypeError) as exc:
             raise self.target.error(f"response has no choices[0] ({exc})", malformed=True) from exc
         details = usage.get("completion_tokens_details") or {}
@@ -106,7 +107,7 @@ class PrefixMatchPath:
         except Exception:
             draft, draft_latency = Draft(tokens=()), 0.0
         try:
-            text, finish, usage = _read(response, context.is_chat)
+            text, finish, usage = _read(response, context)
         except (KeyError, IndexError, TypeError) as exc:
             raise self.target.error(f"response has no choices[0] ({exc})", malformed=True) from exc
         matched, offset = [], 0

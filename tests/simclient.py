@@ -5,14 +5,14 @@ from __future__ import annotations
 import httpx2
 import openai
 
-from specapi.sim import SimProvider
+from specapi.sim import SimProvider, SimTransport
 
 
 async def target_alone(
     provider: SimProvider, *, prompt: str | None = None, messages: list | None = None, max_tokens: int
 ) -> tuple[str, str]:
     """The target's own greedy answer, from the openai SDK straight to the simulated provider."""
-    http = httpx2.AsyncClient(transport=provider.transport())
+    http = httpx2.AsyncClient(transport=SimTransport(provider))
     async with openai.AsyncOpenAI(base_url="http://sim/v1", api_key="x", http_client=http, max_retries=0) as sdk:
         if messages is not None:
             r = await sdk.chat.completions.create(model="sim-target", messages=messages, max_tokens=max_tokens, temperature=0)

@@ -57,7 +57,7 @@ EXPECTED = {
                      predicted_outputs=False),
 }
 CHOSEN = {"vllm": ("echo", "prompt-logprobs"), "openai": ("prefill-fanout", "predicted-outputs"),
-          "llamacpp": ("prefill-fanout", "prefill-fanout")}
+          "llamacpp": ("token-ids", "prefill-fanout")}
 
 
 @pytest.mark.parametrize("profile", ["vllm", "openai", "llamacpp"])
@@ -69,10 +69,53 @@ async def test_probe_finds_what_each_profile_offers(profile):
     assert caps.completions_logprobs >= 5  # top-5 asked, the chosen token may come on top
     assert (choose_verification(caps, chat=False), choose_verification(caps, chat=True)) == CHOSEN[profile]
     assert caps.notes and all(isinstance(n, str) and n for n in caps.notes)
-    # every probe request is metered, refusals included
-    target_calls = provider.calls.for_model("sim-target")
+    # every probe request is metered, refusals included (the GETs that ask what the server is bill nothing)
+    target_calls = [c for c in provider.calls if c.method == "POST"]
     assert meter.requests == len(target_calls) > 0
     assert meter.failed_requests == sum(c.status != 200 for c in target_calls)
+
+
+SERVERS = {"vllm": ("vllm", True), "sglang": ("sglang", True), "llamacpp": ("llama-server", True), "openai": (None, False)}
+
+
+@pytest.mark.parametrize("profile", list(SERVERS))
+async def test_probe_names_the_dialect_from_the_servers_identity_endpoint(profile):
+    """vLLM answers /version, SGLang /get_model_info, llama-server /props; each takes token-id prompts
+    through its native API, which the probe checks by tokenizing its prompt."""
+    provider, target, _ = sim(profile)
+    caps, _ = await probe(target)
+    assert (caps.server, caps.token_ids) == SERVERS[profile]
+    native = [c.path for c in provider.calls if c.path in ("/tokenize", "/generate")]
+    assert bool(native) == caps.token_ids
+    assert any(n.startswith("dialect: ") for n in caps.notes)
+
+
+@pytest.mark.parametrize("profile", ["vllm", "sglang"])
+async def test_long_contexts_are_verified_in_token_ids_where_echo_would_re_prefill_them(profile):
+    from specapi.paths import LONG_CONTEXT_CHARS, PathResolver
+
+    _, target, _ = sim(profile)
+    resolver = PathResolver(RoleClient("target", target), "auto")
+    meter = Meter(target)
+    short = await resolver.resolve(False, meter, context_chars=100)
+    long = await resolver.resolve(False, meter, context_chars=LONG_CONTEXT_CHARS)
+    sampled = await resolver.resolve(False, meter, context_chars=LONG_CONTEXT_CHARS, greedy=False)
+    chat = await resolver.resolve(True, meter, context_chars=LONG_CONTEXT_CHARS)
+    assert (short.name, long.name, sampled.name) == ("echo", "token-ids", "echo")
+    assert chat.name != "token-ids"
+
+
+def test_probe_command_names_the_dialect(capsys):
+    from simserver import ServerThread
+    from specapi.cli import cli_logic
+    from specapi.sim import create_app
+
+    with ServerThread(create_app(SimProvider(capabilities="llamacpp", latency="instant"))) as server:
+        code = cli_logic(["probe", "--base-url", server.root + "/v1", "--model", "sim-target", "--json", "--api-key", "k"])
+    payload = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert payload["capabilities"]["server"] == "llama-server" and payload["capabilities"]["token_ids"] is True
+    assert payload["verification"]["completions"] == "token-ids"
 
 
 VARIANTS = {
@@ -157,11 +200,19 @@ async def test_probe_requests_are_accounted_to_the_request_that_caused_them(prof
             assert bool(probes) == (attempt == "probing"), "the first request probes, the next one does not"
             for role, model in (("target", "sim-target"), ("draft", "sim-draft")):
                 mine, server = getattr(s, role), provider.usage[model]
-                sent = (server.requests - before[model].requests) + (server.errors - before[model].errors)
-                assert mine.requests == sent == sum(c.model == model for c in provider.calls[start:]), (attempt, role)
+                billed = (server.requests - before[model].requests) + (server.errors - before[model].errors)
+                calls = [c for c in provider.calls[start:] if c.method == "POST" and _model_of(c) == model]
+                # Every POST is counted; tokenizing (token-id paths) is a request the server does not bill.
+                unbilled = sum(c.path == "/tokenize" for c in calls)
+                assert mine.requests == len(calls) == billed + unbilled, (attempt, role)
                 assert mine.failed_requests == server.errors - before[model].errors, (attempt, role)
                 assert mine.prompt_tokens == server.prompt_tokens - before[model].prompt_tokens, (attempt, role)
                 assert mine.completion_tokens == server.completion_tokens - before[model].completion_tokens, (attempt, role)
+
+
+def _model_of(call) -> str | None:
+    """The model a call was for: the simulator's record, or the body's field (native paths)."""
+    return call.model or (call.body.get("model") if isinstance(call.body, dict) else None)
 
 
 # ----------------------------------------------------------------------------- transient failures while probing
@@ -179,11 +230,11 @@ async def test_probe_retries_429s_honouring_retry_after_and_keeps_the_best_path(
         resp = await client.completions.create(prompt="def fibonacci(n):\n", max_tokens=16, temperature=0)
     s = resp.speculative
     assert slept == [0.75, 0.75]
-    assert (s.verification, s.speculated) == ("prefill-fanout", True)
+    assert (s.verification, s.speculated) == ("token-ids", True)
     assert s.target.failed_requests >= 2  # the 429s are in the statistics of the request that probed
 
 
-@pytest.mark.parametrize("profile, best", [("llamacpp", "prefill-fanout"), ("openai", "prefill-fanout")])
+@pytest.mark.parametrize("profile, best", [("llamacpp", "token-ids"), ("openai", "prefill-fanout")])
 async def test_a_probe_defeated_by_429s_does_not_downgrade_later_requests(profile, best):
     """More 429s than retries: the probe gives up. The request still gets the target's output, and
     the endpoint is probed again later instead of being written off."""

@@ -18,7 +18,7 @@ from openai.resources.completions import AsyncCompletions as SDKCompletions
 
 from simclient import target_alone
 from specapi import AsyncSpeculativeOpenAI, Endpoint, SpeculativeOpenAI, TargetError
-from specapi.sim import SimProvider, simulated_endpoints
+from specapi.sim import SimProvider, SimTransport, simulated_endpoints
 
 PROMPT = "def area(radius):\n"
 MESSAGES = [{"role": "user", "content": "Write a function that returns the area of a circle."}]
@@ -28,7 +28,7 @@ class Recording(httpx2.AsyncBaseTransport):
     """The simulator behind a transport that numbers every response (`x-call`) and records requests."""
 
     def __init__(self, provider: SimProvider) -> None:
-        self._inner = provider.transport()
+        self._inner = SimTransport(provider)
         self._count = itertools.count(1)
         self.requests: list[httpx2.Request] = []
 

@@ -6,7 +6,7 @@ import httpx2
 import openai
 import pytest
 
-from specapi.sim import Faults, SimProvider
+from specapi.sim import Faults, SimProvider, SimTransport
 from specapi.sim.faults import FaultInjector
 from specapi.sim.latency import RecordingSleep
 
@@ -70,7 +70,7 @@ async def test_truncated_json_body():
     with pytest.raises(json.JSONDecodeError):
         json.loads(response.body)
     client = openai.AsyncOpenAI(base_url="http://sim/v1", api_key="x", max_retries=0,
-                                http_client=httpx2.AsyncClient(transport=provider.transport()))
+                                http_client=httpx2.AsyncClient(transport=SimTransport(provider)))
     with pytest.raises(json.JSONDecodeError):
         await client.completions.create(**COMPLETION)
     await client.close()
@@ -120,7 +120,7 @@ async def test_streamed_chunks_lose_their_logprobs():
 async def test_sdk_sees_the_injected_error_then_a_normal_answer():
     provider = make(Faults(fail_first=1, fail_first_status=500))
     client = openai.AsyncOpenAI(base_url="http://sim/v1", api_key="x", max_retries=0,
-                                http_client=httpx2.AsyncClient(transport=provider.transport()))
+                                http_client=httpx2.AsyncClient(transport=SimTransport(provider)))
     with pytest.raises(openai.InternalServerError):
         await client.completions.create(**COMPLETION)
     result = await client.completions.create(**COMPLETION)

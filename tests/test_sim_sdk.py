@@ -10,7 +10,7 @@ import openai
 import pytest
 import uvicorn
 
-from specapi.sim import SimProvider
+from specapi.sim import SimProvider, SimTransport, create_app
 from specapi.sim.latency import RecordingSleep
 
 
@@ -21,7 +21,7 @@ def provider():
 
 @pytest.fixture
 async def client(provider):
-    http = httpx2.AsyncClient(transport=provider.transport())
+    http = httpx2.AsyncClient(transport=SimTransport(provider))
     sdk = openai.AsyncOpenAI(base_url="http://sim/v1", api_key="x", http_client=http, max_retries=0)
     yield sdk
     await sdk.close()
@@ -149,7 +149,7 @@ class _ServerThread:
 
 async def test_asgi_app_over_real_http():
     provider = SimProvider(capabilities="vllm", latency="instant", seed=3)
-    with _ServerThread(provider.asgi_app()) as server:
+    with _ServerThread(create_app(provider)) as server:
         sdk = openai.AsyncOpenAI(base_url=f"http://127.0.0.1:{server.port}/v1", api_key="x", max_retries=0)
         try:
             result = await sdk.completions.create(model="sim-target", prompt="def f():\n", max_tokens=4,

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..cli_options import ENDPOINTS, EXIT_FAILED, EXIT_OK, EXIT_USAGE, Option, UsageError, add_options, boolean, positive_int, resolve, speculation_options
-from .scenarios import DEFAULT_SCENARIOS, SCENARIOS, Scenario, get_scenario, load_prompts, quick, with_requests
+from .scenarios import DEFAULT_SCENARIOS, SCENARIO_GROUPS, SCENARIOS, Scenario, get_scenarios, load_prompts, quick, with_requests
 
 __all__ = ["add_arguments", "run", "build_scenarios"]
 
@@ -57,8 +57,8 @@ OPTIONS: tuple[Option, ...] = (*SIMULATOR, *ENDPOINTS, *SPECULATION, *REQUESTS, 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sim = parser.add_argument_group("simulator (the default, when no --target-model is given)")
     sim.add_argument(
-        "--scenario", action="append", choices=sorted(SCENARIOS), metavar="NAME",
-        help=f"run this scenario (repeatable; one of {', '.join(sorted(SCENARIOS))}; default: {', '.join(DEFAULT_SCENARIOS)})",
+        "--scenario", action="append", choices=sorted([*SCENARIOS, *SCENARIO_GROUPS]), metavar="NAME",
+        help=f"run this scenario or group (repeatable; one of {', '.join(sorted([*SCENARIOS, *SCENARIO_GROUPS]))}; default: {', '.join(DEFAULT_SCENARIOS)})",
     )
     add_options(sim, SIMULATOR)
     sim.add_argument("--list", action="store_true", help="list the scenarios and exit")
@@ -113,7 +113,7 @@ def build_scenarios(args: argparse.Namespace) -> list[Scenario]:
     if args.temperature is not None and not 0.0 <= args.temperature <= 2.0:
         raise ValueError(f"--temperature must be in [0, 2], got {args.temperature}")
     if args.target_model:
-        base = get_scenario((args.scenario or ["lan-code"])[0])
+        base = get_scenarios((args.scenario or ["lan-code"])[0])[0]
         requests = load_prompts(args.prompts) if args.prompts else base.requests
         scenario = Scenario(
             name=args.scenario[0] if args.scenario else "endpoints",
@@ -132,7 +132,7 @@ def build_scenarios(args: argparse.Namespace) -> list[Scenario]:
         )
         return [_overridden(scenario, args)]
     names = args.scenario or list(DEFAULT_SCENARIOS)
-    scenarios = [get_scenario(name) for name in names]
+    scenarios = [scenario for name in names for scenario in get_scenarios(name)]
     if args.prompts:
         prompts = load_prompts(args.prompts)
         scenarios = [replace(s, requests=prompts, aim=None) for s in scenarios]

@@ -14,7 +14,10 @@ wins and where it loses:
 * ``agentic`` / ``agentic-hosted`` (not run by default): a coding agent's requests, which repeat structure
   across requests, on the LAN pair and on the hosted pair; the suffix index warms up over the stream;
 * ``token-boundary`` (not run by default): an exactness check on prompts whose last token can merge
-  with the answer's first;
+  with the answer's first, on every token-id dialect of the simulator (vLLM, SGLang, llama.cpp) and, for
+  contrast, with echo verification, which sends text;
+* ``long-context`` (not run by default): a prompt of about 4,000 tokens on the vLLM-like pair, echo
+  verification against token ids side by side.
 * ``seed-blog`` (not run by default): the blog experiment specapi started from (``bench/blog.py``): its
   question on the hosted pair at temperature 0.7, plus the blog's own algorithm, specapi with
   ``prediction=``, and the lossy acceptance sweep.
@@ -41,6 +44,8 @@ __all__ = [
     "Scenario",
     "SimSetup",
     "get_scenario",
+    "get_scenarios",
+    "SCENARIO_GROUPS",
     "load_prompts",
     "quick",
     "with_requests",
@@ -229,6 +234,26 @@ _BOUNDARY_PROMPTS = (
     ),
 )
 
+def _long_code_prompt(tokens: int = 4000) -> BenchRequest:
+    """Standard-library modules, whole, until about `tokens` cl100k tokens, then the start of a function."""
+    import sysconfig
+
+    root = Path(sysconfig.get_paths()["stdlib"])
+    text = ""
+    for module in ("textwrap.py", "fnmatch.py", "glob.py", "shlex.py", "string.py", "bisect.py", "heapq.py", "calendar.py"):
+        try:
+            text += (root / module).read_text(encoding="utf-8") + "\n\n"
+        except OSError:
+            continue
+        if len(text) >= tokens * 4:
+            break
+    text = text[: tokens * 4]
+    text = text[: text.rfind("\n") + 1] + 'def dedent(text):\n    """Remove any common leading whitespace from every line in `text`.'
+    return BenchRequest(prompt=text, label=f"{len(text) // 1000}k characters of stdlib code, then dedent()")
+
+
+_LONG_PROMPTS = (_long_code_prompt(),)
+
 _EDIT_PROMPTS = (
     _edit_prompt(_INDENT_SOURCE, "textwrap.indent"),
     _edit_prompt(_FNMATCH_SOURCE, "fnmatch.filter"),
@@ -402,16 +427,43 @@ _BUILT_IN = (
         learning_requests=4,
         aim=1.0,
     ),
-    Scenario(
-        name="token-boundary",
-        description=(
-            "an exactness check, not a speed one: prompts whose last token can merge with the answer's first "
-            "(a trailing newline, a trailing colon), default drafter, LAN vLLM-like pair, fixed 5 tokens per round"
-        ),
-        requests=_BOUNDARY_PROMPTS,
-        sim=SimSetup(profile="vllm", latency="lan"),
-        client={"policy": "fixed", "num_speculative_tokens": 5},
-        max_tokens=40,
+    *(
+        Scenario(
+            name=f"token-boundary-{name}",
+            description=(
+                "an exactness check, not a speed one: prompts whose last token can merge with the answer's first "
+                f"(a trailing newline, a trailing colon), default drafter, {label}, fixed 5 tokens per round"
+            ),
+            requests=_BOUNDARY_PROMPTS,
+            sim=SimSetup(profile=profile, latency="lan"),
+            client={"policy": "fixed", "num_speculative_tokens": 5, "verification": verification},
+            max_tokens=40,
+        )
+        for name, profile, verification, label in (
+            ("echo", "vllm", "echo", "LAN vLLM-like pair verified by echo (text: the target re-reads its output)"),
+            ("vllm", "vllm", "token-ids", "LAN vLLM-like pair verified in token ids"),
+            ("sglang", "sglang", "token-ids", "LAN SGLang-like pair verified in token ids (/generate)"),
+            ("llamacpp", "llamacpp", "token-ids", "LAN llama.cpp-like pair verified in token ids (multi-prompt /completion)"),
+        )
+    ),
+    *(
+        Scenario(
+            name=f"long-context-{verification}",
+            description=(
+                f"a code prompt of about 4,000 tokens on the LAN vLLM-like pair, verified by {verification}: "
+                + (
+                    "prompt logprobs re-prefill the whole context every round"
+                    if verification == "echo"
+                    else "one-token calls on the cached prefix, batched in one request"
+                )
+                + "; greedy, draft model, fixed 5 tokens per round"
+            ),
+            requests=_LONG_PROMPTS,
+            sim=SimSetup(profile="vllm", latency="lan"),
+            client={"policy": "fixed", "num_speculative_tokens": 5, "drafter": "model", "pipeline": False, "verification": verification},
+            max_tokens=60,
+        )
+        for verification in ("echo", "token-ids")
     ),
     Scenario(
         name="seed-blog",
@@ -432,7 +484,18 @@ _BUILT_IN = (
 
 SCENARIOS: Mapping[str, Scenario] = {s.name: s for s in _BUILT_IN}
 
+#: Names that run several scenarios side by side.
+SCENARIO_GROUPS: Mapping[str, tuple[str, ...]] = {
+    "token-boundary": ("token-boundary-echo", "token-boundary-vllm", "token-boundary-sglang", "token-boundary-llamacpp"),
+    "long-context": ("long-context-echo", "long-context-token-ids"),
+}
+
 DEFAULT_SCENARIOS: tuple[str, ...] = ("lan-code", "hosted-fixed", "hosted-adaptive", "lookup-edit", "lan-adaptive")
+
+
+def get_scenarios(name: str) -> list[Scenario]:
+    """The scenario of that name, or the scenarios of that group."""
+    return [get_scenario(n) for n in SCENARIO_GROUPS.get(name, (name,))]
 
 
 def get_scenario(name: str) -> Scenario:

@@ -3,17 +3,19 @@
 Two n-gram language models over real ``cl100k_base`` tokens stand in for a target (``"sim-target"``) and a
 draft (``"sim-draft"``); they agree on code and boilerplate and much less on prose, so speculative
 acceptance comes from the text. ``SimProvider`` serves them with the parameters, shapes and refusals of a
-chosen server flavour (``"vllm"``, ``"openai"``, ``"llamacpp"``), a latency profile (``"lan"``,
+chosen server flavour (``"vllm"``, ``"openai"``, ``"llamacpp"``, ``"sglang"``), including the native API
+of vLLM, SGLang and llama-server,, a latency profile (``"lan"``,
 ``"hosted"``, ``"instant"``) and injected faults, and records every call.
 
     provider = SimProvider(capabilities="vllm", latency="instant")
     client = openai.AsyncOpenAI(base_url="http://sim/v1", api_key="x",
-                                http_client=httpx2.AsyncClient(transport=provider.transport()))
+                                http_client=httpx2.AsyncClient(transport=SimTransport(provider)))
 
 Modules: ``corpus`` (training text, tokenizer), ``models`` (the n-gram models), ``template`` (chat
 template), ``generation`` (sampling and scoring), ``latency`` (timing, prices, cache, rate limit),
 ``profiles`` (server capabilities), ``faults``, ``params`` (request fields), ``responses`` (JSON shapes),
-``streams`` (SSE), ``provider``, ``transport`` (httpx2), ``server`` (ASGI + uvicorn), ``endpoints``
+``streams`` (SSE), ``jobs`` (prompts run and their results), ``vllm_api`` / ``sglang_api`` /
+``llamacpp_api`` (native endpoints), ``provider`` (knows no adapter; callers wrap it), ``transport`` (httpx2), ``server`` (ASGI + uvicorn), ``endpoints``
 (``simulated_endpoints`` for ``specapi.Endpoint``), ``command`` (``specapi simulate``).
 """
 
@@ -21,6 +23,7 @@ from .corpus import ENCODING_NAME, EOS_TOKEN, EOS_TOKEN_ID, decode_text, encode_
 from .endpoints import simulated_endpoints
 from .faults import FaultPlan, Faults
 from .generation import Generation, TokenRecord, generate, score_prompt
+from .jobs import Job, PromptWork
 from .latency import (
     LATENCY_PROFILES,
     LatencyProfile,
@@ -30,6 +33,7 @@ from .latency import (
     PrefixCache,
     RecordingSleep,
     RequestTiming,
+    batch_timing,
     get_latency_profile,
     request_timing,
 )
@@ -53,6 +57,7 @@ __all__ = [
     "FaultPlan",
     "Faults",
     "Generation",
+    "Job",
     "LatencyProfile",
     "ManualClock",
     "ModelSpec",
@@ -60,6 +65,7 @@ __all__ = [
     "ModelUsage",
     "NGramModel",
     "PrefixCache",
+    "PromptWork",
     "Pricing",
     "RecordingSleep",
     "RequestTiming",
@@ -67,6 +73,7 @@ __all__ = [
     "SimResponse",
     "SimTransport",
     "TokenRecord",
+    "batch_timing",
     "create_app",
     "decode_text",
     "encode_text",

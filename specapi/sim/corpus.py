@@ -41,6 +41,7 @@ __all__ = [
     "is_known_token",
     "load_corpus",
     "token_bytes",
+    "token_id_str",
     "token_str",
 ]
 
@@ -133,6 +134,11 @@ def token_str(token_id: int) -> str:
         return raw.decode("utf-8")
     except UnicodeDecodeError:
         return "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
+
+
+def token_id_str(token_id: int) -> str:
+    """The token as vLLM renders it with ``return_tokens_as_token_ids``: ``"token_id:123"``."""
+    return f"token_id:{token_id}"
 
 
 def decode_text(token_ids: list[int]) -> str:

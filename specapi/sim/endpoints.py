@@ -16,6 +16,7 @@ import httpx2
 from .latency import LatencyProfile
 from .profiles import Capabilities
 from .provider import SimProvider
+from .transport import SimTransport
 
 if TYPE_CHECKING:
     from ..endpoint import Endpoint
@@ -47,7 +48,7 @@ def simulated_endpoints(
                 model=model,
                 base_url="http://sim/v1",
                 api_key="sim",
-                http_client=httpx2.AsyncClient(transport=provider.transport()),
+                http_client=httpx2.AsyncClient(transport=SimTransport(provider)),
                 input_price_per_mtok=pricing.input,
                 output_price_per_mtok=pricing.output,
                 cached_input_price_per_mtok=pricing.cached_input,

@@ -13,15 +13,18 @@ token by token (the model is a pure function of the context).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from .corpus import EOS_TOKEN_ID, incremental_decoder, token_bytes
-from .models import NGramModel
+from .models import Mixture, NGramModel
 
-__all__ = ["Generation", "TokenRecord", "generate", "score_prompt", "text_offsets"]
+Sampler = Callable[[NGramModel, Mixture, np.random.Generator], int]
+"""Draws the next token from a model's mixture: ``sampler(model, mix, rng)``."""
+
+__all__ = ["Generation", "Sampler", "TokenRecord", "generate", "score_prompt", "stop_reason", "text_offsets"]
 
 
 @dataclass(frozen=True)
@@ -57,9 +60,11 @@ def generate(
     rng: np.random.Generator,
     stop: Sequence[str] = (),
     top_k: int | None = None,
+    sampler: Sampler | None = None,
 ) -> Generation:
     """Generate after ``prompt_ids``. ``top_k``: record logprobs with that many alternatives
-    (``None`` = no logprobs, ``-1`` = every token)."""
+    (``None`` = no logprobs, ``-1`` = every token). ``sampler``: draws each token instead of the model's
+    own temperature-then-top-p sampling (a server's own sampler chain, e.g. llama-server's)."""
     n = len(prompt_ids)
     context = np.empty(n + max_tokens, dtype=np.int64)
     context[:n] = prompt_ids
@@ -70,7 +75,7 @@ def generate(
     finish = "length"
     for step in range(max_tokens):
         mix = model.mixture(context[: n + step])
-        token = model.sample_from(mix, temperature, top_p, rng)
+        token = sampler(model, mix, rng) if sampler is not None else model.sample_from(mix, temperature, top_p, rng)
         context[n + step] = token
         if top_k is None:
             records.append(TokenRecord(token))
@@ -89,17 +94,33 @@ def generate(
     return Generation(tuple(records), text, finish)
 
 
+def stop_reason(gen: Generation, stop: Sequence[str], *, eos: bool) -> str | int | None:
+    """What ended a generation, as vLLM's ``stop_reason`` / SGLang's ``matched_stop`` say it: the stop
+    string that cut it; the end-of-text id when ``eos`` (SGLang names it, vLLM does not); else ``None``."""
+    if gen.tokens and gen.tokens[-1].token_id == EOS_TOKEN_ID:
+        return EOS_TOKEN_ID if eos else None
+    if gen.finish_reason != "stop":
+        return None
+    full = b"".join(token_bytes(t) for t in gen.token_ids).decode("utf-8", errors="replace")
+    hits = [(full.find(s, len(gen.text)), s) for s in stop if s and full.find(s, len(gen.text)) >= 0]
+    return min(hits)[1] if hits else None
+
+
 def _find_stop(text: str, stop: Sequence[str], start: int) -> int | None:
     hits = [i for i in (text.find(s, start) for s in stop if s) if i >= 0]
     return min(hits) if hits else None
 
 
-def score_prompt(model: NGramModel, prompt_ids: Sequence[int], *, top_k: int, with_rank: bool) -> list[TokenRecord]:
-    """Records for every prompt token; the first has no logprob (nothing precedes it)."""
+def score_prompt(
+    model: NGramModel, prompt_ids: Sequence[int], *, top_k: int, with_rank: bool, start: int = 1
+) -> list[TokenRecord]:
+    """Records for the prompt tokens from position ``start - 1`` on; that first one has no logprob
+    (position 0 has nothing before it; SGLang leaves the token at ``logprob_start_len`` unscored too)."""
     if not prompt_ids:
         return []
-    scored = model.score(prompt_ids, k=top_k, start=1, with_rank=with_rank)
-    return [TokenRecord(int(prompt_ids[0]))] + [
+    first = max(0, start - 1)
+    scored = model.score(prompt_ids, k=top_k, start=first + 1, with_rank=with_rank)
+    return [TokenRecord(int(prompt_ids[first]))] + [
         TokenRecord(s.token_id, s.logprob, s.top, s.rank) for s in scored
     ]
 

@@ -37,6 +37,7 @@ __all__ = [
     "RecordingSleep",
     "RequestTiming",
     "Sleep",
+    "batch_timing",
     "get_latency_profile",
     "jittered",
     "request_timing",
@@ -121,6 +122,29 @@ def request_timing(
         is_predicted = index < len(predicted) and predicted[index]
         gaps.append(_prefill_s(timing, 1) if is_predicted else timing.tpot_s)
     return RequestTiming(first, tuple(gaps))
+
+
+def batch_timing(
+    timing: ModelTiming,
+    *,
+    prompt_tokens: Sequence[int],
+    cached_tokens: Sequence[int],
+    completion_tokens: int = 0,
+    predicted: Sequence[bool] = (),
+) -> RequestTiming:
+    """Timing of one request holding several prompts (vLLM's and SGLang's prompt lists, llama-server's
+    multi-prompt ``/completion``), without jitter.
+
+    The prompts run as one forward batch: one round trip and one fixed time to first token, the prefill
+    of every prompt's uncached tokens (prefill is compute-bound, so tokens add up whatever prompt they
+    belong to), then as many decoding steps as the longest generation needs, each ``tpot_s`` (a decoding
+    step is memory-bound: a few sequences more cost about the same as one). With one prompt this is
+    ``request_timing``.
+    """
+    uncached = sum(max(0, p - c) for p, c in zip(prompt_tokens, cached_tokens, strict=True))
+    return request_timing(
+        timing, prompt_tokens=uncached, cached_tokens=0, completion_tokens=completion_tokens, predicted=predicted
+    )
 
 
 def _prefill_s(timing: ModelTiming, tokens: int) -> float:

@@ -417,7 +417,11 @@ class NGramModel:
     def next_distribution(self, context_ids: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
         """Next-token distribution (temperature 1): ``(token ids, probs)`` over the active vocabulary and any
         copied tokens. Every other token has probability ``tail_prob``."""
-        p, extra_ids, extra_p = self._dense(self.mixture(self._as_ids(context_ids)))
+        return self.distribution_from(self.mixture(self._as_ids(context_ids)))
+
+    def distribution_from(self, mix: Mixture) -> tuple[np.ndarray, np.ndarray]:
+        """``next_distribution`` for an already computed mixture."""
+        p, extra_ids, extra_p = self._dense(mix)
         if not extra_ids.size:
             return self.vocab_ids.copy(), p
         ids = np.concatenate([self.vocab_ids, extra_ids])

@@ -25,6 +25,7 @@ __all__ = [
     "read_int",
     "read_number",
     "read_prompt",
+    "read_prompts",
     "read_sampling",
     "reject_unknown_fields",
     "retry_after_headers",
@@ -189,16 +190,31 @@ def read_sampling(
     )
 
 
-def read_prompt(prompt: Any) -> tuple[list[int], str]:
-    """Token ids and text of a completions ``prompt``: a string or a list of token ids (or a batch of one)."""
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]
+def _one_prompt(prompt: Any) -> tuple[list[int], str] | None:
     if isinstance(prompt, str):
         return encode_text(prompt), prompt
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         if not all(is_known_token(t) for t in prompt):
             raise ApiError(400, "prompt holds a token id outside the tokenizer", param="prompt")
         return list(prompt), decode_text(prompt)
+    return None
+
+
+def read_prompts(prompt: Any, *, batch: bool) -> list[tuple[list[int], str]]:
+    """Token ids and text of each prompt of a completions ``prompt``: a string, a list of token ids, or
+    (with ``batch``; else only a list of one) a list of such prompts."""
+    one = _one_prompt(prompt)
+    if one is not None:
+        return [one]
     if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
-        raise ApiError(400, "batched prompts are not supported by the simulator", param="prompt")
+        if len(prompt) > 1 and not batch:
+            raise ApiError(400, "batched prompts are not supported by this server", param="prompt")
+        prompts = [_one_prompt(p) for p in prompt]
+        if all(p is not None for p in prompts):
+            return [p for p in prompts if p is not None]
     raise ApiError(400, "prompt must be a string or a non-empty list of token ids", param="prompt")
+
+
+def read_prompt(prompt: Any) -> tuple[list[int], str]:
+    """Token ids and text of a completions ``prompt``: a string or a list of token ids (or a batch of one)."""
+    return read_prompts(prompt, batch=False)[0]

@@ -11,6 +11,13 @@ The built-in profiles (``CAPABILITY_PROFILES``) follow the real servers describe
   fields outside the OpenAI API are refused.
 * ``"llamacpp"``: completions refuse ``echo`` and answer logprobs in the chat shape; chat logprobs with
   ``top_logprobs`` 20 by default; a trailing assistant message is continued and returned with its prefix.
+* ``"sglang"``: completions with ``echo`` + ``logprobs`` (prompt logprobs, which bypass the radix cache),
+  every ``text_offset`` -1, ``max_tokens`` at least 1, prompt lists; chat ``continue_final_message``.
+
+``dialect`` names the server family whose native API the simulator serves besides the OpenAI endpoints
+(``native.py``): vLLM's ``/tokenize``, ``/detokenize``, ``/version`` and its token-id extras on
+completions; SGLang's ``/generate`` and ``/get_model_info``; llama-server's ``/completion``, ``/tokenize``,
+``/detokenize``, ``/props`` and ``/health``. ``"openai"`` serves none of them.
 
 Build a custom one with ``dataclasses.replace(CAPABILITY_PROFILES["vllm"], name=..., ...)``.
 """
@@ -40,6 +47,12 @@ class Capabilities:
     trailing assistant message is continued and the reply includes it, as llama-server does),
     ``predicted_outputs`` (OpenAI's ``prediction``).
 
+    ``dialect``: the native API served (``"vllm"``, ``"sglang"``, ``"llamacpp"``, ``"openai"`` = none).
+    ``batch_prompts``: completions take a list of prompts (each a string or token ids) and answer one
+    choice per prompt (and per ``n``), in prompt order. ``offsets_unknown``: every ``text_offset`` is -1
+    (SGLang). ``completions_zero_max_tokens``: ``max_tokens`` 0 is accepted with ``echo`` (not by SGLang).
+    ``token_id_extras``: vLLM's ``return_token_ids`` and ``return_tokens_as_token_ids``.
+
     ``reject_unknown_params``: fields outside the OpenAI API (such as vLLM's extras) get a 400
     "Unrecognized request argument supplied", as OpenAI answers; other servers ignore what they do not know.
     """
@@ -61,6 +74,11 @@ class Capabilities:
     assistant_prefill: bool = False
     predicted_outputs: bool = False
     reject_unknown_params: bool = False
+    dialect: str = "openai"
+    batch_prompts: bool = False
+    offsets_unknown: bool = False
+    completions_zero_max_tokens: bool = True
+    token_id_extras: bool = False
 
 
 CAPABILITY_PROFILES: Mapping[str, Capabilities] = {
@@ -73,6 +91,9 @@ CAPABILITY_PROFILES: Mapping[str, Capabilities] = {
             prompt_logprobs_param=True,
             prompt_logprobs_skip_cache=True,
             continue_final_message=True,
+            dialect="vllm",
+            batch_prompts=True,
+            token_id_extras=True,
         ),
         Capabilities(
             name="openai",
@@ -88,6 +109,17 @@ CAPABILITY_PROFILES: Mapping[str, Capabilities] = {
             completions_logprobs_chat_shape=True,
             chat_default_top_logprobs=20,
             assistant_prefill=True,
+            dialect="llamacpp",
+        ),
+        Capabilities(
+            name="sglang",
+            completions_max_logprobs=20,
+            prompt_logprobs_skip_cache=True,
+            continue_final_message=True,
+            dialect="sglang",
+            batch_prompts=True,
+            offsets_unknown=True,
+            completions_zero_max_tokens=False,
         ),
     )
 }

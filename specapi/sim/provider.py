@@ -1,9 +1,11 @@
 """The simulated OpenAI-format provider: one async ``handle`` for every request, and its records.
 
 ``SimProvider.handle(method, path, body, headers)`` serves ``POST /v1/completions``,
-``POST /v1/chat/completions`` and ``GET /v1/models`` (``/v1`` optional) and returns a ``SimResponse``: a
-status, headers, and a JSON body, raw bytes (a truncated body) or an ``SSEStream``. Adapters turn it into an
-``httpx2`` transport (``transport.py``) or an ASGI app (``server.py``).
+``POST /v1/chat/completions`` and ``GET /v1/models`` (``/v1`` optional), plus the native endpoints of the
+profile's dialect (``vllm_api``, ``sglang_api``, ``llamacpp_api``), and returns a ``SimResponse``: a
+status, headers, and a JSON body, raw bytes (a truncated body) or an ``SSEStream``. The provider knows no
+adapter: callers wrap it, ``SimTransport(provider)`` (``transport.py``, in-process ``httpx2``) or
+``create_app(provider)`` (``server.py``, ASGI), as ``httpx.ASGITransport(app)`` wraps an app.
 
 What a request gets depends on three injected pieces: the ``Capabilities`` (which parameters the server
 flavour accepts and how it shapes answers), the ``LatencyProfile`` (how long it takes, what it costs) and
@@ -34,9 +36,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .corpus import encode_text
+from .corpus import encode_text, token_id_str, token_str
 from .faults import FaultInjector, FaultPlan, Faults, drop_logprobs, mismatch_logprobs, truncate
-from .generation import Generation, TokenRecord, generate, score_prompt, text_offsets
+from .generation import Sampler, generate, score_prompt, stop_reason, text_offsets
+from . import llamacpp_api, sglang_api, vllm_api
+from .jobs import Job, PromptWork, total_usage
 from .latency import (
     LatencyProfile,
     ModelTiming,
@@ -44,9 +48,9 @@ from .latency import (
     RateLimiter,
     RequestTiming,
     Sleep,
+    batch_timing,
     get_latency_profile,
     jittered,
-    request_timing,
 )
 from .models import MODEL_SPECS, ModelSpec, NGramModel, get_model
 from .params import (
@@ -57,7 +61,7 @@ from .params import (
     parse_json,
     read_bool,
     read_int,
-    read_prompt,
+    read_prompts,
     read_sampling,
     reject_unknown_fields,
     retry_after_headers,
@@ -69,10 +73,7 @@ from .streams import SSEStream, chat_chunks, completion_chunks, shown_tokens, ti
 from .template import message_text, render_chat
 
 if TYPE_CHECKING:
-    from starlette.applications import Starlette
-
     from .streams import Chunk
-    from .transport import SimTransport
 
 __all__ = [
     "Call",
@@ -81,6 +82,16 @@ __all__ = [
     "SimProvider",
     "SimResponse",
 ]
+
+_NATIVE_ROUTES = frozenset({
+    ("vllm", "POST", "/tokenize"), ("vllm", "POST", "/detokenize"), ("vllm", "GET", "/version"),
+    ("sglang", "POST", "/generate"), ("sglang", "PUT", "/generate"),
+    ("sglang", "GET", "/get_model_info"), ("sglang", "GET", "/model_info"),
+    ("llamacpp", "POST", "/completion"),
+    ("llamacpp", "POST", "/tokenize"), ("llamacpp", "POST", "/detokenize"),
+    ("llamacpp", "GET", "/props"), ("llamacpp", "GET", "/health"),
+})  # fmt: skip
+"""(dialect, method, path) of the native endpoints, at the server root."""
 
 CONTEXT_WINDOW = 8192
 """Prompt plus output tokens a simulated model accepts."""
@@ -161,32 +172,6 @@ class SimResponse:
         if self.content is not None:
             return self.content
         return json.dumps(self.json).encode()
-
-
-@dataclass
-class _Job:
-    """Everything computed for one successful generation request."""
-
-    spec: ModelSpec
-    prompt_ids: list[int]
-    cached_tokens: int
-    choices: list[Generation]
-    prompt_records: list[TokenRecord] | None = None
-    prediction: tuple[int, int] | None = None
-    predicted_flags: list[bool] = field(default_factory=list)
-
-    @property
-    def completion_tokens(self) -> int:
-        rejected = self.prediction[1] if self.prediction else 0
-        return sum(len(c.tokens) for c in self.choices) + rejected
-
-    def usage(self) -> dict[str, Any]:
-        return usage_body(
-            prompt_tokens=len(self.prompt_ids),
-            completion_tokens=self.completion_tokens,
-            cached_tokens=self.cached_tokens,
-            prediction=self.prediction,
-        )
 
 
 class SimProvider:
@@ -277,18 +262,6 @@ class SimProvider:
         call.status = response.status
         return response
 
-    def transport(self) -> SimTransport:
-        """An ``httpx2`` transport serving this provider in-process (see ``transport.py``)."""
-        from .transport import SimTransport
-
-        return SimTransport(self)
-
-    def asgi_app(self) -> Starlette:
-        """A Starlette app serving this provider over HTTP (see ``server.py``)."""
-        from .server import create_app
-
-        return create_app(self)
-
     # -- routing --------------------------------------------------------------------------------------
 
     async def _route(self, call: Call, body: Any) -> SimResponse:
@@ -307,7 +280,67 @@ class SimProvider:
             if path == "/completions":
                 return await self._completions(call, body)
             return await self._chat(call, body)
+        native = await self._native(call, body)
+        if native is not None:
+            return native
         raise ApiError(404, f"Unknown path {call.path}", code="not_found")
+
+    # -- native APIs (vLLM, SGLang, llama-server): the profile's dialect only ------------------------------
+
+    async def _native(self, call: Call, body: Any) -> SimResponse | None:
+        """The dialect's own endpoints at the server root (``None``: not one of them)."""
+        path = "/" + call.path.split("?", 1)[0].strip("/")
+        dialect = self.capabilities.dialect
+        route = (dialect, call.method, path)
+        if route not in _NATIVE_ROUTES:
+            return None
+        if call.method == "POST" and not isinstance(body, dict):
+            raise ApiError(400, "The request body must be a JSON object.")
+        body = body if isinstance(body, dict) else {}
+        spec = self._native_model(call, body)
+        if dialect == "vllm":
+            if path == "/version":
+                return self._json(200, vllm_api.version(), call)
+            if "model" in body:
+                self._require_model(body.get("model"))
+            if path == "/tokenize":
+                return self._json(200, vllm_api.tokenize(body, max_model_len=CONTEXT_WINDOW), call)
+            return self._json(200, vllm_api.detokenize(body), call)
+        if dialect == "sglang":
+            if path in ("/get_model_info", "/model_info"):
+                return self._json(200, sglang_api.model_info(spec.name), call)
+            call.model = spec.name  # generation is billed to a model; lookups (GET, tokenize) are not
+            generate = sglang_api.read_generate(body)
+            top_k = generate.top_logprobs_num if generate.return_logprob else None
+            jobs = await self._run_batch(call, spec, generate.work(), generate.sampling, top_k=top_k, with_rank=False)
+            rids = [f"{next(self._ids):032x}" for _ in jobs]
+            return await self._finish(call, jobs[0], sglang_api.generate_results(generate, jobs, rids))
+        if path == "/health":
+            return self._json(200, llamacpp_api.health(), call)
+        if path == "/props":
+            return self._json(200, llamacpp_api.props(spec.name), call)
+        if path == "/tokenize":
+            return self._json(200, llamacpp_api.tokenize(body), call)
+        if path == "/detokenize":
+            return self._json(200, llamacpp_api.detokenize(body), call)
+        call.model = spec.name
+        completion = llamacpp_api.read_completion(body)
+        top_k = completion.n_probs if completion.n_probs > 0 else None
+        jobs = await self._run_batch(call, spec, completion.work(), completion.sampling, top_k=top_k, with_rank=False,
+                                     sampler=completion.sampler())
+        payload = llamacpp_api.completion_results(self.model(spec.name), spec.name, completion, jobs)
+        return await self._finish(call, jobs[0], payload)
+
+    def _native_model(self, call: Call, body: Mapping[str, Any]) -> ModelSpec:
+        """The model a native request asks for (its ``model`` field, or ``?model=``), else the first served:
+        the real servers serve one model and ignore the field."""
+        name = body.get("model")
+        if not isinstance(name, str) and "?" in call.path:
+            query = dict(part.partition("=")[::2] for part in call.path.split("?", 1)[1].split("&"))
+            name = query.get("model")
+        if isinstance(name, str) and name in self.specs:
+            return self.specs[name]
+        return next(iter(self.specs.values()))
 
     def _json(self, status: int, payload: Any, call: Call | None = None) -> SimResponse:
         if call is not None:
@@ -356,71 +389,85 @@ class SimProvider:
                 code="invalid_parameter_combination",
             )
         prompt_logprobs = self._prompt_logprobs_param(body)
-        sampling = read_sampling(body, default_max_tokens=16, allow_zero=echo, max_n=MAX_N)
+        sampling = read_sampling(
+            body, default_max_tokens=16, allow_zero=echo and caps.completions_zero_max_tokens, max_n=MAX_N
+        )
         if prompt_logprobs is not None and sampling.stream:
             raise ApiError(400, "prompt_logprobs is not supported with stream=True", param="prompt_logprobs")
-        prompt_ids, prompt_text = read_prompt(body.get("prompt"))
+        prompts = read_prompts(body.get("prompt"), batch=caps.batch_prompts)
+        as_ids = caps.token_id_extras and read_bool(body, "return_tokens_as_token_ids", False)
+        with_ids = caps.token_id_extras and read_bool(body, "return_token_ids", False)
+        render = token_id_str if as_ids else token_str
         # Echo with logprobs scores the prompt like vLLM does (prompt_logprobs = logprobs).
         scored_k = logprobs if echo and logprobs is not None else prompt_logprobs
-        job = await self._run(
-            call,
-            spec,
-            prompt_ids,
-            sampling,
-            top_k=logprobs,
-            prompt_k=scored_k,
-            with_rank=prompt_logprobs is not None,
+        skip_cache = scored_k is not None and caps.prompt_logprobs_skip_cache
+        work = [PromptWork(ids, prompt_k=scored_k, cache_limit=0 if skip_cache else None) for ids, _ in prompts]
+        jobs = await self._run_batch(
+            call, spec, work, sampling, top_k=logprobs, with_rank=prompt_logprobs is not None
         )
         created = int(self.clock())
         ident = f"cmpl-sim-{next(self._ids):08x}"
-        base_offset = len(prompt_text) if caps.offsets_from_prompt_start else 0
         if sampling.stream:
-            chunks = completion_chunks(
-                ident=ident,
-                created=created,
-                model=spec.name,
-                choices=job.choices,
-                caps=caps,
-                echo=echo,
-                logprobs=logprobs,
-                prompt_text=prompt_text,
-                prompt_records=job.prompt_records,
-            )
-            return self._stream(call, job, chunks, sampling.include_usage)
-        choices = []
-        for index, gen in enumerate(job.choices):
-            shown = shown_tokens(gen)
-            lp = None
-            if logprobs is not None and caps.completions_logprobs_chat_shape:
-                lp = {"content": chat_logprob_items(shown)}
-            elif logprobs is not None and echo:
-                records = list(job.prompt_records or []) + shown
-                lp = completion_logprobs(
-                    records, text_offsets([r.token_id for r in records]), include_chosen=caps.logprobs_all
+            chunks: list[Chunk] = []
+            for number, (job, (_, prompt_text)) in enumerate(zip(jobs, prompts)):
+                chunks += completion_chunks(
+                    ident=ident,
+                    created=created,
+                    model=spec.name,
+                    choices=job.choices,
+                    caps=caps,
+                    echo=echo,
+                    logprobs=logprobs,
+                    prompt_text=prompt_text,
+                    prompt_records=job.prompt_records,
+                    render=render,
+                    first_index=number * sampling.n,
                 )
-            elif logprobs is not None:
-                offsets = [base_offset + o for o in text_offsets([r.token_id for r in shown])]
-                lp = completion_logprobs(shown, offsets, include_chosen=caps.logprobs_all)
-            choice = {
-                "index": index,
-                "text": prompt_text + gen.text if echo else gen.text,
-                "logprobs": lp,
-                "finish_reason": gen.finish_reason,
-            }
-            if prompt_logprobs is not None:
-                choice["prompt_logprobs"] = raw_prompt_logprobs(job.prompt_records or [])
-            if body.get("return_token_ids") and caps.prompt_logprobs_param:
-                choice["prompt_token_ids"] = list(job.prompt_ids)
-            choices.append(choice)
+            chunks.sort(key=lambda c: c.step)  # the prompts decode together: step by step, prompt by prompt
+            return self._stream(call, jobs[0], chunks, sampling.include_usage, usage=total_usage(jobs))
+        choices: list[dict[str, Any]] = []
+        for job, (_, prompt_text) in zip(jobs, prompts):
+            base_offset = len(prompt_text) if caps.offsets_from_prompt_start else 0
+            for gen in job.choices:
+                shown = shown_tokens(gen)
+                lp = None
+                if logprobs is not None and caps.completions_logprobs_chat_shape:
+                    lp = {"content": chat_logprob_items(shown, render=render)}
+                elif logprobs is not None:
+                    records = list(job.prompt_records or []) + shown if echo else shown
+                    offsets = text_offsets([r.token_id for r in records])
+                    if caps.offsets_unknown:
+                        offsets = [-1] * len(records)
+                    elif not echo:
+                        offsets = [base_offset + o for o in offsets]
+                    lp = completion_logprobs(records, offsets, include_chosen=caps.logprobs_all, render=render)
+                choice = {
+                    "index": len(choices),  # vLLM numbers choices across the prompts: prompt i, sample j -> i*n + j
+                    "text": prompt_text + gen.text if echo else gen.text,
+                    "logprobs": lp,
+                    "finish_reason": gen.finish_reason,
+                }
+                if caps.dialect == "vllm":  # vLLM serializes every field of its choice, nulls included
+                    choice["stop_reason"] = stop_reason(gen, sampling.stop, eos=False)
+                    choice["token_ids"] = gen.token_ids if with_ids else None
+                    choice["prompt_logprobs"] = None
+                    choice["prompt_token_ids"] = list(job.prompt_ids) if with_ids else None
+                elif caps.dialect == "sglang":
+                    choice["matched_stop"] = stop_reason(gen, sampling.stop, eos=True)
+                if prompt_logprobs is not None:
+                    choice["prompt_logprobs"] = raw_prompt_logprobs(job.prompt_records or [])
+                choices.append(choice)
         payload = {
             "id": ident,
             "object": "text_completion",
             "created": created,
             "model": spec.name,
             "choices": choices,
-            "usage": job.usage(),
+            "usage": total_usage(jobs),
         }
-        return await self._finish(call, job, payload)
+        if caps.dialect == "vllm":
+            payload.update(service_tier=None, system_fingerprint=None, kv_transfer_params=None)
+        return await self._finish(call, jobs[0], payload)
 
     async def _chat(self, call: Call, body: dict[str, Any]) -> SimResponse:
         caps = self.capabilities
@@ -470,6 +517,8 @@ class SimProvider:
         except ValueError as error:
             raise ApiError(400, str(error), param="messages") from None
         prefix = message_text(messages[-1]) if prefill else ""
+        as_ids = caps.token_id_extras and read_bool(body, "return_tokens_as_token_ids", False)
+        render = token_id_str if as_ids else token_str
         job = await self._run(
             call,
             spec,
@@ -484,7 +533,8 @@ class SimProvider:
         ident = f"chatcmpl-sim-{next(self._ids):08x}"
         if sampling.stream:
             chunks = chat_chunks(
-                ident=ident, created=created, model=spec.name, choices=job.choices, logprobs=logprobs, prefix=prefix
+                ident=ident, created=created, model=spec.name, choices=job.choices, logprobs=logprobs, prefix=prefix,
+                render=render,
             )
             return self._stream(call, job, chunks, sampling.include_usage)
         choices = []
@@ -493,7 +543,7 @@ class SimProvider:
                 {
                     "index": index,
                     "message": {"role": "assistant", "content": prefix + gen.text},
-                    "logprobs": {"content": chat_logprob_items(shown_tokens(gen))} if logprobs else None,
+                    "logprobs": {"content": chat_logprob_items(shown_tokens(gen), render=render)} if logprobs else None,
                     "finish_reason": gen.finish_reason,
                 }
             )
@@ -505,10 +555,19 @@ class SimProvider:
             "choices": choices,
             "usage": job.usage(),
         }
+        with_ids = caps.token_id_extras and read_bool(body, "return_token_ids", False)
+        if caps.dialect == "vllm":  # vLLM serializes every field, nulls included
+            payload.update(service_tier=None, system_fingerprint=None, prompt_logprobs=None, prompt_token_ids=None,
+                           kv_transfer_params=None)
+            for choice, gen in zip(choices, job.choices):
+                choice["stop_reason"] = stop_reason(gen, sampling.stop, eos=False)
+                choice["token_ids"] = None
         if prompt_logprobs is not None:
             payload["prompt_logprobs"] = raw_prompt_logprobs(job.prompt_records or [])
-        if body.get("return_token_ids") and self.capabilities.prompt_logprobs_param:
-            payload["prompt_token_ids"] = list(job.prompt_ids)  # vLLM's return_token_ids (chat: top level)
+        if with_ids:
+            payload["prompt_token_ids"] = list(job.prompt_ids)  # vLLM's return_token_ids: top level on chat,
+            for choice, gen in zip(choices, job.choices):  # the generated ids on each choice
+                choice["token_ids"] = gen.token_ids
         return await self._finish(call, job, payload)
 
     # -- parameters -----------------------------------------------------------------------------------
@@ -558,21 +617,50 @@ class SimProvider:
         prompt_k: int | None,
         with_rank: bool,
         prediction: list[int] | None = None,
-    ) -> _Job:
-        """Fault plan, limits, cache, generation and timing of one request."""
+    ) -> Job:
+        """``_run_batch`` for one prompt (the OpenAI endpoints' case)."""
+        skip_cache = prompt_k is not None and self.capabilities.prompt_logprobs_skip_cache
+        work = PromptWork(prompt_ids, prompt_k=prompt_k, cache_limit=0 if skip_cache else None)
+        (job,) = await self._run_batch(call, spec, [work], sampling, top_k=top_k, with_rank=with_rank,
+                                       prediction=prediction)
+        return job
+
+    async def _run_batch(
+        self,
+        call: Call,
+        spec: ModelSpec,
+        prompts: Sequence[PromptWork],
+        sampling: Sampling,
+        *,
+        top_k: int | None,
+        with_rank: bool,
+        prediction: list[int] | None = None,
+        sampler: Sampler | None = None,
+    ) -> list[Job]:
+        """Fault plan, limits, cache, generation and timing of one request holding one or more prompts.
+
+        Each prompt is looked up in the prefix cache as it stood before the request (prompts of one
+        request do not share their blocks with each other), generated, and then inserted. The request is
+        timed as one forward batch (see ``batch_timing``): one round trip and fixed time to first token,
+        the prefill of every prompt's uncached tokens, then as many decoding steps as the longest
+        generation needs (decoding steps of a batch run together). With a ``seed``, every prompt draws from
+        its own generator seeded with it (the same random stream per prompt, as llama-server does); a
+        prompt's ``n`` choices draw from that generator in turn.
+        """
         timing_profile = self.latency.timing_for(spec.name, spec.tier)
-        max_tokens = sampling.max_tokens
-        if max_tokens is None:
-            max_tokens = max(1, CONTEXT_WINDOW - len(prompt_ids))  # as vLLM: up to the context window
-        if len(prompt_ids) + max_tokens > CONTEXT_WINDOW:
-            raise ApiError(
-                400,
-                f"This model's maximum context length is {CONTEXT_WINDOW} tokens. However, you requested "
-                f"{len(prompt_ids) + max_tokens} tokens ({len(prompt_ids)} in the messages, {max_tokens} in "
-                "the completion). Please reduce the length of the messages or completion.",
-                param="messages",
-                code="context_length_exceeded",
-            )
+        for work in prompts:
+            max_tokens = sampling.max_tokens
+            if max_tokens is None:
+                max_tokens = max(1, CONTEXT_WINDOW - len(work.prompt_ids))
+            if len(work.prompt_ids) + max_tokens > CONTEXT_WINDOW:
+                raise ApiError(
+                    400,
+                    f"This model's maximum context length is {CONTEXT_WINDOW} tokens. However, you requested "
+                    f"{len(work.prompt_ids) + max_tokens} tokens ({len(work.prompt_ids)} in the messages, "
+                    f"{max_tokens} in the completion). Please reduce the length of the messages or completion.",
+                    param="messages",
+                    code="context_length_exceeded",
+                )
         plan = self.faults.plan(model=spec.name, path=route_path(call.path))
         call.faults = plan
         if plan.status is not None:
@@ -591,36 +679,49 @@ class SimProvider:
         started = time.perf_counter()
         try:
             model = get_model(spec)
-            skip_cache = prompt_k is not None and self.capabilities.prompt_logprobs_skip_cache
             cache = self._cache(spec.name, timing_profile)
-            cached = 0 if skip_cache else cache.lookup(prompt_ids)
-            rng = self._rng_for(sampling.seed)
-            choices = [
-                generate(
-                    model,
-                    prompt_ids,
-                    max_tokens=max_tokens,
-                    temperature=sampling.temperature,
-                    top_p=sampling.top_p,
-                    rng=rng,
-                    stop=sampling.stop,
-                    top_k=top_k,
-                )
-                for _ in range(sampling.n)
-            ]
-            job = _Job(spec=spec, prompt_ids=prompt_ids, cached_tokens=cached, choices=choices)
-            if prompt_k is not None:
-                job.prompt_records = score_prompt(model, prompt_ids, top_k=prompt_k, with_rank=with_rank)
-            if prediction is not None:
-                job.prediction, job.predicted_flags = _match_prediction(prediction, choices[0].token_ids)
-            cache.insert(prompt_ids + choices[0].token_ids)
-            longest = max(len(c.tokens) for c in choices)
-            timing = request_timing(
+            cached_counts = []
+            for work in prompts:
+                cached = cache.lookup(work.prompt_ids)
+                if work.cache_limit is not None:
+                    cached = min(cached, work.cache_limit)
+                cached_counts.append(cached)
+            jobs = []
+            for work, cached in zip(prompts, cached_counts):
+                max_tokens = sampling.max_tokens
+                if max_tokens is None:
+                    max_tokens = max(1, CONTEXT_WINDOW - len(work.prompt_ids))  # as vLLM: up to the context window
+                rng = self._rng_for(sampling.seed)
+                choices = [
+                    generate(
+                        model,
+                        work.prompt_ids,
+                        max_tokens=max_tokens,
+                        temperature=sampling.temperature,
+                        top_p=sampling.top_p,
+                        rng=rng,
+                        stop=sampling.stop,
+                        top_k=top_k,
+                        sampler=sampler,
+                    )
+                    for _ in range(sampling.n)
+                ]
+                job = Job(spec=spec, prompt_ids=list(work.prompt_ids), cached_tokens=cached, choices=choices)
+                if work.prompt_k is not None:
+                    job.prompt_records = score_prompt(
+                        model, work.prompt_ids, top_k=work.prompt_k, with_rank=with_rank, start=work.score_start
+                    )
+                if prediction is not None:
+                    job.prediction, job.predicted_flags = _match_prediction(prediction, choices[0].token_ids)
+                jobs.append(job)
+            for job in jobs:
+                cache.insert(job.prompt_ids + job.choices[0].token_ids)
+            timing = batch_timing(
                 timing_profile,
-                prompt_tokens=len(prompt_ids),
-                cached_tokens=cached,
-                completion_tokens=longest,
-                predicted=job.predicted_flags,
+                prompt_tokens=[len(j.prompt_ids) for j in jobs],
+                cached_tokens=[j.cached_tokens for j in jobs],
+                completion_tokens=max(len(c.tokens) for j in jobs for c in j.choices),
+                predicted=jobs[0].predicted_flags if len(jobs) == 1 else (),
             )
             timing = jittered(timing, timing_profile.jitter, self._jitter_rng)
             first = timing.first_token_s + plan.extra_latency_s
@@ -628,24 +729,28 @@ class SimProvider:
                 first = max(0.0, first - (time.perf_counter() - started))
             timing = RequestTiming(first, timing.gaps_s)
             call.timing = timing
-            call.usage = job.usage()
+            for job in jobs:
+                job.timing = timing
+            call.usage = total_usage(jobs)
             counters = self.usage[spec.name]
             counters.requests += 1
-            counters.prompt_tokens += len(prompt_ids)
-            counters.cached_tokens += cached
-            if not sampling.stream:
-                counters.completion_tokens += job.completion_tokens
+            for job in jobs:
+                counters.prompt_tokens += len(job.prompt_ids)
+                counters.cached_tokens += job.cached_tokens
+                if not sampling.stream:
+                    counters.completion_tokens += job.completion_tokens
         except BaseException:
             limiter.release()
             raise
-        return job
+        return jobs
 
-    async def _finish(self, call: Call, job: _Job, payload: dict[str, Any]) -> SimResponse:
+    async def _finish(self, call: Call, job: Job, payload: Any) -> SimResponse:
         """Apply body faults, wait the simulated time, release the slot, answer."""
         plan = call.faults
-        if plan.drop_logprobs:
+        openai_shaped = isinstance(payload, dict) and "choices" in payload
+        if plan.drop_logprobs and openai_shaped:
             payload = drop_logprobs(payload)
-        if plan.mismatch_logprobs:
+        if plan.mismatch_logprobs and openai_shaped:
             payload = mismatch_logprobs(payload)
         try:
             if call.timing is not None and call.timing.total_s > 0:
@@ -657,13 +762,16 @@ class SimProvider:
             return SimResponse(200, {"content-type": "application/json"}, content=truncate(json.dumps(payload).encode()))
         return SimResponse(200, {"content-type": "application/json"}, payload)
 
-    def _stream(self, call: Call, job: _Job, chunks: list[Chunk], include_usage: bool) -> SimResponse:
-        """A timed SSE stream of ``chunks``; completion tokens are counted as they go out."""
+    def _stream(
+        self, call: Call, job: Job, chunks: list[Chunk], include_usage: bool, usage: dict[str, Any] | None = None
+    ) -> SimResponse:
+        """A timed SSE stream of ``chunks``; completion tokens are counted as they go out. ``usage``: of the
+        whole request when it holds several prompts (else ``job``'s)."""
         events, call.chunks = timed_events(
             chunks,
             call.timing or RequestTiming(0.0),
             call.faults,
-            usage=job.usage() if include_usage else None,
+            usage=(usage or job.usage()) if include_usage else None,
             late_billed=job.prediction[1] if job.prediction else 0,
         )
         counters = self.usage[job.spec.name]

@@ -6,7 +6,7 @@ Pure functions from data to dicts; the provider decides which to send. Shapes fo
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .corpus import EOS_TOKEN_ID, token_bytes, token_str
@@ -51,7 +51,11 @@ def usage_body(
 
 
 def completion_logprobs(
-    records: Sequence[TokenRecord], offsets: Sequence[int], *, include_chosen: bool
+    records: Sequence[TokenRecord],
+    offsets: Sequence[int],
+    *,
+    include_chosen: bool,
+    render: Callable[[int], str] = token_str,
 ) -> dict[str, Any]:
     """Legacy completions ``logprobs``: ``{tokens, token_logprobs, top_logprobs, text_offset}``.
 
@@ -63,12 +67,12 @@ def completion_logprobs(
         if record.top is None:
             tops.append(None)
             continue
-        top = {token_str(i): lp for i, lp in record.top}
+        top = {render(i): lp for i, lp in record.top}
         if include_chosen and record.logprob is not None:
-            top.setdefault(token_str(record.token_id), record.logprob)
+            top.setdefault(render(record.token_id), record.logprob)
         tops.append(top)
     return {
-        "tokens": [token_str(r.token_id) for r in records],
+        "tokens": [render(r.token_id) for r in records],
         "token_logprobs": [r.logprob for r in records],
         "top_logprobs": tops,
         "text_offset": list(offsets),
@@ -80,15 +84,18 @@ def _token_bytes_list(token_id: int) -> list[int]:
     return list(raw)
 
 
-def chat_logprob_items(records: Sequence[TokenRecord]) -> list[dict[str, Any]]:
-    """Chat ``logprobs.content`` items: ``{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}``."""
+def chat_logprob_items(
+    records: Sequence[TokenRecord], *, render: Callable[[int], str] = token_str
+) -> list[dict[str, Any]]:
+    """Chat ``logprobs.content`` items: ``{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}``
+    (``render`` names the tokens; the bytes stay the token's)."""
     return [
         {
-            "token": token_str(r.token_id),
+            "token": render(r.token_id),
             "logprob": r.logprob,
             "bytes": _token_bytes_list(r.token_id),
             "top_logprobs": [
-                {"token": token_str(i), "logprob": lp, "bytes": _token_bytes_list(i)} for i, lp in (r.top or ())
+                {"token": render(i), "logprob": lp, "bytes": _token_bytes_list(i)} for i, lp in (r.top or ())
             ],
         }
         for r in records

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .corpus import EOS_TOKEN_ID
+from .corpus import EOS_TOKEN_ID, token_str
 from .faults import FaultPlan, drop_logprobs, mismatch_logprobs, truncate
 from .generation import Generation, TokenRecord, text_offsets
 from .latency import RequestTiming, Sleep
@@ -100,8 +100,11 @@ def completion_chunks(
     logprobs: int | None,
     prompt_text: str,
     prompt_records: Sequence[TokenRecord] | None,
+    render: Callable[[int], str] = token_str,
+    first_index: int = 0,
 ) -> list[Chunk]:
-    """``text_completion`` chunks: the echoed prompt first (with its logprobs), then one per token."""
+    """``text_completion`` chunks: the echoed prompt first (with its logprobs), then one per token.
+    ``first_index``: the index of the first choice (a later prompt of a list of prompts)."""
 
     def chunk(index: int, text: str, lp: Any, finish: str | None) -> dict[str, Any]:
         return {
@@ -109,7 +112,7 @@ def completion_chunks(
             "object": "text_completion",
             "created": created,
             "model": model,
-            "choices": [{"index": index, "text": text, "logprobs": lp, "finish_reason": finish}],
+            "choices": [{"index": first_index + index, "text": text, "logprobs": lp, "finish_reason": finish}],
         }
 
     chunks = []
@@ -117,7 +120,9 @@ def completion_chunks(
         lp = None
         if logprobs is not None and prompt_records is not None:
             offsets = text_offsets([r.token_id for r in prompt_records])
-            lp = completion_logprobs(prompt_records, offsets, include_chosen=caps.logprobs_all)
+            if caps.offsets_unknown:
+                offsets = [-1] * len(offsets)
+            lp = completion_logprobs(prompt_records, offsets, include_chosen=caps.logprobs_all, render=render)
         chunks.extend(Chunk(0, chunk(index, prompt_text, lp, None)) for index in range(len(choices)))
     base = len(prompt_text) if (caps.offsets_from_prompt_start or echo) else 0
     last_step = {index: len(_pieces(gen)) - 1 for index, gen in enumerate(choices)}
@@ -125,10 +130,11 @@ def completion_chunks(
         lp = None
         if logprobs is not None:
             if caps.completions_logprobs_chat_shape:
-                lp = {"content": chat_logprob_items([record] if record else [])}
+                lp = {"content": chat_logprob_items([record] if record else [], render=render)}
             else:
-                lp = completion_logprobs([record] if record else [], [base + offset] if record else [],
-                                         include_chosen=caps.logprobs_all)
+                at = -1 if caps.offsets_unknown else base + offset
+                lp = completion_logprobs([record] if record else [], [at] if record else [],
+                                         include_chosen=caps.logprobs_all, render=render)
         finish = choices[index].finish_reason if step == last_step[index] else None
         chunks.append(Chunk(step, chunk(index, text, lp, finish), billed))
     return chunks
@@ -142,6 +148,7 @@ def chat_chunks(
     choices: Sequence[Generation],
     logprobs: bool,
     prefix: str,
+    render: Callable[[int], str] = token_str,
 ) -> list[Chunk]:
     """``chat.completion.chunk``s: the role, the continued prefix (llama.cpp prefill), one per token, the
     finish reason."""
@@ -162,7 +169,7 @@ def chat_chunks(
             chunks.append(Chunk(0, chunk(index, {"content": prefix}, None, None)))
     last = 0
     for step, index, (record, text, _, billed) in _interleave(choices):
-        lp = {"content": chat_logprob_items([record] if record else [])} if logprobs else None
+        lp = {"content": chat_logprob_items([record] if record else [], render=render)} if logprobs else None
         chunks.append(Chunk(step, chunk(index, {"content": text}, lp, None), billed))
         last = step
     chunks.extend(Chunk(last, chunk(index, {}, None, gen.finish_reason)) for index, gen in enumerate(choices))

@@ -2,7 +2,7 @@
 
     provider = SimProvider(capabilities="vllm")
     client = openai.AsyncOpenAI(
-        base_url="http://sim/v1", api_key="x", http_client=httpx2.AsyncClient(transport=provider.transport())
+        base_url="http://sim/v1", api_key="x", http_client=httpx2.AsyncClient(transport=SimTransport(provider))
     )
 
 No sockets, no threads: each request goes straight to ``SimProvider.handle``. Streamed responses keep their
@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING
 import httpx2
 
 if TYPE_CHECKING:
-    from .provider import SimProvider, SSEStream
+    from .provider import SimProvider
+    from .streams import SSEStream
 
 __all__ = ["SimTransport"]
 

@@ -27,7 +27,7 @@ PROMPTS = CODE + CJK
 IDS = ["code-fib", "code-class", "code-loop", "zh-weather", "ja-tokyo", "zh-program"]
 
 #: How each family's target is verified when specapi chooses ("auto").
-VERIFICATION = {"llama-cpp-python": "echo", "llama-server": "prefill-fanout"}
+VERIFICATION = {"llama-cpp-python": "echo", "llama-server": "token-ids"}
 NEUTRAL = {"repeat_penalty": 1.0}
 
 

@@ -1,0 +1,100 @@
+"""What every native (token-id) dialect offers, and the records it reads responses into.
+
+A native dialect sends token ids instead of text: the target scores and continues exactly the tokens
+it generated, so it never reads its own output back with other token boundaries. Each server family
+spells this differently (llama.cpp's `/completion`, SGLang's `/generate`, vLLM's token-id prompts on
+`/v1/completions`); the engine and the verifier only see `Pick`, `Generated` and the protocol below.
+
+Malformed responses are translated here, in `reading`, into the role's `MalformedResponseError`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from .._calls import Meter, RoleClient
+
+__all__ = ["Pick", "Generated", "NativeDialect", "reading", "server_root", "spelling"]
+
+
+@dataclass(frozen=True)
+class Pick:
+    """The target's next token after one prompt: its id and bytes, or the end of the text (`end`).
+    `data` is None when the server did not show the token's bytes."""
+
+    id: int | None
+    data: bytes | None
+    end: bool = False
+    prompt_tokens: int | None = None
+    #: Tokens the server counts for this answer that are no text (its end-of-text token, if counted).
+    uncounted: int = 0
+
+
+@dataclass(frozen=True)
+class Generated:
+    """What the target generated from a token-id prompt: ids (end of text excluded; None when the
+    server did not list them) and the text's bytes, why it stopped, and what it was billed."""
+
+    ids: tuple[int, ...] | None
+    data: bytes
+    finish_reason: str
+    prompt_tokens: int | None
+    completion_tokens: int
+
+
+class NativeDialect(Protocol):
+    """A server family's token-id API, for one role's endpoint."""
+
+    name: str
+    #: Greedy next tokens for many prompts in one request (else one request per prompt, concurrently).
+    batches: bool
+
+    async def tokenize(self, client: RoleClient, text: str, meter: Meter, *, special: bool) -> list[tuple[int, bytes | None]]:
+        """The text's token ids, each with its bytes where the server shows them."""
+        ...
+
+    async def next_tokens(
+        self, client: RoleClient, prompts: Sequence[Sequence[int]], fields: Mapping[str, Any], meter: Meter, *, options: Mapping[str, Any]
+    ) -> list[Pick]: ...
+
+    async def generate(
+        self,
+        client: RoleClient,
+        ids: Sequence[int],
+        fields: Mapping[str, Any],
+        max_tokens: int | None,
+        stop: Sequence[str] | None,
+        meter: Meter,
+        *,
+        options: Mapping[str, Any],
+        stream: bool = False,
+    ) -> Generated:
+        """The target alone continues `ids`; `stream` renders the text as the server streams it."""
+        ...
+
+
+@contextlib.contextmanager
+def reading(client: RoleClient, what: str) -> Iterator[None]:
+    """Turn a response that lacks or contradicts the fields a dialect reads into the role's error."""
+    try:
+        yield
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
+        raise client.error(f"{what} response is unreadable ({type(exc).__name__}: {exc})", malformed=True) from exc
+
+
+def server_root(client: RoleClient) -> str:
+    """The server's root URL (native APIs live beside `/v1`, not under it)."""
+    return str(client.endpoint.base_url or "").rstrip("/").removesuffix("/v1")
+
+
+def spelling(data: bytes) -> str:
+    """A token as specapi spells it (`alignment.token_bytes` reads it back): its text when its bytes
+    are whole UTF-8, else `bytes:\\x..`."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return "bytes:" + "".join(f"\\x{b:02x}" for b in data)
+    return text

@@ -1,0 +1,167 @@
+"""llama.cpp's `llama-server` native API (checked on the build from llama-cpp-python 0.3.36's sources).
+
+- `POST /completion` takes `prompt` as a token-id array, or a list of prompts: it then answers a JSON
+  array, one result per prompt (each with its `index`). A prompt given as ids gets no BOS added.
+- `n_predict` bounds the tokens, `n_probs` lists the top tokens of each generated one in
+  `completion_probabilities` (`{id, token, bytes, logprob, top_logprobs}`), `return_tokens` adds the
+  generated ids in `tokens` (the end-of-text token included), `stop_type` says why it stopped
+  (`eos`, `limit`, `word`), `tokens_evaluated` counts the prompt, `cache_prompt` reuses a slot's cache.
+- `POST /tokenize` (`content`, `add_special`) answers `{tokens: [...]}`.
+
+One request scores every draft position of a round: the prompts `context + d[:j]` go together, and
+the server evaluates them in its parallel slots, reusing cached prefixes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .._calls import Meter, RoleClient
+from .base import Generated, Pick, reading, server_root
+
+__all__ = ["LlamaCppDialect", "native_fields"]
+
+#: OpenAI-format sampling fields and the names `/completion` knows them by (the rest are the same).
+_RENAMED = {"max_tokens": "n_predict"}
+#: Fields of the OpenAI endpoints that `/completion` does not take.
+_DROPPED = {"logprobs", "top_logprobs", "echo", "stream_options", "n", "user", "model"}
+
+
+def native_fields(fields: Mapping[str, Any]) -> dict[str, Any]:
+    """The caller's sampling fields as `/completion` names them."""
+    return {_RENAMED.get(k, k): v for k, v in fields.items() if k not in _DROPPED}
+
+
+@dataclass
+class LlamaCppDialect:
+    name: str = "llama.cpp"
+    batches: bool = True
+
+    async def tokenize(self, client: RoleClient, text: str, meter: Meter, *, special: bool) -> list[tuple[int, bytes | None]]:
+        body = {"content": text, "add_special": special, "with_pieces": True}
+        response = await client.post(server_root(client) + "/tokenize", body, meter)
+        with reading(client, "/tokenize"):
+            return [_piece(t) for t in response["tokens"]]
+
+    async def next_tokens(
+        self, client: RoleClient, prompts: Sequence[Sequence[int]], fields: Mapping[str, Any], meter: Meter, *, options: Mapping[str, Any]
+    ) -> list[Pick]:
+        body = {
+            **native_fields(fields),
+            "prompt": [list(p) for p in prompts] if len(prompts) > 1 else list(prompts[0]),
+            "n_predict": 1,
+            "n_probs": 1,
+            "return_tokens": True,
+            "cache_prompt": True,
+        }
+        response = await client.post(server_root(client) + "/completion", body, meter, options=options, array_ok=True)
+        with reading(client, "/completion"):
+            results = response if isinstance(response, list) else [response]
+            if len(results) != len(prompts):
+                raise ValueError(f"{len(results)} results for {len(prompts)} prompts")
+            results = sorted(results, key=lambda r: int(r.get("index", 0)))
+            return [_pick(r) for r in results]
+
+    async def generate(
+        self,
+        client: RoleClient,
+        ids: Sequence[int],
+        fields: Mapping[str, Any],
+        max_tokens: int | None,
+        stop: Sequence[str] | None,
+        meter: Meter,
+        *,
+        options: Mapping[str, Any],
+        stream: bool = False,
+    ) -> Generated:
+        body: dict[str, Any] = {**native_fields(fields), "prompt": list(ids), "return_tokens": True, "cache_prompt": True}
+        body["n_predict"] = -1 if max_tokens is None else max_tokens
+        if stop:
+            body["stop"] = list(stop)
+        if stream:
+            return await self._streamed(client, body, meter, options)
+        response = await client.post(server_root(client) + "/completion", body, meter, options=options, array_ok=True)
+        with reading(client, "/completion"):
+            result = response[0] if isinstance(response, list) else response
+            return _generated(result)
+
+
+    async def _streamed(self, client: RoleClient, body: dict[str, Any], meter: Meter, options: Mapping[str, Any]) -> Generated:
+        """The text as the server streams it: a stream holds back a character it has not finished, and
+        at the end leaves it out, with the rest of the token that began it, where `content` shows U+FFFD."""
+        pieces: list[str] = []
+        last: Mapping[str, Any] = {}
+        async with contextlib.aclosing(client.stream(server_root(client) + "/completion", body, meter, options=options)) as chunks:
+            async for chunk in chunks:
+                pieces.append(chunk.get("content") or "")
+                last = chunk
+        with reading(client, "streamed /completion"):
+            if not last.get("stop"):
+                raise ValueError("the stream ended without its last chunk")
+            predicted, evaluated = last.get("tokens_predicted"), last.get("tokens_evaluated")
+            return Generated(
+                ids=None,
+                data="".join(pieces).encode("utf-8"),
+                finish_reason="stop" if last.get("stop_type") in ("eos", "word") else "length",
+                prompt_tokens=evaluated if isinstance(evaluated, int) else None,
+                completion_tokens=predicted if isinstance(predicted, int) else 0,
+            )
+
+
+def _piece(item: Any) -> tuple[int, bytes | None]:
+    """A `/tokenize` entry: an id, or `{id, piece}` with the piece as text or (partial UTF-8) a byte list."""
+    if not isinstance(item, Mapping):
+        return int(item), None
+    piece = item.get("piece")
+    data = bytes(piece) if isinstance(piece, list) else piece.encode("utf-8") if isinstance(piece, str) else None
+    return int(item["id"]), data
+
+
+def _token_data(item: Mapping[str, Any]) -> bytes:
+    raw = item.get("bytes")
+    if isinstance(raw, list):
+        return bytes(raw)
+    return str(item["token"]).encode("utf-8")
+
+
+def _pick(result: Mapping[str, Any]) -> Pick:
+    """One prompt's next token. A token that holds part of a character comes with no
+    `completion_probabilities` at all: its id is known, its bytes are not."""
+    prompt_tokens = result.get("tokens_evaluated")
+    prompt_tokens = prompt_tokens if isinstance(prompt_tokens, int) else None
+    if result.get("stop_type") == "eos":
+        predicted = result.get("tokens_predicted")
+        return Pick(id=None, data=None, end=True, prompt_tokens=prompt_tokens, uncounted=predicted if isinstance(predicted, int) else 0)
+    tokens = result.get("tokens") or []
+    probs = result.get("completion_probabilities") or []
+    if len(tokens) != 1:
+        raise ValueError(f"expected one generated token id, got {tokens!r}")
+    data = _token_data(probs[0]) if probs else None
+    return Pick(id=int(tokens[0]), data=data, prompt_tokens=prompt_tokens)
+
+
+def _generated(result: Mapping[str, Any]) -> Generated:
+    """The generated tokens and their text. The text is `content`, the server's own rendering (what its
+    OpenAI endpoints return; U+FFFD where it ends inside a character): `completion_probabilities` cannot
+    give the bytes, since it merges the tokens of a character split over several into one entry, and
+    leaves out every token of a run of characters that each straddle a token boundary."""
+    tokens = [int(t) for t in result.get("tokens") or []]
+    stop_type = result.get("stop_type")
+    if stop_type == "eos" and tokens:
+        tokens = tokens[:-1]  # the end-of-text token is listed, but it is no text
+    content = result["content"]
+    if not isinstance(content, str):
+        raise TypeError("content is not a string")
+    finish = "stop" if stop_type in ("eos", "word") else "length"
+    prompt_tokens = result.get("tokens_evaluated")
+    predicted = result.get("tokens_predicted")
+    return Generated(
+        ids=tuple(tokens),
+        data=content.encode("utf-8"),
+        finish_reason=finish,
+        prompt_tokens=prompt_tokens if isinstance(prompt_tokens, int) else None,
+        completion_tokens=predicted if isinstance(predicted, int) else len(tokens),
+    )

@@ -1,0 +1,167 @@
+"""Token-id verification: the target is sent its own token ids, never text it would read back.
+
+The context is kept as the target's ids (`Context.token_ids`: the prompt tokenized once by the target,
+then every token it chose). For a draft d1..dK in the target's ids, the prompts `context + d1..dj`
+(j = 0..K) each ask the target for one token; d(j+1) is kept while it equals the target's pick after
+`context + d1..dj`, and the first pick that differs (or the pick after all K) is emitted. Every emitted
+token is the target's own choice on exactly the ids it generated, so the output is the target's, at
+token boundaries too, by construction: no re-tokenization check is needed.
+
+Greedy rounds send all prompts in one request where the dialect batches them (llama.cpp's multi-prompt
+`/completion`, vLLM's list of token-id prompts, SGLang's batched `input_ids`). Sampled rounds send one
+request per prompt, concurrently, each with its own seed: a batch shares one seed, so its draws would
+be correlated across positions and the output would no longer have the target's distribution.
+
+The draft's tokens go as ids when the draft shows them and shares the target's tokenizer (checked
+once, by tokenizing a probe text on both); otherwise the draft's text is tokenized by the target.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+from ._calls import Meter, RoleClient
+from .acceptance import Emitted, RoundDecision
+from .alignment import ScoredToken
+from .context import Context
+from .dialects import NativeDialect, Pick
+from .verifiers import PlainStep, SeedSource, Verification
+
+__all__ = ["TokenIdVerifier", "TOKENIZER_PROBE"]
+
+#: Text whose tokenization tells tokenizers apart: code, CJK, emoji and a combining mark.
+TOKENIZER_PROBE = "def f(x):\n    return x  # 中文テキスト 😀 e\u0301"
+
+
+@dataclass
+class TokenIdVerifier:
+    client: RoleClient
+    dialect: NativeDialect
+    #: The draft's endpoint, to check once whether it shares the target's tokenizer.
+    draft_client: RoleClient | None = None
+    name: str = "token-ids"
+    #: Every kept token is one the target chose itself, so any sampler settings are reproduced.
+    draws_target_tokens: bool = True
+    _same_tokenizer: bool | None = field(default=None, repr=False)
+    _lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
+
+    async def prompt_ids(self, context: Context, meter: Meter) -> tuple[int, ...]:
+        """The prompt (and any accepted text) as the target tokenizes it for a request of its own."""
+        return tuple(i for i, _ in await self.dialect.tokenize(self.client, context.completion_prompt(), meter, special=True))
+
+    async def _shares_tokenizer(self, meter: Meter, draft_meter: Meter | None) -> bool:
+        async with self._lock:
+            if self._same_tokenizer is None:
+                self._same_tokenizer = False
+                if self.draft_client is not None:
+                    try:
+                        mine = await self.dialect.tokenize(self.client, TOKENIZER_PROBE, meter, special=False)
+                        theirs = await self.dialect.tokenize(self.draft_client, TOKENIZER_PROBE, draft_meter or Meter(self.draft_client.endpoint), special=False)
+                        self._same_tokenizer = [i for i, _ in mine] == [i for i, _ in theirs]
+                    except Exception:  # a draft that cannot tokenize (another kind of server): not shared
+                        self._same_tokenizer = False
+            return self._same_tokenizer
+
+    async def _draft_ids(self, draft: Sequence[ScoredToken], meter: Meter, draft_meter: Meter | None) -> list[tuple[int, bytes | None]]:
+        """The draft's text in the target's token ids (with their bytes where shown). A draft server
+        with the same tokenizer splits it (a draft call, not one more target call); else the target."""
+        text = b"".join(t.data for t in draft).decode("utf-8")
+        if not text:
+            return []
+        if self.draft_client is not None and await self._shares_tokenizer(meter, draft_meter):
+            return await self.dialect.tokenize(self.draft_client, text, draft_meter or Meter(self.draft_client.endpoint), special=False)
+        return await self.dialect.tokenize(self.client, text, meter, special=False)
+
+    async def verify(
+        self, context: Context, draft: Sequence[ScoredToken], meter: Meter, next_seed: SeedSource, top_k: int, draft_meter: Meter | None = None
+    ) -> Verification:
+        if context.token_ids is None:
+            raise self.client.error("token-id verification needs the context's token ids", malformed=True)
+        pieces = await self._draft_ids(draft, meter, draft_meter)
+        drafted = [i for i, _ in pieces]
+        base = list(context.token_ids)
+        prompts = [base + drafted[:j] for j in range(len(drafted) + 1)]
+        started = self.client.clock()
+        if context.sampling.greedy and self.dialect.batches:
+            seeds = [next_seed()] * len(prompts)
+            picks = await self.dialect.next_tokens(self.client, prompts, context.sampling_body(seeds[0]), meter, options=context.options)
+        else:
+            seeds = [next_seed() for _ in prompts]
+            answers = await asyncio.gather(
+                *(self.dialect.next_tokens(self.client, [p], context.sampling_body(seed), meter, options=context.options) for p, seed in zip(prompts, seeds))
+            )
+            picks = [a[0] for a in answers]
+        latency = self.client.clock() - started
+        return Verification(
+            positions=(),
+            straddle=0,
+            bonus=None,
+            finish_reason=None,
+            latency_s=latency,
+            prompt_tokens=picks[0].prompt_tokens,
+            decision=_decide(pieces, picks, len(draft)),
+            seeds=tuple(seeds),
+        )
+
+    async def plain(
+        self, context: Context, max_tokens: int | None, meter: Meter, seed: int | None, stop: list[str] | None, *, streamed: bool = False
+    ) -> PlainStep:
+        """The target alone continues the context's ids (the engine's plain steps on this path);
+        `streamed` renders the text as a stream would (a streaming caller's last step)."""
+        assert context.token_ids is not None
+        started = self.client.clock()
+        generated = await self.dialect.generate(
+            self.client, context.token_ids, context.sampling_body(seed), max_tokens, stop, meter, options=context.options, stream=streamed
+        )
+        return PlainStep(
+            text=generated.data.decode("utf-8", errors="replace"),
+            finish_reason=generated.finish_reason,
+            completion_tokens=generated.completion_tokens,
+            prompt_tokens=generated.prompt_tokens,
+            latency_s=self.client.clock() - started,
+            data=generated.data,
+            ids=generated.ids,
+        )
+
+
+def _decide(pieces: Sequence[tuple[int, bytes | None]], picks: Sequence[Pick], draft_tokens: int) -> RoundDecision:
+    """Keep draft ids while they equal the target's picks; emit the first pick that differs (or the
+    pick after the whole draft). A pick's bytes are the server's, or the draft piece's when it is the
+    same id; a pick whose bytes nobody showed ends the round before it (a plain step decides it)."""
+    drafted = [i for i, _ in pieces]
+    emitted: list[Emitted] = []
+    kept = 0
+    unread = False
+    for j, pick in enumerate(picks):
+        if pick.end:
+            if pick.uncounted:
+                # The server counts its end-of-text token as generated: so does the response.
+                emitted.append(Emitted(token="", data=b"", count=pick.uncounted))
+            emitted.append(Emitted(token="", data=b"", eos=True))
+            break
+        data = pick.data
+        if data is None and j < len(pieces) and pieces[j][0] == pick.id:
+            data = pieces[j][1]
+        if data is None:
+            unread = True  # drawn, but its bytes are unknown: the target alone decides it again
+            break
+        pick = replace(pick, data=data)
+        emitted.append(Emitted(token=pick.data.decode("utf-8", errors="replace"), data=pick.data, ids=(pick.id,) if pick.id is not None else None))
+        if j < len(drafted) and pick.id == drafted[j]:
+            kept += 1
+            continue
+        break
+    all_kept = kept == len(drafted)
+    # Accepted draft positions as the draft proposed them: the draft's tokens are counted by their share
+    # of the kept target tokens (tokenizers may differ).
+    accepted = min(draft_tokens, kept if len(drafted) == draft_tokens else round(kept * draft_tokens / max(1, len(drafted))))
+    return RoundDecision(
+        emitted=tuple(emitted),
+        accepted=accepted,
+        accepted_by_position=tuple(i < accepted for i in range(draft_tokens)),
+        all_accepted=all_kept,
+        stalled=not emitted,
+        handover=unread,
+    )
