@@ -12,6 +12,7 @@ import pathlib
 from typing import Any
 
 import pytest
+import httpx2
 import respx
 
 from specapi import Endpoint, MalformedResponseError
@@ -27,7 +28,8 @@ def recorded(family: str, name: str) -> Any:
 
 
 def role() -> tuple[RoleClient, Meter]:
-    endpoint = Endpoint(base_url=ROOT + "/v1", model="m", api_key="k", max_retries=0)
+    # respx patches httpx2, so the role is given an httpx2 client (its default transport is aiohttp).
+    endpoint = Endpoint(base_url=ROOT + "/v1", model="m", api_key="k", max_retries=0, http_client=httpx2.AsyncClient())
     return RoleClient("target", endpoint), Meter(endpoint)
 
 

@@ -81,11 +81,28 @@ async def check_greedy_exact(provider, client, *, chat: bool, path: str) -> list
 # ----------------------------------------------------------------------------- llama.cpp-like: prefill fan-out
 
 
-@pytest.mark.parametrize("chat", [False, True], ids=["completions", "chat"])
-async def test_llamacpp_auto_picks_prefill_fanout_and_output_is_the_targets(chat):
+async def test_llamacpp_auto_picks_token_ids_for_completions_one_target_call_per_round():
+    """llama-server takes token ids and several prompts in one native /completion call: a completions
+    request is verified there, all positions in one target call per round."""
     provider, target, draft = sim("llamacpp")
     async with AsyncSpeculativeOpenAI(target=target, draft=draft, drafter="model", policy="fixed") as client:
-        responses = await check_greedy_exact(provider, client, chat=chat, path="prefill-fanout")
+        responses = await check_greedy_exact(provider, client, chat=False, path="token-ids")
+        assert all(r.speculative.exact and r.speculative.exact_reason is None for r in responses)
+        before = len(provider.calls)
+        resp = await client.completions.create(prompt=COMPLETION_PROMPTS[0], max_tokens=MAX_TOKENS, temperature=0)
+    verify_calls = [c for c in list(provider.calls)[before:] if c.path == "/completion" and isinstance(c.body.get("prompt"), list)]
+    s = resp.speculative
+    assert s.num_rounds > 1
+    # every round is one multi-prompt /completion call (plus at most one native step at the end)
+    assert s.num_rounds <= len(verify_calls) <= s.num_rounds + 1
+    assert all(len(c.body["prompt"]) > 1 for c in verify_calls[: s.num_rounds])
+
+
+async def test_llamacpp_auto_picks_prefill_fanout_for_chat_and_output_is_the_targets():
+    """Chat has no token-id form without the server's template: fan-out over continued assistant turns."""
+    provider, target, draft = sim("llamacpp")
+    async with AsyncSpeculativeOpenAI(target=target, draft=draft, drafter="model", policy="fixed") as client:
+        responses = await check_greedy_exact(provider, client, chat=True, path="prefill-fanout")
     # fan-out verifies a draft of K tokens with K + 1 one-token requests: more target calls than rounds
     s = responses[-1].speculative
     assert s.target.requests > s.num_rounds
