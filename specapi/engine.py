@@ -330,11 +330,13 @@ class Engine:
             try:
                 ids = await prompt_ids(request.context, run.target_meter)
             except EndpointError as exc:
-                if not (exc.refused_shape or exc.not_served):
+                unreadable = isinstance(exc, MalformedResponseError)
+                if not (exc.refused_shape or exc.not_served or unreadable):
                     raise
                 speculate = False
                 run.books.fallback_reason = f"the target would not tokenize the prompt, continued with the target alone: {exc}"
-                self.paths.refuse(self.chat, run.books.fallback_reason, definite=True)
+                # A refusal writes the path off; an unreadable answer is a strike (three in a row do).
+                self.paths.refuse(self.chat, run.books.fallback_reason, definite=not unreadable)
             else:
                 request = replace(request, context=replace(request.context, token_ids=ids))
                 run.request = request

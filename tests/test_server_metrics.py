@@ -19,6 +19,7 @@ from prometheus_client.mmap_dict import MmapedDict
 from specapi.server import BackgroundServer
 from specapi.server.metrics import MULTIPROCESS_DIR_VARIABLE, ProxyMetrics
 from specapi.sim import SimProvider
+from specapi.sim import create_app as create_sim_app
 from specapi.stats import RoundRecord, SpeculativeStats
 from test_server_support import metric
 
@@ -131,7 +132,7 @@ def _counts_by_process(directory, name: str) -> dict[str, float]:
 
 
 def test_specapi_serve_with_two_workers_adds_up_and_drains_on_sigterm(tmp_path):
-    with BackgroundServer(SimProvider(latency="lan").asgi_app(), shutdown_timeout=1) as target:
+    with BackgroundServer(create_sim_app(SimProvider(latency="lan")), shutdown_timeout=1) as target:
         port = _free_port()
         env = {
             **os.environ,

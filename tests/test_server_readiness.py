@@ -16,12 +16,13 @@ from specapi import Endpoint
 from specapi.server import BackgroundServer, ServerConfig, create_app
 from specapi.server.readiness import Readiness, target_check
 from specapi.sim import SimProvider
+from specapi.sim import create_app as create_sim_app
 from test_server_support import PROXY_KEY, metric, no_sleep
 
 
 @contextlib.contextmanager
 def simulated_target(port: int = 0) -> Iterator[BackgroundServer]:
-    with BackgroundServer(SimProvider(latency="instant").asgi_app(), port=port, shutdown_timeout=1) as server:
+    with BackgroundServer(create_sim_app(SimProvider(latency="instant")), port=port, shutdown_timeout=1) as server:
         yield server
 
 

@@ -257,3 +257,47 @@ async def test_a_native_request_names_its_model(provider):
     assert draft["model"] == "sim-draft" and target["model"] == "sim-target"
     assert [c.model for c in provider.calls.to("/completion")] == ["sim-draft", "sim-target"]
     assert provider.usage["sim-draft"].requests == provider.usage["sim-target"].requests == 1
+
+
+async def _streamed(provider: SimProvider, body: dict[str, Any]) -> list[dict[str, Any]]:
+    import json
+
+    async with httpx2.AsyncClient(transport=SimTransport(provider), base_url="http://sim") as http:
+        response = await http.post("/completion", json={**body, "stream": True})
+        assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
+        events = [line[len("data: "):] for line in response.text.split("\n") if line.startswith("data: ")]
+    assert "[DONE]" not in events  # the native stream ends with its stop chunk
+    return [json.loads(e) for e in events]
+
+
+async def test_a_stream_holds_back_an_unfinished_character_and_ends_with_the_whole_result(provider):
+    prompt = "def f():\n    # 计算"
+    body = {"prompt": prompt, "n_predict": 6, "temperature": 0, "return_tokens": True}
+    plain = await post(provider, "/completion", body)
+    chunks = await _streamed(provider, body)
+    *parts, last = chunks
+    assert last["stop"] is True and last["content"] == "" and last["tokens_predicted"] == plain["tokens_predicted"]
+    assert all(not c["stop"] for c in parts) and len(parts) == len(plain["tokens"])
+    assert [c["tokens"][0] for c in parts] == plain["tokens"]
+    raw = [token_bytes(t) for t in plain["tokens"]]
+    assert any(_partial(r) for r in raw), "this prompt no longer generates a partial character; pick another"
+    # a token that leaves a character unfinished sends nothing; the token that completes it sends it all
+    for i, chunk in enumerate(parts):
+        if _partial(b"".join(raw[: i + 1])):
+            assert chunk["content"] == ""
+    text = "".join(c["content"] for c in parts)
+    whole = b"".join(raw)
+    if _partial(whole):  # the end cuts a character: the stream leaves it out, where content shows U+FFFD
+        assert plain["content"].endswith("\ufffd") and plain["content"].startswith(text) and len(text) < len(plain["content"])
+    else:
+        assert text == plain["content"]
+
+
+async def test_a_stream_ending_inside_a_character_leaves_it_out(provider):
+    chunks = await _streamed(provider, {"prompt": "今天天气", "n_predict": 1, "temperature": 0, "return_tokens": True})
+    assert [c["content"] for c in chunks] == ["", ""] and chunks[-1]["stop"] is True
+
+
+async def test_a_stream_of_several_prompts_is_refused(provider):
+    response = await provider.handle("POST", "/completion", {"prompt": ["a", "b"], "stream": True})
+    assert response.status == 400

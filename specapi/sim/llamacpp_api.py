@@ -22,12 +22,16 @@ Shapes recorded from the real server (``tests/fixtures/llamacpp/``, ``tests/real
 * ``POST /tokenize`` ``{content, add_special, with_pieces}`` -> ``{tokens: [id, ...]}`` or, with pieces,
   ``{tokens: [{id, piece}]}`` where ``piece`` is a string, or a list of byte values when the token is not
   valid UTF-8 alone. ``POST /detokenize`` ``{tokens}`` -> ``{content}``. ``GET /props``, ``GET /health``.
+* ``stream: true`` (``stream_chunks``): SSE, one chunk per generated token ``{index, content, tokens, stop:
+  false, id_slot, tokens_predicted, tokens_evaluated}``, then the whole result with ``stop: true`` and an
+  empty ``content``; no ``[DONE]``. Text that ends inside a character is held back until the character
+  is whole and left out if the generation ends first (where the plain answer shows U+FFFD).
 
 Sampling follows llama-server's chain (``sampling_candidates``): top-k, top-p and min-p on the raw
 probabilities, then temperature; ``post_sampling_probs`` reports the same candidates. Where the
 simulator differs (its models, not the shapes): its tokenizer has no BOS token, so text prompts get none
 (the real server adds ``<s>``); the random draws are its own (a seed reproduces the simulator's text,
-not the real server's); ``stream`` is refused. The served model is the request's ``model`` field (``?model=`` on GET)
+not the real server's); ``stream`` serves one prompt without ``n_probs``. The served model is the request's ``model`` field (``?model=`` on GET)
 when it names one, else the provider's first (the real server serves one model and ignores the field).
 """
 
@@ -45,6 +49,7 @@ from .generation import Generation, Sampler, TokenRecord, stop_reason
 from .jobs import Job, PromptWork
 from .models import Mixture, NGramModel
 from .params import ApiError, Sampling, read_bool, read_int, read_number
+from .streams import Chunk
 
 __all__ = [
     "TOTAL_SLOTS",
@@ -132,9 +137,10 @@ def _read_prompts(prompt: Any) -> tuple[list[list[int]], bool]:
 
 def read_completion(body: Mapping[str, Any]) -> CompletionRequest:
     """The fields of a ``/completion`` body that the simulator serves; 400 on bad values."""
-    if read_bool(body, "stream", False):
-        raise ApiError(400, "the simulator does not stream /completion", param="stream")
     prompts, batch = _read_prompts(body.get("prompt"))
+    stream = read_bool(body, "stream", False)
+    if stream and (batch or read_int(body, "n_probs", 0, minimum=0)):
+        raise ApiError(400, "the simulator streams /completion for one prompt and without n_probs", param="stream")
     if not all(prompts):
         raise ApiError(400, "empty prompt", param="prompt")
     n_predict = read_int(body, "n_predict", None) if "n_predict" in body else read_int(body, "max_tokens", -1)
@@ -154,7 +160,7 @@ def read_completion(body: Mapping[str, Any]) -> CompletionRequest:
         seed=None if seed is None or seed < 0 or seed == _RANDOM_SEED else seed,
         stop=tuple(stop),
         n=1,
-        stream=False,
+        stream=stream,
         include_usage=False,
     )
     return CompletionRequest(
@@ -352,6 +358,48 @@ def completion_results(
                 result["completion_probabilities"] = probabilities
         results.append(result)
     return results if request.batch else results[0]
+
+
+def _ends_inside_a_character(data: bytes) -> bool:
+    """The bytes end with the start of a UTF-8 character whose other bytes have not come yet."""
+    for back in range(1, min(4, len(data)) + 1):
+        byte = data[-back]
+        if byte & 0xC0 == 0x80:
+            continue  # a continuation byte: look further back for the lead
+        need = 2 if byte & 0xE0 == 0xC0 else 3 if byte & 0xF0 == 0xE0 else 4 if byte & 0xF8 == 0xF0 else 1
+        return need > back
+    return False
+
+
+def stream_chunks(model: NGramModel, model_name: str, request: CompletionRequest, job: Job) -> list[Chunk]:
+    """A streamed ``/completion``: one chunk per generated token with the text it completes, then the
+    whole result (``stop: true``, empty ``content``). As llama-server does, text that ends inside a
+    character is held back until the character is whole, and left out if the generation ends first."""
+    gen = job.choices[0]
+    shown = [r for r in gen.tokens if r.token_id != EOS_TOKEN_ID]
+    pending, sent, chunks = b"", 0, []
+    for step, record in enumerate(shown):
+        pending += token_bytes(record.token_id)
+        text = ""
+        if not _ends_inside_a_character(pending):
+            text = _text(pending)[: max(0, len(gen.text) - sent)]  # a stop word ends the text early
+            pending = b""
+        sent += len(text)
+        partial = {
+            "index": 0,
+            "content": text,
+            "tokens": [record.token_id] if request.return_tokens else [],
+            "stop": False,
+            "id_slot": 0,
+            "tokens_predicted": step + 1,
+            "tokens_evaluated": len(job.prompt_ids),
+        }
+        chunks.append(Chunk(step, partial, billed=1))
+    final = completion_results(model, model_name, request, [job])
+    assert isinstance(final, dict)
+    final = {**final, "content": "", "tokens": []}
+    chunks.append(Chunk(max(0, len(gen.tokens) - 1), final, billed=len(gen.tokens) - len(shown)))
+    return chunks
 
 
 def tokenize(body: Mapping[str, Any]) -> dict[str, Any]:

@@ -298,6 +298,10 @@ class SimProvider:
             raise ApiError(400, "The request body must be a JSON object.")
         body = body if isinstance(body, dict) else {}
         spec = self._native_model(call, body)
+        if call.method == "POST" and body.get("model") in self.specs:
+            # A lookup (tokenize) bills no tokens, but it is a request of the role that named its model:
+            # recorded as such, so the calls per model match what each role's client counts.
+            call.model = body["model"]
         if dialect == "vllm":
             if path == "/version":
                 return self._json(200, vllm_api.version(), call)
@@ -328,6 +332,9 @@ class SimProvider:
         top_k = completion.n_probs if completion.n_probs > 0 else None
         jobs = await self._run_batch(call, spec, completion.work(), completion.sampling, top_k=top_k, with_rank=False,
                                      sampler=completion.sampler())
+        if completion.sampling.stream:
+            chunks = llamacpp_api.stream_chunks(self.model(spec.name), spec.name, completion, jobs[0])
+            return self._stream(call, jobs[0], chunks, include_usage=False, done=False)
         payload = llamacpp_api.completion_results(self.model(spec.name), spec.name, completion, jobs)
         return await self._finish(call, jobs[0], payload)
 
@@ -763,16 +770,18 @@ class SimProvider:
         return SimResponse(200, {"content-type": "application/json"}, payload)
 
     def _stream(
-        self, call: Call, job: Job, chunks: list[Chunk], include_usage: bool, usage: dict[str, Any] | None = None
+        self, call: Call, job: Job, chunks: list[Chunk], include_usage: bool, usage: dict[str, Any] | None = None, done: bool = True
     ) -> SimResponse:
         """A timed SSE stream of ``chunks``; completion tokens are counted as they go out. ``usage``: of the
-        whole request when it holds several prompts (else ``job``'s)."""
+        whole request when it holds several prompts (else ``job``'s). ``done``: end with ``[DONE]`` (the
+        OpenAI-format endpoints; llama-server's native stream ends with its ``stop: true`` chunk)."""
         events, call.chunks = timed_events(
             chunks,
             call.timing or RequestTiming(0.0),
             call.faults,
             usage=(usage or job.usage()) if include_usage else None,
             late_billed=job.prediction[1] if job.prediction else 0,
+            done=done,
         )
         counters = self.usage[job.spec.name]
 

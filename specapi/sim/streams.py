@@ -183,12 +183,13 @@ def timed_events(
     *,
     usage: dict[str, Any] | None,
     late_billed: int = 0,
+    done: bool = True,
 ) -> tuple[list[StreamEvent], list[dict[str, Any]]]:
     """The stream's events, and the payloads sent.
 
     Each chunk waits for its step's arrival time. With ``usage``, chunks carry ``"usage": null`` and a last
     chunk with no choices carries the usage. ``late_billed`` tokens (rejected predictions) are billed with
-    the final chunk. A truncating fault cuts the stream in half, inside a chunk, before ``[DONE]``.
+    the final chunk. A truncating fault cuts the stream in half, inside a chunk, before ``[DONE]`` (sent unless ``done`` is False).
     """
     arrivals = [timing.first_token_s]
     for gap in timing.gaps_s:
@@ -213,7 +214,8 @@ def timed_events(
         events.append(StreamEvent(0.0, sse(final)))
         sent.append(final)
     events[-1].billed += late_billed
-    events.append(StreamEvent(0.0, DONE))
+    if done:
+        events.append(StreamEvent(0.0, DONE))
     if plan.truncate:
         events = events[: max(1, len(events) // 2)]
         last = events[-1]
