@@ -271,31 +271,31 @@ async def _streamed(provider: SimProvider, body: dict[str, Any]) -> list[dict[st
 
 
 async def test_a_stream_holds_back_an_unfinished_character_and_ends_with_the_whole_result(provider):
+    # As the real server streams (llama-cpp-python 0.3.36's build): a token that leaves a character
+    # unfinished sends no chunk; the token that completes it sends all the held text, listing itself only.
     prompt = "def f():\n    # 计算"
     body = {"prompt": prompt, "n_predict": 6, "temperature": 0, "return_tokens": True}
     plain = await post(provider, "/completion", body)
     chunks = await _streamed(provider, body)
     *parts, last = chunks
-    assert last["stop"] is True and last["content"] == "" and last["tokens_predicted"] == plain["tokens_predicted"]
-    assert all(not c["stop"] for c in parts) and len(parts) == len(plain["tokens"])
-    assert [c["tokens"][0] for c in parts] == plain["tokens"]
+    assert last["stop"] is True and last["content"] == "" and last["tokens"] == []
+    assert last["tokens_predicted"] == plain["tokens_predicted"] == len(plain["tokens"])
+    assert all(not c["stop"] and c["id_slot"] == -1 for c in parts)
     raw = [token_bytes(t) for t in plain["tokens"]]
     assert any(_partial(r) for r in raw), "this prompt no longer generates a partial character; pick another"
-    # a token that leaves a character unfinished sends nothing; the token that completes it sends it all
-    for i, chunk in enumerate(parts):
-        if _partial(b"".join(raw[: i + 1])):
-            assert chunk["content"] == ""
+    completing = [t for i, t in enumerate(plain["tokens"]) if not _partial(b"".join(raw[: i + 1]))]
+    assert [c["tokens"] for c in parts] == [[t] for t in completing]
+    assert len(parts) < len(plain["tokens"])
     text = "".join(c["content"] for c in parts)
-    whole = b"".join(raw)
-    if _partial(whole):  # the end cuts a character: the stream leaves it out, where content shows U+FFFD
+    if _partial(b"".join(raw)):  # the end cuts a character: the stream leaves it out, where content shows U+FFFD
         assert plain["content"].endswith("\ufffd") and plain["content"].startswith(text) and len(text) < len(plain["content"])
     else:
         assert text == plain["content"]
 
 
-async def test_a_stream_ending_inside_a_character_leaves_it_out(provider):
+async def test_a_stream_ending_inside_a_character_sends_only_the_result(provider):
     chunks = await _streamed(provider, {"prompt": "今天天气", "n_predict": 1, "temperature": 0, "return_tokens": True})
-    assert [c["content"] for c in chunks] == ["", ""] and chunks[-1]["stop"] is True
+    assert len(chunks) == 1 and chunks[0]["stop"] is True and chunks[0]["content"] == ""
 
 
 async def test_a_stream_of_several_prompts_is_refused(provider):

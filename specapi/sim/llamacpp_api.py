@@ -23,9 +23,10 @@ Shapes recorded from the real server (``tests/fixtures/llamacpp/``, ``tests/real
   ``{tokens: [{id, piece}]}`` where ``piece`` is a string, or a list of byte values when the token is not
   valid UTF-8 alone. ``POST /detokenize`` ``{tokens}`` -> ``{content}``. ``GET /props``, ``GET /health``.
 * ``stream: true`` (``stream_chunks``): SSE, one chunk per generated token ``{index, content, tokens, stop:
-  false, id_slot, tokens_predicted, tokens_evaluated}``, then the whole result with ``stop: true`` and an
-  empty ``content``; no ``[DONE]``. Text that ends inside a character is held back until the character
-  is whole and left out if the generation ends first (where the plain answer shows U+FFFD).
+  false, id_slot: -1, tokens_predicted, tokens_evaluated}``, then the whole result with ``stop: true`` and
+  an empty ``content``; no ``[DONE]``. Text that ends inside a character is held back (no chunk) until a
+  token completes the character: that token's chunk carries the held text and lists only that token.
+  Held text is left out if the generation ends first (where the plain answer shows U+FFFD).
 
 Sampling follows llama-server's chain (``sampling_candidates``): top-k, top-p and min-p on the raw
 probabilities, then temperature; ``post_sampling_probs`` reports the same candidates. Where the
@@ -372,33 +373,35 @@ def _ends_inside_a_character(data: bytes) -> bool:
 
 
 def stream_chunks(model: NGramModel, model_name: str, request: CompletionRequest, job: Job) -> list[Chunk]:
-    """A streamed ``/completion``: one chunk per generated token with the text it completes, then the
-    whole result (``stop: true``, empty ``content``). As llama-server does, text that ends inside a
-    character is held back until the character is whole, and left out if the generation ends first."""
+    """A streamed ``/completion``: a chunk per generated token with the text it completes, then the whole
+    result (``stop: true``, empty ``content``), as the real server streams it. Text that ends inside a
+    character is held back (no chunk) until a later token completes the character; that token's chunk
+    carries all of it, and lists only that token. If the generation ends first, it is left out."""
     gen = job.choices[0]
     shown = [r for r in gen.tokens if r.token_id != EOS_TOKEN_ID]
-    pending, sent, chunks = b"", 0, []
+    pending, sent, held, chunks = b"", 0, 0, []
     for step, record in enumerate(shown):
         pending += token_bytes(record.token_id)
-        text = ""
-        if not _ends_inside_a_character(pending):
-            text = _text(pending)[: max(0, len(gen.text) - sent)]  # a stop word ends the text early
-            pending = b""
+        held += 1
+        if _ends_inside_a_character(pending):
+            continue
+        text = _text(pending)[: max(0, len(gen.text) - sent)]  # a stop word ends the text early
         sent += len(text)
         partial = {
             "index": 0,
             "content": text,
             "tokens": [record.token_id] if request.return_tokens else [],
             "stop": False,
-            "id_slot": 0,
+            "id_slot": -1,
             "tokens_predicted": step + 1,
             "tokens_evaluated": len(job.prompt_ids),
         }
-        chunks.append(Chunk(step, partial, billed=1))
+        chunks.append(Chunk(step, partial, billed=held))
+        pending, held = b"", 0
     final = completion_results(model, model_name, request, [job])
     assert isinstance(final, dict)
     final = {**final, "content": "", "tokens": []}
-    chunks.append(Chunk(max(0, len(gen.tokens) - 1), final, billed=len(gen.tokens) - len(shown)))
+    chunks.append(Chunk(max(0, len(gen.tokens) - 1), final, billed=held + len(gen.tokens) - len(shown)))
     return chunks
 
 
