@@ -14,7 +14,7 @@ from ._wire import WireError
 from .acceptance import DEFAULT_EOS_TOKENS
 from .alignment import ScoredToken, complete_utf8_prefix, token_bytes
 from .context import Context, Prefill
-from .dialects.openai import ChatFormat, CompletionsFormat, OpenAIFormat
+from .dialects.openai import ChatFormat, OpenAIFormat, openai_format
 from .stats import RoundRecord
 
 __all__ = ["Draft", "Drafter", "ModelDrafter", "LookupDrafter", "PredictionDrafter", "CombinedDrafter", "lookup_continuation"]
@@ -80,60 +80,44 @@ class ModelDrafter:
     def _top_k(self, context: Context) -> int:
         return 1 if context.sampling.greedy else self._logprobs_cap
 
-    async def _post_lowering_logprobs(self, path: str, body: dict, field: str, meter: Meter, context: Context) -> dict:
+    async def _post_lowering_logprobs(self, form: OpenAIFormat, body: dict, meter: Meter, context: Context) -> dict:
         """Post; a 400 on a list longer than 5 is retried once with 5 (OpenAI's cap), and remembered."""
         try:
-            return await self.client.post(path, body, meter, options=context.options)
+            return await self.client.post(form.path, body, meter, options=context.options)
         except EndpointError as exc:
-            if not exc.refused_shape or not isinstance(body.get(field), int) or body[field] <= 5:
+            if not exc.refused_shape or body[form.list_field] <= 5:
                 raise
             self._logprobs_cap = 5
-            return await self.client.post(path, {**body, field: 5}, meter, options=context.options)
+            return await self.client.post(form.path, {**body, form.list_field: 5}, meter, options=context.options)
+
+    def _format(self, context: Context) -> OpenAIFormat:
+        """The request's own format; chat once the endpoint has refused completions (a chat-only model)."""
+        form = openai_format(context)
+        return form if form.chat or self._completions_ok else ChatFormat()
+
+    def _adapt(self, form: OpenAIFormat, exc: EndpointError) -> bool:
+        """Learn from a refusal what this endpoint takes instead; False when there is nothing left to try."""
+        if form.chat and exc.refused_shape and self._prefill.style == "continue_final_message":
+            self._prefill = Prefill(style="trailing")  # it refuses vLLM's flags: it continues a final assistant message by itself
+            return True
+        if not form.chat and (exc.refused_shape or exc.not_served):
+            self._completions_ok = False  # e.g. a chat-only model: use chat from now on
+            return True
+        return False
 
     async def draft(self, context: Context, k: int, meter: Meter, seed: int | None) -> Draft:
         started = self.client.clock()
-        if not context.is_chat and self._completions_ok:
-            body = {
-                "prompt": context.completion_prompt(),
-                "max_tokens": k,
-                "logprobs": self._top_k(context),
-                **context.sampling_body(seed, target=False),
-            }
+        sampling = {"max_tokens": k, **context.sampling_body(seed, target=False)}
+        while True:  # each refusal is learnt once: at most three tries
+            form = self._format(context)
+            body = {**form.draft_fields(context, self._top_k(context), self._prefill), **sampling}
             try:
-                response = await self._post_lowering_logprobs("/completions", body, "logprobs", meter, context)
+                response = await self._post_lowering_logprobs(form, body, meter, context)
             except EndpointError as exc:
-                if exc.refused_shape or exc.not_served:
-                    self._completions_ok = False  # e.g. a chat-only model: use chat from now on
-                else:
-                    raise
-            else:
-                tokens = self._parse(response, CompletionsFormat())
-                return Draft(tokens=tokens, latency_s=self.client.clock() - started, drafter=self.name)
-        body = {
-            "messages": self._chat_messages(context),
-            "max_tokens": k,
-            "logprobs": True,
-            "top_logprobs": self._top_k(context),
-            **context.sampling_body(seed, target=False),
-        }
-        body.update(self._prefill.fields(bool(context.accepted) or not context.is_chat))
-        try:
-            response = await self._post_lowering_logprobs("/chat/completions", body, "top_logprobs", meter, context)
-        except EndpointError as exc:
-            if not exc.refused_shape or self._prefill.style != "continue_final_message":
+                if self._adapt(form, exc):
+                    continue
                 raise
-            # A server that refuses vLLM's flags: rely on it continuing a trailing assistant message.
-            self._prefill = Prefill(style="trailing")
-            body = {k: v for k, v in body.items() if k not in ("continue_final_message", "add_generation_prompt")}
-            response = await self._post_lowering_logprobs("/chat/completions", body, "top_logprobs", meter, context)
-        tokens = self._parse(response, ChatFormat())
-        return Draft(tokens=tokens, latency_s=self.client.clock() - started, drafter=self.name)
-
-    @staticmethod
-    def _chat_messages(context: Context) -> list[dict]:
-        if context.is_chat:
-            return context.chat_messages()
-        return [{"role": "assistant", "content": context.completion_prompt()}]
+            return Draft(tokens=self._parse(response, form), latency_s=self.client.clock() - started, drafter=self.name)
 
     def _parse(self, response: dict, form: OpenAIFormat) -> tuple[ScoredToken, ...]:
         try:

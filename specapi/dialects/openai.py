@@ -46,6 +46,18 @@ class ChatFormat:
         """Fields asking for the generated tokens' logprobs (and `top_k` alternatives, up to 20)."""
         return {"logprobs": True} if top_k is None else {"logprobs": True, "top_logprobs": min(top_k, 20)}
 
+    #: The field holding the length of the alternatives' list (lowered when a server refuses it).
+    list_field: str = "top_logprobs"
+
+    def draft_fields(self, context: Context, top_k: int, prefill: Prefill = Prefill()) -> dict[str, Any]:
+        """A draft request's prompt and logprob fields, `top_k` alternatives (uncapped: the caller lowers
+        it on a refusal). A completions request drafted by chat continues its prompt as an assistant message."""
+        if context.is_chat:
+            fields = self.prompt_fields(context, prefill=prefill)
+        else:
+            fields = {"messages": [{"role": "assistant", "content": context.completion_prompt()}], **prefill.fields(True)}
+        return {**fields, "logprobs": True, self.list_field: top_k}
+
 
 @dataclass(frozen=True)
 class CompletionsFormat:
@@ -72,6 +84,12 @@ class CompletionsFormat:
     def logprobs(self, top_k: int | None = None) -> dict[str, Any]:
         """`logprobs` is the list length here (OpenAI's legacy endpoint takes up to 5)."""
         return {"logprobs": 1 if top_k is None else min(top_k, 5)}
+
+    list_field: str = "logprobs"
+
+    def draft_fields(self, context: Context, top_k: int, prefill: Prefill = Prefill()) -> dict[str, Any]:
+        """A draft request's prompt and logprob fields (`top_k` uncapped: vLLM takes 20, OpenAI 5)."""
+        return {**self.prompt_fields(context), self.list_field: top_k}
 
 
 OpenAIFormat = ChatFormat | CompletionsFormat
