@@ -324,7 +324,16 @@ class Engine:
         if speculate and mode == TARGET_ALONE:
             speculate = False
             run.books.fallback_reason = getattr(self.policy, "reason", "") or "the draft-length policy chose the target alone"
+        stretch = caps.final_stretch if caps is not None else 0  # see Capabilities.final_stretch
         prompt_ids = getattr(self.verifier, "prompt_ids", None)
+        first: int | None = None  # the first round's draft length, when chosen before the prompt is tokenized
+        if speculate and prompt_ids is not None and not request.context.is_chat:
+            limit = request.max_tokens
+            if limit is None or limit > stretch:
+                # Chosen before the tokenize call: a request the policy hands to the target alone
+                # (under load, above all) spares that call and goes straight to its stream.
+                first = self._choose(run, limit, mode)
+                speculate = first > 0
         if speculate and prompt_ids is not None and not request.context.is_chat:
             # Token-id verification: the target tokenizes the prompt once; from then on it is sent ids.
             try:
@@ -343,7 +352,6 @@ class Engine:
         target_decides = False  # the previous round handed the next position to the target alone
         finished_normally = False
         idle = 0  # steps in a row that added nothing
-        stretch = caps.final_stretch if caps is not None else 0  # see Capabilities.final_stretch
         try:
             while not out.ended and (out.remaining is None or out.remaining > 0):
                 remaining = out.remaining
@@ -354,15 +362,8 @@ class Engine:
                 k = 0
                 if speculate and not target_decides and not final:
                     budget = remaining if remaining is not None else _UNBOUNDED
-                    chosen = self.policy.choose(PolicyState(budget, len(run.books.rounds), recheck=mode == RECHECK))
-                    load_reason = getattr(self.policy, "load_reason", None)  # set by this very choose
-                    if load_reason is not None and (chosen <= 0 or run.books.load_reason is None):
-                        run.books.load_reason = load_reason
-                    if chosen <= 0:
-                        speculate = False  # the policy predicts the target alone is faster from here
-                        run.books.fallback_reason = run.books.fallback_reason or (
-                            getattr(self.policy, "reason", "") or "the draft-length policy turned speculation off"
-                        )
+                    chosen, first = (first, None) if first is not None else (self._choose(run, remaining, mode), None)
+                    speculate = chosen > 0  # else the policy predicts the target alone is faster from here
                     k = min(chosen, budget - 1 - (stretch if remaining is not None else 0))
                 target_decides = False
                 new: list[Emitted] = []
@@ -434,6 +435,20 @@ class Engine:
         if not request.stream and out.text:
             yield Piece(text=out.text)  # collected: handed out whole, once nothing can change it
         yield self._finished(run, started, out.finish_reason, out.produced)
+
+    def _choose(self, run: _Run, remaining: int | None, mode: str) -> int:
+        """The policy's draft length for the next round (0: the target alone from here, with the reason
+        in the books, and what the load changed)."""
+        budget = remaining if remaining is not None else _UNBOUNDED
+        chosen = self.policy.choose(PolicyState(budget, len(run.books.rounds), recheck=mode == RECHECK))
+        load_reason = getattr(self.policy, "load_reason", None)  # set by this very choose
+        if load_reason is not None and (chosen <= 0 or run.books.load_reason is None):
+            run.books.load_reason = load_reason
+        if chosen <= 0:
+            run.books.fallback_reason = run.books.fallback_reason or (
+                getattr(self.policy, "reason", "") or "the draft-length policy turned speculation off"
+            )
+        return chosen
 
     def _finished(self, run: _Run, started: float, finish_reason: str, produced: int) -> Finished:
         books = run.books
