@@ -145,8 +145,9 @@ class AdaptiveDraftLength:
     in flight and how call latency grows with them. A round's calls then also cost the requests
     ahead of this one (in start order) the measured slope each; the draft length maximises tokens per
     second with that cost counted, and a request whose speculation would not beat the target alone
-    at its start lets the target generate alone (admission: later ones step aside first, and one that
-    has begun speculating keeps going). The reason goes in `load_reason` (`LOAD_TARGET_ALONE`,
+    lets the target generate the rest alone (admission, judged every round: later ones step aside
+    first; a burst starts before the curve has seen its load, so requests admitted then step aside
+    once the burst's own calls have measured it). The reason goes in `load_reason` (`LOAD_TARGET_ALONE`,
     `LOAD_DRAFT_LENGTH`), read by the engine right after `choose`. At one request in flight nothing
     changes.
 
@@ -290,9 +291,11 @@ class AdaptiveDraftLength:
                 self.reason = "adaptive policy: speculation predicted slower than the target alone"
                 return 0
             self._off = False
-            if rate < baseline * self.margin and state.rounds_so_far == 0:
-                # Admission, at a request's start (one that has begun speculating keeps its rounds):
-                # not a verdict on speculation, which stays on; this request steps aside for the others.
+            if rate < baseline * self.margin:
+                # Admission, judged again every round: a burst of requests starts before the curve has
+                # seen that load, so the later ones in start order step aside as soon as the calls made
+                # meanwhile measure it. Not a verdict on speculation, which stays on; this request
+                # steps aside for the others (the target writes its rest alone).
                 self.reason = "adaptive policy: " + LOAD_TARGET_ALONE
                 self.load_reason = LOAD_TARGET_ALONE
                 return 0

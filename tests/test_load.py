@@ -110,11 +110,16 @@ def test_a_moderate_curve_changes_the_draft_length_and_says_so():
     assert any(k not in (0, k_unloaded) and reason == LOAD_DRAFT_LENGTH for k, reason in changed)
 
 
-def test_a_request_that_has_begun_speculating_keeps_going_under_load():
+def test_a_request_admitted_before_the_curve_saw_the_load_steps_aside_once_it_has():
+    """A burst: 32 requests start while the curve has only seen one request in flight, so all are
+    admitted; once the burst's first calls have measured the steep curve, later ones step aside
+    mid-request, earlier ones keep speculating."""
+    unmeasured = curve_from(lambda c: 0.031, range(1, 2), in_flight=32)
+    assert all(decide(learnt_lan_policy(), unmeasured, rank)[0] > 0 for rank in (1, 16, 32))
     steep = curve_from(lambda c: 0.031 + 0.006 * c, range(1, 33), in_flight=32)
-    assert decide(learnt_lan_policy(), steep, 32, rounds_so_far=0)[0] == 0
-    k, reason = decide(learnt_lan_policy(), steep, 32, rounds_so_far=3)
-    assert k > 0 and reason in (None, LOAD_DRAFT_LENGTH)
+    assert decide(learnt_lan_policy(), steep, 32, rounds_so_far=3) == (0, LOAD_TARGET_ALONE)
+    k, reason = decide(learnt_lan_policy(), steep, 1, rounds_so_far=3)
+    assert k > 0 and reason is None
 
 
 def test_stepping_aside_under_load_does_not_turn_speculation_off_for_later_requests():
