@@ -272,15 +272,17 @@ class AdaptiveDraftLength:
 
     def choose(self, state: PolicyState) -> int:
         self.load_reason = None
+        rank = self._target_load.rank(current_request.get()) if self._target_load is not None else 1
         if self._rounds_seen < self.min_rounds or not self._verify.known:
-            return self.start_length
+            return self._unmeasured_under_load() if rank > 1 else self.start_length
         if not self._target.has_slope and self._measure_target_now(state):
             self._measuring = True
             self.reason = "adaptive policy: the target wrote the rest alone once, to measure its own speed"
             return 0
         if state.recheck and state.rounds_so_far < self.min_rounds:
             return self.best_length(state.remaining_tokens)[0]  # re-measure before judging again
-        rank = self._target_load.rank(current_request.get()) if self._target_load is not None else 1
+        if rank > 1 and not self._target.has_slope:
+            return self._unmeasured_under_load()
         load_s = self.load_cost(rank) / self._inflation(self._target_load)  # in one-stream seconds, as the models
         k, rate = self.best_length(state.remaining_tokens, load_s)
         unloaded_k, unloaded_rate = self.best_length(state.remaining_tokens) if load_s else (k, rate)
@@ -302,6 +304,15 @@ class AdaptiveDraftLength:
         if k != unloaded_k:
             self.load_reason = LOAD_DRAFT_LENGTH
         return k
+
+    def _unmeasured_under_load(self) -> int:
+        """Requests in flight ahead of this one while speculation or the target is not measured yet (a
+        burst on a cold client): nothing says the added calls pay, so the earliest request speculates
+        (and measures speculation) and later ones let the target generate alone (which measures the
+        target); from then on the measured costs decide. At one request in flight this never applies."""
+        self.reason = "adaptive policy: " + LOAD_TARGET_ALONE + " (not measured yet)"
+        self.load_reason = LOAD_TARGET_ALONE
+        return 0
 
     def _measure_target_now(self, state: PolicyState) -> bool:
         """While the target's speed is unknown: at the end of a request (its last few tokens), or on the

@@ -335,3 +335,28 @@ async def test_a_target_alone_stream_arrives_token_by_token(srv, kind):
     assert stream.speculative is not None and not stream.speculative.speculated
     assert stream.speculative.generated_tokens == len(tokenize(expected))
     assert srv.requests_for("target")[-1].get("stream") is True
+
+
+async def test_next_data_gives_the_chunks_as_json_objects_with_the_statistics_set_at_the_end():
+    """What the proxy sends on: the same chunks as the SDK objects, as plain JSON objects."""
+    from specapi.engine import Finished, Piece
+    from specapi.streaming import SpeculativeStream, completion_chunks, parse_completion
+
+    class _Stats:
+        pass
+
+    stats = _Stats()
+
+    async def events():
+        yield Piece(text="Hel")
+        yield Piece(text="lo")
+        yield Finished(finish_reason="stop", stats=stats, completion_tokens=2, prompt_tokens=3)
+
+    stream = SpeculativeStream(completion_chunks(events(), "m", include_usage=False), parse_completion)
+    chunks = []
+    while (data := await stream.next_data()) is not None:
+        chunks.append(data)
+    assert [c["choices"][0]["text"] for c in chunks] == ["Hel", "lo", ""]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop" and "_speculative" not in chunks[-1]
+    assert stream.speculative is stats
+    json.dumps(chunks)  # JSON as it is
