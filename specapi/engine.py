@@ -26,7 +26,7 @@ from .drafters import Draft, Drafter, ModelDrafter, usable_prefix
 from .policy import RECHECK, TARGET_ALONE, DraftLengthPolicy, PolicyState
 from .stats import RoleUsage, RoundRecord, SpeculativeStats
 from .paths import Path, PathResolver
-from .verifiers import PlainStep, Verification, Verifier, plain_step, plain_stream
+from .verifiers import PlainStep, Verification, Verifier, plain_step, plain_stream, plain_stream_batches
 
 __all__ = ["GenerationRequest", "Piece", "Finished", "Engine"]
 
@@ -510,26 +510,33 @@ class Engine:
         """The target alone generates the rest as a stream. A chunk's text counts as one token (servers
         stream token by token); when the server stops at the limit, the count is settled to it."""
         usage: dict = {}
-        pieces = plain_stream(
+        # Chunks that arrived together (the reader fell behind, under load) go on as one piece: the
+        # same tokens, counted one by one, with the work per piece (and per chunk sent on) done once.
+        batches = plain_stream_batches(
             self.target, context, remaining, run.target_meter, run.seed(), list(run.request.stop) or None, prefill=self.prefill, usage=usage
         )
         chunks = 0
         started = self.clock()
-        async with contextlib.aclosing(pieces) as stream:
-            async for text, finish_reason in stream:
+        finished = False
+        async with contextlib.aclosing(batches) as stream:
+            async for batch in stream:
                 new = []
-                if text:
-                    chunks += 1
-                    new.append(Emitted(token=text, data=text.encode("utf-8")))
-                if finish_reason == "length" and remaining is not None:
-                    new.append(Emitted(token="", data=b"", count=max(0, remaining - chunks)))
-                elif finish_reason is not None:
-                    new.append(Emitted(token="", data=b"", eos=True, finish_reason=finish_reason))
-                if finish_reason is not None:
-                    # What the target alone costs is what the policy compares speculation with.
-                    self.policy.observe_plain(remaining if finish_reason == "length" and remaining else chunks, self.clock() - started)
+                for text, finish_reason in batch:
+                    if text:
+                        chunks += 1
+                        new.append(Emitted(token=text, data=text.encode("utf-8")))
+                    if finish_reason == "length" and remaining is not None:
+                        new.append(Emitted(token="", data=b"", count=max(0, remaining - chunks)))
+                    elif finish_reason is not None:
+                        new.append(Emitted(token="", data=b"", eos=True, finish_reason=finish_reason))
+                    if finish_reason is not None:
+                        finished = True
+                        # What the target alone costs is what the policy compares speculation with.
+                        self.policy.observe_plain(remaining if finish_reason == "length" and remaining else chunks, self.clock() - started)
                 if new:
                     yield new
+        if not finished:
+            raise self.target.error("the stream ended without a finish_reason: the text may be incomplete", malformed=True)
         prompt_tokens = usage.get("prompt_tokens")
         if not context.accepted and run.books.prompt_tokens is None and isinstance(prompt_tokens, int):
             run.books.prompt_tokens = prompt_tokens
