@@ -440,7 +440,9 @@ class Engine:
         """The policy's draft length for the next round (0: the target alone from here, with the reason
         in the books, and what the load changed)."""
         budget = remaining if remaining is not None else _UNBOUNDED
-        chosen = self.policy.choose(PolicyState(budget, len(run.books.rounds), recheck=mode == RECHECK))
+        rounds = run.books.rounds
+        free = bool(rounds) and not rounds[-1].drafter.startswith("draft-model")
+        chosen = self.policy.choose(PolicyState(budget, len(rounds), recheck=mode == RECHECK, last_round_free=free))
         load_reason = getattr(self.policy, "load_reason", None)  # set by this very choose
         if load_reason is not None and (chosen <= 0 or run.books.load_reason is None):
             run.books.load_reason = load_reason

@@ -34,6 +34,8 @@ class PolicyState:
     remaining_tokens: int
     rounds_so_far: int
     recheck: bool = False  # this request was granted to re-measure speculation
+    #: This request's last round was drafted without a draft call (suffix index, prompt lookup).
+    last_round_free: bool = False
 
 
 SPECULATE, RECHECK, TARGET_ALONE = "speculate", "recheck", "target-alone"
@@ -293,11 +295,13 @@ class AdaptiveDraftLength:
                 self.reason = "adaptive policy: speculation predicted slower than the target alone"
                 return 0
             self._off = False
-            if rate < baseline * self.margin:
+            if rate < baseline * self.margin and (state.rounds_so_far == 0 or not state.last_round_free):
                 # Admission, judged again every round: a burst of requests starts before the curve has
                 # seen that load, so the later ones in start order step aside as soon as the calls made
                 # meanwhile measure it. Not a verdict on speculation, which stays on; this request
-                # steps aside for the others (the target writes its rest alone).
+                # steps aside for the others (the target writes its rest alone). A request drafting
+                # free (no draft call) keeps going once started: its rounds add a verify call only, and
+                # the client's acceptance by position does not describe drafts from its own history.
                 self.reason = "adaptive policy: " + LOAD_TARGET_ALONE
                 self.load_reason = LOAD_TARGET_ALONE
                 return 0

@@ -67,11 +67,13 @@ def learnt_lan_policy() -> AdaptiveDraftLength:
     return policy
 
 
-def decide(policy: AdaptiveDraftLength, curve: LoadCurve | None, request_id: int, rounds_so_far: int = 0) -> tuple[int, str | None]:
+def decide(
+    policy: AdaptiveDraftLength, curve: LoadCurve | None, request_id: int, rounds_so_far: int = 0, *, free: bool = False
+) -> tuple[int, str | None]:
     policy.watch_load(curve, curve)
     token = current_request.set(request_id)
     try:
-        k = policy.choose(PolicyState(remaining_tokens=REMAINING, rounds_so_far=rounds_so_far))
+        k = policy.choose(PolicyState(remaining_tokens=REMAINING, rounds_so_far=rounds_so_far, last_round_free=free))
     finally:
         current_request.reset(token)
     return k, policy.load_reason
@@ -120,6 +122,15 @@ def test_a_request_admitted_before_the_curve_saw_the_load_steps_aside_once_it_ha
     assert decide(learnt_lan_policy(), steep, 32, rounds_so_far=3) == (0, LOAD_TARGET_ALONE)
     k, reason = decide(learnt_lan_policy(), steep, 1, rounds_so_far=3)
     assert k > 0 and reason is None
+
+
+def test_a_request_drafting_free_keeps_going_once_started_under_load():
+    """Drafts from the suffix index or the prompt cost no draft call, and the client's acceptance does
+    not describe them: a request whose last round was free is judged at its start only."""
+    steep = curve_from(lambda c: 0.031 + 0.006 * c, range(1, 33), in_flight=32)
+    assert decide(learnt_lan_policy(), steep, 32, rounds_so_far=0, free=False) == (0, LOAD_TARGET_ALONE)
+    k, reason = decide(learnt_lan_policy(), steep, 32, rounds_so_far=3, free=True)
+    assert k > 0 and reason in (None, LOAD_DRAFT_LENGTH)
 
 
 def test_stepping_aside_under_load_does_not_turn_speculation_off_for_later_requests():
