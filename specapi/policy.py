@@ -283,8 +283,6 @@ class AdaptiveDraftLength:
             return 0
         if state.recheck and state.rounds_so_far < self.min_rounds:
             return self.best_length(state.remaining_tokens)[0]  # re-measure before judging again
-        if rank > 1 and not self._target.has_slope:
-            return self._unmeasured_under_load()
         load_s = self.load_cost(rank) / self._inflation(self._target_load)  # in one-stream seconds, as the models
         k, rate = self.best_length(state.remaining_tokens, load_s)
         unloaded_k, unloaded_rate = self.best_length(state.remaining_tokens) if load_s else (k, rate)
@@ -310,10 +308,10 @@ class AdaptiveDraftLength:
         return k
 
     def _unmeasured_under_load(self) -> int:
-        """Requests in flight ahead of this one while speculation or the target is not measured yet (a
-        burst on a cold client): nothing says the added calls pay, so the earliest request speculates
-        (and measures speculation) and later ones let the target generate alone (which measures the
-        target); from then on the measured costs decide. At one request in flight this never applies."""
+        """Requests in flight ahead of this one while speculation is not measured yet (a burst on a cold
+        client): nothing says the added calls pay, so the earliest request speculates (and measures
+        speculation) and later ones let the target generate alone (which measures the target); from
+        then on the measured costs decide. At one request in flight this never applies."""
         self.reason = "adaptive policy: " + LOAD_TARGET_ALONE + " (not measured yet)"
         self.load_reason = LOAD_TARGET_ALONE
         return 0

@@ -161,7 +161,7 @@ def test_the_reason_is_a_typed_field_of_the_statistics_and_reaches_the_json_and_
     assert SpeculativeStats().to_dict()["load_reason"] is None
 
 
-def test_a_burst_on_a_cold_policy_speculates_on_the_earliest_request_only_until_both_sides_are_measured():
+def test_a_burst_on_a_cold_policy_speculates_on_the_earliest_request_only_until_speculation_is_measured():
     """Nothing measured and 8 requests in flight: the first speculates (measuring speculation), the
     others let the target generate alone (measuring the target). Alone, a cold request speculates."""
     cold = AdaptiveDraftLength()
@@ -171,14 +171,12 @@ def test_a_burst_on_a_cold_policy_speculates_on_the_earliest_request_only_until_
     assert all(decide(cold, burst, rank) == (0, LOAD_TARGET_ALONE) for rank in range(2, 9))
     alone = curve_from(lambda c: 0.031, range(1, 2), in_flight=1)
     assert decide(AdaptiveDraftLength(), alone, 1) == (AdaptiveDraftLength().start_length, None)
-    # Rounds measured (speculation known) but not yet the target's own speed: still the target alone behind the first.
-    rounds_only = AdaptiveDraftLength()
-    rounds_only.start_request()
+    # Once speculation is measured, the measured costs decide (a flat curve: speculate).
+    measured = AdaptiveDraftLength()
+    measured.start_request()
     for _ in range(8):
-        rounds_only.observe(RoundRecord(drafted=4, accepted=4, emitted=5, draft_latency_s=0.02, verify_latency_s=0.031,
-                                        drafter="draft-model", accepted_by_position=(True,) * 4))
-    assert decide(rounds_only, burst, 3) == (0, LOAD_TARGET_ALONE)
-    # Once a plain call has measured the target, the measured costs decide (a flat curve: speculate).
-    rounds_only.observe_plain(32, 0.03 + 0.025 * 32)
-    k, reason = decide(rounds_only, curve_from(lambda c: 0.031, range(1, 9), in_flight=8), 3)
+        measured.observe(RoundRecord(drafted=4, accepted=4, emitted=5, draft_latency_s=0.02, verify_latency_s=0.031,
+                                     drafter="draft-model", accepted_by_position=(True,) * 4))
+    measured.observe_plain(32, 0.03 + 0.025 * 32)
+    k, reason = decide(measured, curve_from(lambda c: 0.031, range(1, 9), in_flight=8), 3)
     assert k > 0 and reason is None
