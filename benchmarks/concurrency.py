@@ -4,9 +4,12 @@ Runs on the simulator, on a latency-bound profile (``hosted`` latencies by defau
 that latency, not this machine's CPU, bounds the run; ``--latency lan`` shows the CPU-bound case), with one
 ``AsyncSpeculativeOpenAI`` shared by every request. By default the simulator is served in-process (no
 sockets); its own CPU work (scoring every echoed token of every request) then shares the client's
-single thread. ``--server`` runs it as its own process instead (``specapi simulate`` on 127.0.0.1, a free
-port), as a real server would be, at the price of a real HTTP stack on both sides. Measures, after a
-warm-up request:
+single thread. ``--server`` runs it as separate processes instead (``specapi simulate`` on 127.0.0.1, free
+ports), as real servers would be: one for the target's calls and one for the draft's (a deployment's target
+and draft run on their own servers; ``--one-server`` sends both to one process), with the client's own HTTP
+transport. The simulator's CPU (it computes every position of every call in Python, on top of the
+latency it simulates) is then not the client's; on a 2-CPU machine it still competes for the CPUs.
+Measures, after a warm-up request:
 
 * the wall time of one request alone (the mean over the prompts, one after another);
 * the wall time of N requests started together (prompts cycling), and their latency percentiles;
@@ -14,7 +17,8 @@ warm-up request:
 
     python benchmarks/concurrency.py                       # 16 requests, hosted latency, fixed 5 tokens per round
     python benchmarks/concurrency.py --requests 32 --policy adaptive --drafter auto
-    python benchmarks/concurrency.py --server               # simulator as a separate HTTP process
+    python benchmarks/concurrency.py --server               # target and draft simulators as separate HTTP processes
+    python benchmarks/concurrency.py --server --latency lan --policy adaptive --drafter model   # issue 13's 16-request check
 
 Bounded: --timeout seconds overall (default 120). Exit code 1 if the ratio exceeds --max-ratio (2.0),
 an output differs from the target's, or a request fails.
@@ -57,7 +61,8 @@ def _arguments() -> argparse.Namespace:
     parser.add_argument("--num-speculative-tokens", type=int, default=5)
     parser.add_argument("--max-ratio", type=float, default=2.0)
     parser.add_argument("--timeout", type=float, default=120.0)
-    parser.add_argument("--server", action="store_true", help="run the simulator as a separate HTTP process (specapi simulate)")
+    parser.add_argument("--server", action="store_true", help="run the simulator as separate HTTP processes (specapi simulate), one per role")
+    parser.add_argument("--one-server", action="store_true", help="with --server: one simulator process for both roles")
     return parser.parse_args()
 
 
@@ -104,13 +109,14 @@ def _simulator_process(args: argparse.Namespace) -> Iterator[str]:
             print(f"note: the simulator server logged {count} exception(s) in its ASGI app: {', '.join(kinds[:3])}")
 
 
-def _endpoints(args: argparse.Namespace, base_url: str | None) -> tuple[Endpoint, Endpoint]:
+def _endpoints(args: argparse.Namespace, base_url: str | None, draft_url: str | None = None) -> tuple[Endpoint, Endpoint]:
     if base_url is None:
         return simulated_endpoints(profile=args.profile, latency=args.latency)
-    limits = httpx2.Limits(max_connections=4 * args.requests, max_keepalive_connections=4 * args.requests)
+    # No http_client: the client's own lean transport (aiohttp), as a user gets it. (An injected
+    # httpx2 client carries the calls through httpx2/httpcore2, about 3x the client CPU per call.)
     return tuple(  # type: ignore[return-value]
-        Endpoint(model=m, base_url=base_url, api_key="sim", http_client=httpx2.AsyncClient(limits=limits, timeout=60.0), max_logprobs=20)
-        for m in ("sim-target", "sim-draft")
+        Endpoint(model=m, base_url=url, api_key="sim", timeout=60.0, max_logprobs=20)
+        for m, url in (("sim-target", base_url), ("sim-draft", draft_url or base_url))
     )
 
 
@@ -120,8 +126,8 @@ async def _one(client: AsyncSpeculativeOpenAI, prompt: str, max_tokens: int) -> 
     return time.perf_counter() - started, response.choices[0].text, response.speculative
 
 
-async def _main(args: argparse.Namespace, base_url: str | None) -> int:
-    target, draft = _endpoints(args, base_url)
+async def _main(args: argparse.Namespace, base_url: str | None, draft_url: str | None = None) -> int:
+    target, draft = _endpoints(args, base_url, draft_url)
     client = AsyncSpeculativeOpenAI(
         target=target, draft=draft, policy=args.policy, drafter=args.drafter, num_speculative_tokens=args.num_speculative_tokens
     )
@@ -144,7 +150,8 @@ async def _main(args: argparse.Namespace, base_url: str | None) -> int:
         await client.close()
         await sdk.close()
         for endpoint in (target, draft):
-            await endpoint.http_client.aclose()
+            if endpoint.http_client is not None:
+                await endpoint.http_client.aclose()
 
     failures = [r for r in results if isinstance(r, BaseException)]
     ok = [(p, r) for p, r in zip(prompts, results) if not isinstance(r, BaseException)]
@@ -153,7 +160,7 @@ async def _main(args: argparse.Namespace, base_url: str | None) -> int:
     latencies = sorted(wall for _, (wall, _, _) in ok)
     rounds = [stats.num_rounds for _, (_, _, stats) in ok]  # type: ignore[attr-defined]
     ratio = together_s / one_s
-    where = "in-process" if base_url is None else f"separate process at {base_url}"
+    where = "in-process" if base_url is None else f"separate process at {base_url}" + (f", draft at {draft_url}" if draft_url else "")
     print(f"simulator {where}; profile {args.profile}, latency {args.latency}, policy {args.policy}, drafter {args.drafter}, K {args.num_speculative_tokens}, {args.max_tokens} tokens")
     print(f"one request alone:       {one_s:.3f} s (mean of {len(PROMPTS)}, one after another)")
     print(f"{args.requests} requests together:   {together_s:.3f} s wall  -> ratio {ratio:.2f}x (limit {args.max_ratio:.1f}x)")
@@ -179,8 +186,9 @@ def main() -> int:
     try:
         if not args.server:
             return asyncio.run(asyncio.wait_for(_main(args, None), timeout=args.timeout))
-        with _simulator_process(args) as base_url:
-            return asyncio.run(asyncio.wait_for(_main(args, base_url), timeout=args.timeout))
+        with _simulator_process(args) as base_url, contextlib.ExitStack() as stack:
+            draft_url = None if args.one_server else stack.enter_context(_simulator_process(args))
+            return asyncio.run(asyncio.wait_for(_main(args, base_url, draft_url), timeout=args.timeout))
     except asyncio.TimeoutError:
         print(f"FAIL: did not finish within {args.timeout:.0f} s")
         return 1

@@ -254,6 +254,11 @@ def _report(title: str, wall: float, outcomes: list[Outcome]) -> dict:
         summary["speculated_requests"] = sum(bool(s.get("speculated")) for s in spec)
         summary["acceptance_rate"] = round(accepted / drafted, 3) if drafted else 0.0
         summary["target_requests_per_response"] = round(statistics.mean(s["target"]["requests"] for s in spec), 2)
+        reasons: dict[str, int] = {}
+        for s in spec:
+            key = (s.get("load_reason") or s.get("fallback_reason") or "-")[:60]
+            reasons[key] = reasons.get(key, 0) + 1
+        summary["reasons"] = reasons  # what the load (else anything) changed, per request
     print(f"\n== {title}")
     width = max(map(len, summary))
     for key, value in summary.items():

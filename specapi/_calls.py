@@ -418,6 +418,17 @@ class RoleClient:
         Opening the stream is retried like `post`; once a chunk has arrived nothing is retried (the
         text would repeat). Closing the generator early closes the upstream response.
         """
+        async with contextlib.aclosing(self.stream_batches(path, body, meter, options=options)) as batches:
+            async for batch in batches:
+                for chunk in batch:
+                    yield chunk
+
+    async def stream_batches(
+        self, path: str, body: Mapping[str, Any], meter: Meter, *, options: Mapping[str, Any] | None = None
+    ) -> AsyncIterator[list[dict[str, Any]]]:
+        """Like `stream`, the chunks that arrived together (one read from the connection) in one list:
+        one chunk at a time while the reader keeps up, several when it falls behind (under load), so
+        that what it does per batch is done once for all of them."""
         payload = self._body(body)
         payload["stream"] = True
         data = dumps(payload)
@@ -439,19 +450,27 @@ class RoleClient:
         done = False
         try:
             async for piece in reply.chunks():
+                batch: list[dict[str, Any]] = []
                 for event in decoder.feed(piece):
                     if done:
                         continue  # read to the end, so the connection can be used again
                     if event.startswith("[DONE]"):
                         done = True
                         continue
-                    chunk = _stream_item(event, reply)
+                    try:
+                        chunk = _stream_item(event, reply)
+                    except BaseException:
+                        if batch:
+                            yield batch  # what came before the error, as chunk by chunk
+                        raise
                     if isinstance(chunk, dict):
                         last = chunk
                         if chunk.get("usage"):
                             usage_seen = True
                             meter.record_usage(chunk["usage"])
-                        yield chunk
+                        batch.append(chunk)
+                if batch:
+                    yield batch
             for event in decoder.end():
                 if not done and not event.startswith("[DONE]"):
                     chunk = _stream_item(event, reply)
@@ -460,7 +479,7 @@ class RoleClient:
                         if chunk.get("usage"):
                             usage_seen = True
                             meter.record_usage(chunk["usage"])
-                        yield chunk
+                        yield [chunk]
             failed = False
             if not usage_seen and last is not None and _is_native(last) and last.get("stop"):
                 usage_seen = True  # llama.cpp's native stream bills in its last chunk

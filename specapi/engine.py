@@ -26,7 +26,7 @@ from .drafters import Draft, Drafter, ModelDrafter, usable_prefix
 from .policy import RECHECK, TARGET_ALONE, DraftLengthPolicy, PolicyState
 from .stats import RoleUsage, RoundRecord, SpeculativeStats
 from .paths import Path, PathResolver
-from .verifiers import PlainStep, Verification, Verifier, plain_step, plain_stream
+from .verifiers import PlainStep, Verification, Verifier, plain_step, plain_stream, plain_stream_batches
 
 __all__ = ["GenerationRequest", "Piece", "Finished", "Engine"]
 
@@ -324,7 +324,16 @@ class Engine:
         if speculate and mode == TARGET_ALONE:
             speculate = False
             run.books.fallback_reason = getattr(self.policy, "reason", "") or "the draft-length policy chose the target alone"
+        stretch = caps.final_stretch if caps is not None else 0  # see Capabilities.final_stretch
         prompt_ids = getattr(self.verifier, "prompt_ids", None)
+        first: int | None = None  # the first round's draft length, when chosen before the prompt is tokenized
+        if speculate and prompt_ids is not None and not request.context.is_chat:
+            limit = request.max_tokens
+            if limit is None or limit > stretch:
+                # Chosen before the tokenize call: a request the policy hands to the target alone
+                # (under load, above all) spares that call and goes straight to its stream.
+                first = self._choose(run, limit, mode)
+                speculate = first > 0
         if speculate and prompt_ids is not None and not request.context.is_chat:
             # Token-id verification: the target tokenizes the prompt once; from then on it is sent ids.
             try:
@@ -345,7 +354,6 @@ class Engine:
         target_decides = False  # the previous round handed the next position to the target alone
         finished_normally = False
         idle = 0  # steps in a row that added nothing
-        stretch = caps.final_stretch if caps is not None else 0  # see Capabilities.final_stretch
         try:
             while not out.ended and (out.remaining is None or out.remaining > 0):
                 remaining = out.remaining
@@ -356,15 +364,8 @@ class Engine:
                 k = 0
                 if speculate and not target_decides and not final:
                     budget = remaining if remaining is not None else _UNBOUNDED
-                    chosen = self.policy.choose(PolicyState(budget, len(run.books.rounds), recheck=mode == RECHECK))
-                    load_reason = getattr(self.policy, "load_reason", None)  # set by this very choose
-                    if load_reason is not None and (chosen <= 0 or run.books.load_reason is None):
-                        run.books.load_reason = load_reason
-                    if chosen <= 0:
-                        speculate = False  # the policy predicts the target alone is faster from here
-                        run.books.fallback_reason = run.books.fallback_reason or (
-                            getattr(self.policy, "reason", "") or "the draft-length policy turned speculation off"
-                        )
+                    chosen, first = (first, None) if first is not None else (self._choose(run, remaining, mode), None)
+                    speculate = chosen > 0  # else the policy predicts the target alone is faster from here
                     k = min(chosen, budget - 1 - (stretch if remaining is not None else 0))
                 target_decides = False
                 new: list[Emitted] = []
@@ -437,6 +438,22 @@ class Engine:
             yield Piece(text=out.text)  # collected: handed out whole, once nothing can change it
         yield self._finished(run, started, out.finish_reason, out.produced)
 
+    def _choose(self, run: _Run, remaining: int | None, mode: str) -> int:
+        """The policy's draft length for the next round (0: the target alone from here, with the reason
+        in the books, and what the load changed)."""
+        budget = remaining if remaining is not None else _UNBOUNDED
+        rounds = run.books.rounds
+        free = bool(rounds) and not rounds[-1].drafter.startswith("draft-model")
+        chosen = self.policy.choose(PolicyState(budget, len(rounds), recheck=mode == RECHECK, last_round_free=free))
+        load_reason = getattr(self.policy, "load_reason", None)  # set by this very choose
+        if load_reason is not None and (chosen <= 0 or run.books.load_reason is None):
+            run.books.load_reason = load_reason
+        if chosen <= 0:
+            run.books.fallback_reason = run.books.fallback_reason or (
+                getattr(self.policy, "reason", "") or "the draft-length policy turned speculation off"
+            )
+        return chosen
+
     def _finished(self, run: _Run, started: float, finish_reason: str, produced: int) -> Finished:
         books = run.books
         if not books.rounds and books.fallback_reason is None and books.path_note:
@@ -497,26 +514,33 @@ class Engine:
         """The target alone generates the rest as a stream. A chunk's text counts as one token (servers
         stream token by token); when the server stops at the limit, the count is settled to it."""
         usage: dict = {}
-        pieces = plain_stream(
+        # Chunks that arrived together (the reader fell behind, under load) go on as one piece: the
+        # same tokens, counted one by one, with the work per piece (and per chunk sent on) done once.
+        batches = plain_stream_batches(
             self.target, context, remaining, run.target_meter, run.seed(), list(run.request.stop) or None, prefill=self.prefill, usage=usage
         )
         chunks = 0
         started = self.clock()
-        async with contextlib.aclosing(pieces) as stream:
-            async for text, finish_reason in stream:
+        finished = False
+        async with contextlib.aclosing(batches) as stream:
+            async for batch in stream:
                 new = []
-                if text:
-                    chunks += 1
-                    new.append(Emitted(token=text, data=text.encode("utf-8")))
-                if finish_reason == "length" and remaining is not None:
-                    new.append(Emitted(token="", data=b"", count=max(0, remaining - chunks)))
-                elif finish_reason is not None:
-                    new.append(Emitted(token="", data=b"", eos=True, finish_reason=finish_reason))
-                if finish_reason is not None:
-                    # What the target alone costs is what the policy compares speculation with.
-                    self.policy.observe_plain(remaining if finish_reason == "length" and remaining else chunks, self.clock() - started)
+                for text, finish_reason in batch:
+                    if text:
+                        chunks += 1
+                        new.append(Emitted(token=text, data=text.encode("utf-8")))
+                    if finish_reason == "length" and remaining is not None:
+                        new.append(Emitted(token="", data=b"", count=max(0, remaining - chunks)))
+                    elif finish_reason is not None:
+                        new.append(Emitted(token="", data=b"", eos=True, finish_reason=finish_reason))
+                    if finish_reason is not None:
+                        finished = True
+                        # What the target alone costs is what the policy compares speculation with.
+                        self.policy.observe_plain(remaining if finish_reason == "length" and remaining else chunks, self.clock() - started)
                 if new:
                     yield new
+        if not finished:
+            raise self.target.error("the stream ended without a finish_reason: the text may be incomplete", malformed=True)
         prompt_tokens = usage.get("prompt_tokens")
         if not context.accepted and run.books.prompt_tokens is None and isinstance(prompt_tokens, int):
             run.books.prompt_tokens = prompt_tokens

@@ -34,6 +34,8 @@ class PolicyState:
     remaining_tokens: int
     rounds_so_far: int
     recheck: bool = False  # this request was granted to re-measure speculation
+    #: This request's last round was drafted without a draft call (suffix index, prompt lookup).
+    last_round_free: bool = False
 
 
 SPECULATE, RECHECK, TARGET_ALONE = "speculate", "recheck", "target-alone"
@@ -145,8 +147,9 @@ class AdaptiveDraftLength:
     in flight and how call latency grows with them. A round's calls then also cost the requests
     ahead of this one (in start order) the measured slope each; the draft length maximises tokens per
     second with that cost counted, and a request whose speculation would not beat the target alone
-    at its start lets the target generate alone (admission: later ones step aside first, and one that
-    has begun speculating keeps going). The reason goes in `load_reason` (`LOAD_TARGET_ALONE`,
+    lets the target generate the rest alone (admission, judged every round: later ones step aside
+    first; a burst starts before the curve has seen its load, so requests admitted then step aside
+    once the burst's own calls have measured it). The reason goes in `load_reason` (`LOAD_TARGET_ALONE`,
     `LOAD_DRAFT_LENGTH`), read by the engine right after `choose`. At one request in flight nothing
     changes.
 
@@ -271,15 +274,15 @@ class AdaptiveDraftLength:
 
     def choose(self, state: PolicyState) -> int:
         self.load_reason = None
+        rank = self._target_load.rank(current_request.get()) if self._target_load is not None else 1
         if self._rounds_seen < self.min_rounds or not self._verify.known:
-            return self.start_length
+            return self._unmeasured_under_load() if rank > 1 else self.start_length
         if not self._target.has_slope and self._measure_target_now(state):
             self._measuring = True
             self.reason = "adaptive policy: the target wrote the rest alone once, to measure its own speed"
             return 0
         if state.recheck and state.rounds_so_far < self.min_rounds:
             return self.best_length(state.remaining_tokens)[0]  # re-measure before judging again
-        rank = self._target_load.rank(current_request.get()) if self._target_load is not None else 1
         load_s = self.load_cost(rank) / self._inflation(self._target_load)  # in one-stream seconds, as the models
         k, rate = self.best_length(state.remaining_tokens, load_s)
         unloaded_k, unloaded_rate = self.best_length(state.remaining_tokens) if load_s else (k, rate)
@@ -290,15 +293,28 @@ class AdaptiveDraftLength:
                 self.reason = "adaptive policy: speculation predicted slower than the target alone"
                 return 0
             self._off = False
-            if rate < baseline * self.margin and state.rounds_so_far == 0:
-                # Admission, at a request's start (one that has begun speculating keeps its rounds):
-                # not a verdict on speculation, which stays on; this request steps aside for the others.
+            if rate < baseline * self.margin and (state.rounds_so_far == 0 or not state.last_round_free):
+                # Admission, judged again every round: a burst of requests starts before the curve has
+                # seen that load, so the later ones in start order step aside as soon as the calls made
+                # meanwhile measure it. Not a verdict on speculation, which stays on; this request
+                # steps aside for the others (the target writes its rest alone). A request drafting
+                # free (no draft call) keeps going once started: its rounds add a verify call only, and
+                # the client's acceptance by position does not describe drafts from its own history.
                 self.reason = "adaptive policy: " + LOAD_TARGET_ALONE
                 self.load_reason = LOAD_TARGET_ALONE
                 return 0
         if k != unloaded_k:
             self.load_reason = LOAD_DRAFT_LENGTH
         return k
+
+    def _unmeasured_under_load(self) -> int:
+        """Requests in flight ahead of this one while speculation is not measured yet (a burst on a cold
+        client): nothing says the added calls pay, so the earliest request speculates (and measures
+        speculation) and later ones let the target generate alone (which measures the target); from
+        then on the measured costs decide. At one request in flight this never applies."""
+        self.reason = "adaptive policy: " + LOAD_TARGET_ALONE + " (not measured yet)"
+        self.load_reason = LOAD_TARGET_ALONE
+        return 0
 
     def _measure_target_now(self, state: PolicyState) -> bool:
         """While the target's speed is unknown: at the end of a request (its last few tokens), or on the

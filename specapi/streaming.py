@@ -34,6 +34,18 @@ class SpeculativeStream(Generic[T]):
     def __aiter__(self) -> SpeculativeStream[T]:
         return self
 
+    async def next_data(self) -> dict[str, Any] | None:
+        """The next chunk as the JSON object it is built from, None at the end: what a proxy sends on
+        as it is, without building the SDK object and dumping it again (`speculative` is set as usual)."""
+        try:
+            data = await self._chunks.__anext__()
+        except StopAsyncIteration:
+            return None
+        stats = data.pop("_speculative", None)
+        if stats is not None:
+            self.speculative = stats
+        return data
+
     async def __anext__(self) -> T:
         data = await self._chunks.__anext__()
         stats = data.pop("_speculative", None)

@@ -28,6 +28,7 @@ __all__ = [
     "generation_request",
     "plain_step",
     "plain_stream",
+    "plain_stream_batches",
 ]
 
 
@@ -262,6 +263,39 @@ async def plain_step(
     )
 
 
+async def plain_stream_batches(
+    client: RoleClient,
+    context: Context,
+    max_tokens: int | None,
+    meter: Meter,
+    seed: int | None,
+    stop: list[str] | None,
+    *,
+    prefill: Prefill = Prefill(),
+    usage: dict | None = None,
+) -> AsyncIterator[list[tuple[str, str | None]]]:
+    """`plain_stream`'s `(text, finish_reason)` pairs, those of chunks that arrived together in one
+    list (see `RoleClient.stream_batches`). Does not check that a finish_reason came."""
+    form = openai_format(context)
+    path, body = generation_request(context, max_tokens, seed, stop, prefill)
+    body["stream_options"] = {"include_usage": True}
+    async with contextlib.aclosing(client.stream_batches(path, body, meter, options=context.options)) as batches:
+        async for chunks in batches:
+            out: list[tuple[str, str | None]] = []
+            for chunk in chunks:
+                if usage is not None and isinstance(chunk.get("usage"), dict):
+                    usage.update(chunk["usage"])
+                for choice in chunk.get("choices") or []:
+                    if choice.get("index", 0) != 0:
+                        continue
+                    text = form.delta(choice)
+                    finish = choice.get("finish_reason")
+                    if text or finish is not None:
+                        out.append((text, finish))
+            if out:
+                yield out
+
+
 async def plain_stream(
     client: RoleClient,
     context: Context,
@@ -275,21 +309,12 @@ async def plain_stream(
 ) -> AsyncIterator[tuple[str, str | None]]:
     """Like `plain_step`, streamed: yields `(text, finish_reason)` per chunk (finish_reason None until
     the end). The billed usage, when the server sends it, is copied into `usage`."""
-    form = openai_format(context)
-    path, body = generation_request(context, max_tokens, seed, stop, prefill)
-    body["stream_options"] = {"include_usage": True}
     finished = False
-    async with contextlib.aclosing(client.stream(path, body, meter, options=context.options)) as chunks:
-        async for chunk in chunks:
-            if usage is not None and isinstance(chunk.get("usage"), dict):
-                usage.update(chunk["usage"])
-            for choice in chunk.get("choices") or []:
-                if choice.get("index", 0) != 0:
-                    continue
-                text = form.delta(choice)
-                finish = choice.get("finish_reason")
+    batches = plain_stream_batches(client, context, max_tokens, meter, seed, stop, prefill=prefill, usage=usage)
+    async with contextlib.aclosing(batches):
+        async for batch in batches:
+            for text, finish in batch:
                 finished = finished or finish is not None
-                if text or finish is not None:
-                    yield text, finish
+                yield text, finish
     if not finished:
         raise client.error("the stream ended without a finish_reason: the text may be incomplete", malformed=True)

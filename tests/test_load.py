@@ -67,11 +67,13 @@ def learnt_lan_policy() -> AdaptiveDraftLength:
     return policy
 
 
-def decide(policy: AdaptiveDraftLength, curve: LoadCurve | None, request_id: int, rounds_so_far: int = 0) -> tuple[int, str | None]:
+def decide(
+    policy: AdaptiveDraftLength, curve: LoadCurve | None, request_id: int, rounds_so_far: int = 0, *, free: bool = False
+) -> tuple[int, str | None]:
     policy.watch_load(curve, curve)
     token = current_request.set(request_id)
     try:
-        k = policy.choose(PolicyState(remaining_tokens=REMAINING, rounds_so_far=rounds_so_far))
+        k = policy.choose(PolicyState(remaining_tokens=REMAINING, rounds_so_far=rounds_so_far, last_round_free=free))
     finally:
         current_request.reset(token)
     return k, policy.load_reason
@@ -110,10 +112,24 @@ def test_a_moderate_curve_changes_the_draft_length_and_says_so():
     assert any(k not in (0, k_unloaded) and reason == LOAD_DRAFT_LENGTH for k, reason in changed)
 
 
-def test_a_request_that_has_begun_speculating_keeps_going_under_load():
+def test_a_request_admitted_before_the_curve_saw_the_load_steps_aside_once_it_has():
+    """A burst: 32 requests start while the curve has only seen one request in flight, so all are
+    admitted; once the burst's first calls have measured the steep curve, later ones step aside
+    mid-request, earlier ones keep speculating."""
+    unmeasured = curve_from(lambda c: 0.031, range(1, 2), in_flight=32)
+    assert all(decide(learnt_lan_policy(), unmeasured, rank)[0] > 0 for rank in (1, 16, 32))
     steep = curve_from(lambda c: 0.031 + 0.006 * c, range(1, 33), in_flight=32)
-    assert decide(learnt_lan_policy(), steep, 32, rounds_so_far=0)[0] == 0
-    k, reason = decide(learnt_lan_policy(), steep, 32, rounds_so_far=3)
+    assert decide(learnt_lan_policy(), steep, 32, rounds_so_far=3) == (0, LOAD_TARGET_ALONE)
+    k, reason = decide(learnt_lan_policy(), steep, 1, rounds_so_far=3)
+    assert k > 0 and reason is None
+
+
+def test_a_request_drafting_free_keeps_going_once_started_under_load():
+    """Drafts from the suffix index or the prompt cost no draft call, and the client's acceptance does
+    not describe them: a request whose last round was free is judged at its start only."""
+    steep = curve_from(lambda c: 0.031 + 0.006 * c, range(1, 33), in_flight=32)
+    assert decide(learnt_lan_policy(), steep, 32, rounds_so_far=0, free=False) == (0, LOAD_TARGET_ALONE)
+    k, reason = decide(learnt_lan_policy(), steep, 32, rounds_so_far=3, free=True)
     assert k > 0 and reason in (None, LOAD_DRAFT_LENGTH)
 
 
@@ -143,3 +159,24 @@ def test_the_reason_is_a_typed_field_of_the_statistics_and_reaches_the_json_and_
     assert stats.to_dict()["load_reason"] == LOAD_TARGET_ALONE
     assert stats.to_headers()["x-specapi-load-reason"].startswith("target alone under load")
     assert SpeculativeStats().to_dict()["load_reason"] is None
+
+
+def test_a_burst_on_a_cold_policy_speculates_on_the_earliest_request_only_until_speculation_is_measured():
+    """Nothing measured and 8 requests in flight: the first speculates (measuring speculation), the
+    others let the target generate alone (measuring the target). Alone, a cold request speculates."""
+    cold = AdaptiveDraftLength()
+    cold.start_request()
+    burst = curve_from(lambda c: 0.031, range(1, 2), in_flight=8)
+    assert decide(cold, burst, 1) == (cold.start_length, None)
+    assert all(decide(cold, burst, rank) == (0, LOAD_TARGET_ALONE) for rank in range(2, 9))
+    alone = curve_from(lambda c: 0.031, range(1, 2), in_flight=1)
+    assert decide(AdaptiveDraftLength(), alone, 1) == (AdaptiveDraftLength().start_length, None)
+    # Once speculation is measured, the measured costs decide (a flat curve: speculate).
+    measured = AdaptiveDraftLength()
+    measured.start_request()
+    for _ in range(8):
+        measured.observe(RoundRecord(drafted=4, accepted=4, emitted=5, draft_latency_s=0.02, verify_latency_s=0.031,
+                                     drafter="draft-model", accepted_by_position=(True,) * 4))
+    measured.observe_plain(32, 0.03 + 0.025 * 32)
+    k, reason = decide(measured, curve_from(lambda c: 0.031, range(1, 9), in_flight=8), 3)
+    assert k > 0 and reason is None

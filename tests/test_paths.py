@@ -377,3 +377,41 @@ def test_an_echo_bonus_token_holding_part_of_a_character_is_a_token_not_a_malfor
     verification = EchoVerifier._read(response, "ab", "b", 0.01)
     assert verification.bonus is not None and verification.bonus.data == b"\xe4\xb8"
     assert [p.text for p in verification.positions] == ["b"]
+
+
+class _TargetAloneUnderLoad:
+    """A policy that sends every request to the target alone at its first round, as the load-aware
+    adaptive policy does for a request that would cost the others more than it saves."""
+
+    name = "under-load"
+    reason = "stepped aside"
+    load_reason = "target alone under load"
+
+    def start_request(self) -> str:
+        return "speculate"
+
+    def choose(self, state) -> int:
+        return 0
+
+    def observe(self, record) -> None:
+        pass
+
+    def observe_plain(self, tokens: int, latency_s: float) -> None:
+        pass
+
+
+async def test_a_request_sent_to_the_target_alone_at_its_first_round_does_not_tokenize_its_prompt():
+    """On the token-ids path the first draft length is chosen before the prompt is tokenized: a request
+    the policy hands to the target alone makes no tokenize call, only its own generation."""
+    provider, target, draft = sim("llamacpp")
+    async with AsyncSpeculativeOpenAI(target=target, draft=draft, drafter="model", policy="fixed") as client:
+        await client.completions.create(prompt=COMPLETION_PROMPTS[0], max_tokens=8, temperature=0)  # probes the server
+        stepping_aside = client.with_options(policy=_TargetAloneUnderLoad())
+        before = len(provider.calls)
+        resp = await stepping_aside.completions.create(prompt=COMPLETION_PROMPTS[1], max_tokens=MAX_TOKENS, temperature=0)
+    calls = list(provider.calls)[before:]
+    s = resp.speculative
+    assert (s.speculated, s.load_reason) == (False, "target alone under load")
+    assert not [c for c in calls if c.path == "/tokenize"]
+    assert len(calls) == 1
+    assert resp.choices[0].text == (await target_alone(provider, prompt=COMPLETION_PROMPTS[1]))[0]

@@ -320,7 +320,9 @@ async def test_unverifiable_stream_request_is_retried_on_transient_errors(srv):
 @pytest.mark.parametrize("kind", ["completions", "chat"])
 async def test_a_target_alone_stream_arrives_token_by_token(srv, kind):
     """When nothing is speculated (here: verification="none"), the target's own stream is relayed as it
-    comes, not collected into one piece at the end."""
+    comes, not collected into one piece at the end. The server paces its tokens, as a real one does:
+    chunks that arrive together in one read are relayed together."""
+    srv.set_delay(TARGET.name, per_token=0.01)
     async with AsyncSpeculativeOpenAI(**options(srv, verification="none")) as c:
         if kind == "chat":
             stream = await c.chat.completions.create(messages=MESSAGES, max_tokens=12, temperature=0, stream=True)
@@ -335,3 +337,39 @@ async def test_a_target_alone_stream_arrives_token_by_token(srv, kind):
     assert stream.speculative is not None and not stream.speculative.speculated
     assert stream.speculative.generated_tokens == len(tokenize(expected))
     assert srv.requests_for("target")[-1].get("stream") is True
+
+
+async def test_chunks_that_arrive_together_are_relayed_together_and_still_counted_one_by_one(srv):
+    """An unpaced server's chunks come in one read: they go on as fewer pieces (the work per piece
+    done once), with the same text and the same token count."""
+    async with AsyncSpeculativeOpenAI(**options(srv, verification="none")) as c:
+        stream = await c.completions.create(prompt=PROMPT, max_tokens=12, temperature=0, stream=True)
+        pieces = [ch.choices[0].text for ch in [x async for x in stream] if ch.choices and ch.choices[0].text]
+    expected = TARGET.greedy(PROMPT, 12)[0]
+    assert "".join(pieces) == expected and len(pieces) <= len(tokenize(expected))
+    assert stream.speculative.generated_tokens == len(tokenize(expected))
+
+
+async def test_next_data_gives_the_chunks_as_json_objects_with_the_statistics_set_at_the_end():
+    """What the proxy sends on: the same chunks as the SDK objects, as plain JSON objects."""
+    from specapi.engine import Finished, Piece
+    from specapi.streaming import SpeculativeStream, completion_chunks, parse_completion
+
+    class _Stats:
+        pass
+
+    stats = _Stats()
+
+    async def events():
+        yield Piece(text="Hel")
+        yield Piece(text="lo")
+        yield Finished(finish_reason="stop", stats=stats, completion_tokens=2, prompt_tokens=3)
+
+    stream = SpeculativeStream(completion_chunks(events(), "m", include_usage=False), parse_completion)
+    chunks = []
+    while (data := await stream.next_data()) is not None:
+        chunks.append(data)
+    assert [c["choices"][0]["text"] for c in chunks] == ["Hel", "lo", ""]
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop" and "_speculative" not in chunks[-1]
+    assert stream.speculative is stats
+    json.dumps(chunks)  # JSON as it is

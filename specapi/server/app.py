@@ -253,7 +253,7 @@ class _Proxy:
         """Wait for the first chunk (so that early failures get a real HTTP status), then stream the rest."""
         stream: SpeculativeStream[Any] = await create(**kwargs)
         try:
-            first = await run_unless_disconnected(anext(stream, None), request.receive)
+            first = await run_unless_disconnected(stream.next_data(), request.receive)
         except BaseException:
             await stream.close()
             raise
@@ -270,20 +270,20 @@ class _Proxy:
         return EventStreamResponse(events, headers={"x-request-id": request_id}, on_close=close)
 
     async def _events(
-        self, route: str, stream: SpeculativeStream[Any], first: Any, started: float, request_id: str
+        self, route: str, stream: SpeculativeStream[Any], first: dict[str, Any] | None, started: float, request_id: str
     ) -> AsyncGenerator[bytes, None]:
-        """The stream as SSE events; the last chunk gets `"speculative"`; errors become an error event."""
+        """The stream as SSE events; the last chunk gets `"speculative"`; errors become an error event.
+        Chunks go on as the JSON objects they are built from (no SDK object per chunk)."""
         observed = False
         try:
-            chunk = first
-            while chunk is not None:
-                data = _dump(chunk)
+            data = first
+            while data is not None:
                 if stream.speculative is not None and not observed:  # set by the last chunk, which carries them
                     data["speculative"] = self.summary(stream.speculative)
                     self.metrics.observe(route, stream.speculative)
                     observed = True
                 yield encode_event(data)
-                chunk = await anext(stream, None)
+                data = await stream.next_data()
             yield DONE_EVENT
             self.metrics.duration.labels(route=route).observe(self.config.clock() - started)
         except Exception as exc:  # after the headers: the error travels as an event (the SDK raises it)
