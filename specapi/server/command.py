@@ -35,6 +35,7 @@ import tempfile
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
 import uvicorn
 from uvicorn.supervisors.multiprocess import Multiprocess
@@ -196,18 +197,7 @@ def _announce(settings: Settings) -> None:
 
 def serve(settings: Settings, app: Starlette) -> int:
     """Run `app` until SIGINT/SIGTERM, then drain in-flight requests for up to `shutdown_timeout` seconds."""
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app,
-            host=settings.host,
-            port=settings.port,
-            log_level=settings.log_level,
-            lifespan="on",
-            ws="none",
-            timeout_graceful_shutdown=settings.shutdown_timeout,
-            backlog=2048,
-        )
-    )
+    server = uvicorn.Server(_uvicorn_config(app, settings))
     _announce(settings)
     # uvicorn handles SIGTERM (graceful shutdown), then re-raises it to the handler it found: make that one
     # a no-op, so that a drained shutdown exits with 0 rather than being killed by the signal's default.
@@ -221,6 +211,21 @@ def serve(settings: Settings, app: Starlette) -> int:
         if in_main_thread:
             signal.signal(signal.SIGTERM, previous)
     return 0 if server.started else 1
+
+
+def _uvicorn_config(app: Any, settings: Settings, **extra: Any) -> uvicorn.Config:
+    """uvicorn's settings for the proxy, in one process or as `--workers` (`extra`: the app factory's)."""
+    return uvicorn.Config(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level=settings.log_level,
+        lifespan="on",
+        ws="none",
+        timeout_graceful_shutdown=settings.shutdown_timeout,
+        backlog=2048,
+        **extra,
+    )
 
 
 def _ignore_signal(signum: int, frame: object) -> None:
@@ -241,18 +246,7 @@ def serve_workers(settings: Settings, args: argparse.Namespace) -> int:
         created = tempfile.mkdtemp(prefix="specapi-metrics-")
         os.environ[MULTIPROCESS_DIR_VARIABLE] = created  # read by prometheus-client when each worker imports it
     os.environ[_WORKER_OPTIONS_VARIABLE] = json.dumps({o.dest: getattr(args, o.dest, None) for o in OPTIONS})
-    config = uvicorn.Config(
-        f"{__name__}:worker_app",
-        factory=True,
-        host=settings.host,
-        port=settings.port,
-        workers=settings.workers,
-        log_level=settings.log_level,
-        lifespan="on",
-        ws="none",
-        timeout_graceful_shutdown=settings.shutdown_timeout,
-        backlog=2048,
-    )
+    config = _uvicorn_config(f"{__name__}:worker_app", settings, factory=True, workers=settings.workers)
     _announce(settings)
     try:
         socket = config.bind_socket()
