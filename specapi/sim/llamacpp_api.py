@@ -361,17 +361,6 @@ def completion_results(
     return results if request.batch else results[0]
 
 
-def _ends_inside_a_character(data: bytes) -> bool:
-    """The bytes end with the start of a UTF-8 character whose other bytes have not come yet."""
-    for back in range(1, min(4, len(data)) + 1):
-        byte = data[-back]
-        if byte & 0xC0 == 0x80:
-            continue  # a continuation byte: look further back for the lead
-        need = 2 if byte & 0xE0 == 0xC0 else 3 if byte & 0xF0 == 0xE0 else 4 if byte & 0xF8 == 0xF0 else 1
-        return need > back
-    return False
-
-
 def stream_chunks(model: NGramModel, model_name: str, request: CompletionRequest, job: Job) -> list[Chunk]:
     """A streamed ``/completion``: a chunk per generated token with the text it completes, then the whole
     result (``stop: true``, empty ``content``), as the real server streams it. Text that ends inside a
@@ -383,7 +372,7 @@ def stream_chunks(model: NGramModel, model_name: str, request: CompletionRequest
     for step, record in enumerate(shown):
         pending += token_bytes(record.token_id)
         held += 1
-        if _ends_inside_a_character(pending):
+        if ends_inside_a_character(pending):
             continue
         text = _text(pending)[: max(0, len(gen.text) - sent)]  # a stop word ends the text early
         sent += len(text)
