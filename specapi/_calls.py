@@ -445,41 +445,30 @@ class RoleClient:
             box.http_response = httpx2.Response(reply.status, headers=list(reply.headers.items()), request=reply.request())
         failed = True
         usage_seen = False
-        decoder = SSEDecoder()
         last: dict[str, Any] | None = None
         done = False
         try:
-            async for piece in reply.chunks():
-                batch: list[dict[str, Any]] = []
-                for event in decoder.feed(piece):
-                    if done:
-                        continue  # read to the end, so the connection can be used again
-                    if event.startswith("[DONE]"):
-                        done = True
-                        continue
-                    try:
-                        chunk = _stream_item(event, reply)
-                    except BaseException:
-                        if batch:
-                            yield batch  # what came before the error, as chunk by chunk
-                        raise
-                    if isinstance(chunk, dict):
-                        last = chunk
-                        if chunk.get("usage"):
-                            usage_seen = True
-                            meter.record_usage(chunk["usage"])
-                        batch.append(chunk)
-                if batch:
-                    yield batch
-            for event in decoder.end():
-                if not done and not event.startswith("[DONE]"):
-                    chunk = _stream_item(event, reply)
-                    if isinstance(chunk, dict):
-                        last = chunk
-                        if chunk.get("usage"):
-                            usage_seen = True
-                            meter.record_usage(chunk["usage"])
-                        yield [chunk]
+            async with contextlib.aclosing(_event_lists(reply)) as event_lists:
+                async for events in event_lists:
+                    batch: list[dict[str, Any]] = []
+                    for event in events:
+                        if done or event.startswith("[DONE]"):
+                            done = True  # read to the end, so the connection can be used again
+                            continue
+                        try:
+                            chunk = _stream_item(event, reply)
+                        except BaseException:
+                            if batch:
+                                yield batch  # what came before the error, as chunk by chunk
+                            raise
+                        if isinstance(chunk, dict):
+                            last = chunk
+                            if chunk.get("usage"):
+                                usage_seen = True
+                                meter.record_usage(chunk["usage"])
+                            batch.append(chunk)
+                    if batch:
+                        yield batch
             failed = False
             if not usage_seen and last is not None and _is_native(last) and last.get("stop"):
                 usage_seen = True  # llama.cpp's native stream bills in its last chunk
@@ -491,6 +480,15 @@ class RoleClient:
             meter.record_attempt(self.clock() - started, failed=failed)
             if not usage_seen:
                 meter.record_usage(None)
+
+
+async def _event_lists(reply: Reply) -> AsyncIterator[list[str]]:
+    """The SSE events of a reply, in the lists that each read from the connection completed (the
+    decoder's rest last)."""
+    decoder = SSEDecoder()
+    async for piece in reply.chunks():
+        yield decoder.feed(piece)
+    yield decoder.end()
 
 
 def _stream_item(data: str, reply: Reply) -> Any:

@@ -334,7 +334,7 @@ class Engine:
                 # (under load, above all) spares that call and goes straight to its stream.
                 first = self._choose(run, limit, mode)
                 speculate = first > 0
-        if speculate and prompt_ids is not None and not request.context.is_chat:
+        if speculate and prompt_ids is not None and not request.context.is_chat:  # (the choice may have said no)
             # Token-id verification: the target tokenizes the prompt once; from then on it is sent ids.
             try:
                 ids = await prompt_ids(request.context, run.target_meter)
@@ -364,7 +364,10 @@ class Engine:
                 k = 0
                 if speculate and not target_decides and not final:
                     budget = remaining if remaining is not None else _UNBOUNDED
-                    chosen, first = (first, None) if first is not None else (self._choose(run, remaining, mode), None)
+                    if first is not None:
+                        chosen, first = first, None
+                    else:
+                        chosen = self._choose(run, remaining, mode)
                     speculate = chosen > 0  # else the policy predicts the target alone is faster from here
                     k = min(chosen, budget - 1 - (stretch if remaining is not None else 0))
                 target_decides = False

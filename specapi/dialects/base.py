@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from .._calls import Meter, RoleClient
 
-__all__ = ["Pick", "Generated", "NativeDialect", "reading", "server_root", "spelling"]
+__all__ = ["Pick", "Generated", "NativeDialect", "count", "reading", "rendered_bytes", "server_root", "spelling"]
 
 
 @dataclass(frozen=True)
@@ -98,3 +98,16 @@ def spelling(data: bytes) -> str:
     except UnicodeDecodeError:
         return "bytes:" + "".join(f"\\x{b:02x}" for b in data)
     return text
+
+
+def count(value: Any) -> int | None:
+    """A token count as a server reported it: an integer, else None (absent, null or malformed)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def rendered_bytes(text: Any) -> bytes | None:
+    """A server's rendering of generated text as bytes; None when the rendering lost them (U+FFFD
+    stands where a character was left unfinished)."""
+    if not isinstance(text, str) or "\ufffd" in text:
+        return None
+    return text.encode("utf-8")

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._calls import Meter, RoleClient
-from .base import Generated, Pick, reading, server_root
+from .base import Generated, Pick, count, reading, server_root
 
 __all__ = ["LlamaCppDialect", "native_fields"]
 
@@ -106,8 +106,8 @@ class LlamaCppDialect:
                 ids=None,
                 data="".join(pieces).encode("utf-8"),
                 finish_reason="stop" if last.get("stop_type") in ("eos", "word") else "length",
-                prompt_tokens=evaluated if isinstance(evaluated, int) else None,
-                completion_tokens=predicted if isinstance(predicted, int) else 0,
+                prompt_tokens=count(evaluated),
+                completion_tokens=count(predicted) or 0,
             )
 
 
@@ -131,10 +131,10 @@ def _pick(result: Mapping[str, Any]) -> Pick:
     """One prompt's next token. A token that holds part of a character comes with no
     `completion_probabilities` at all: its id is known, its bytes are not."""
     prompt_tokens = result.get("tokens_evaluated")
-    prompt_tokens = prompt_tokens if isinstance(prompt_tokens, int) else None
+    prompt_tokens = count(prompt_tokens)
     if result.get("stop_type") == "eos":
         predicted = result.get("tokens_predicted")
-        return Pick(id=None, data=None, end=True, prompt_tokens=prompt_tokens, uncounted=predicted if isinstance(predicted, int) else 0)
+        return Pick(id=None, data=None, end=True, prompt_tokens=prompt_tokens, uncounted=count(predicted) or 0)
     tokens = result.get("tokens") or []
     probs = result.get("completion_probabilities") or []
     if len(tokens) != 1:
@@ -162,6 +162,6 @@ def _generated(result: Mapping[str, Any]) -> Generated:
         ids=tuple(tokens),
         data=content.encode("utf-8"),
         finish_reason=finish,
-        prompt_tokens=prompt_tokens if isinstance(prompt_tokens, int) else None,
-        completion_tokens=predicted if isinstance(predicted, int) else len(tokens),
+        prompt_tokens=count(prompt_tokens),
+        completion_tokens=len(tokens) if count(predicted) is None else predicted,
     )

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._calls import Meter, RoleClient
-from .base import Generated, Pick, reading, server_root
+from .base import Generated, Pick, count, reading, rendered_bytes, server_root
 
 __all__ = ["SglangDialect", "sampling_params"]
 
@@ -28,12 +28,6 @@ def sampling_params(fields: Mapping[str, Any]) -> dict[str, Any]:
     if fields.get("seed") is not None:
         params["sampling_seed"] = fields["seed"]
     return params
-
-
-def _text_data(text: Any) -> bytes | None:
-    if not isinstance(text, str) or "\ufffd" in text:
-        return None
-    return text.encode("utf-8")
 
 
 @dataclass
@@ -66,7 +60,7 @@ class SglangDialect:
         response = await client.post(server_root(client) + "/generate", body, meter, array_ok=True)
         with reading(client, "/generate (tokenizing)"):
             result = response[0] if isinstance(response, list) else response
-            return [(int(item[1]), _text_data(item[2])) for item in result["meta_info"]["input_token_logprobs"]]
+            return [(int(item[1]), rendered_bytes(item[2])) for item in result["meta_info"]["input_token_logprobs"]]
 
     @staticmethod
     def _body(prompts: Sequence[Sequence[int]], fields: Mapping[str, Any], max_new_tokens: int | None) -> dict[str, Any]:
@@ -119,7 +113,7 @@ class SglangDialect:
                 ids=ids_out,
                 data=text.encode("utf-8"),
                 finish_reason="length" if finish.get("type") == "length" else "stop",
-                prompt_tokens=meta.get("prompt_tokens") if isinstance(meta.get("prompt_tokens"), int) else None,
+                prompt_tokens=count(meta.get("prompt_tokens")),
                 completion_tokens=int(meta.get("completion_tokens") or len(ids_out)),
             )
 
@@ -127,10 +121,10 @@ class SglangDialect:
 def _pick(result: Mapping[str, Any]) -> Pick:
     meta = result["meta_info"]
     finish = meta.get("finish_reason") or {}
-    prompt_tokens = meta.get("prompt_tokens") if isinstance(meta.get("prompt_tokens"), int) else None
+    prompt_tokens = count(meta.get("prompt_tokens"))
     ids = result.get("output_ids") or []
     if finish.get("type") == "stop" and not result.get("text"):
         return Pick(id=None, data=None, end=True, prompt_tokens=prompt_tokens, uncounted=int(meta.get("completion_tokens") or 0))
     if len(ids) != 1:
         raise ValueError(f"expected one output token, got {ids!r}")
-    return Pick(id=int(ids[0]), data=_text_data(result.get("text")), prompt_tokens=prompt_tokens)
+    return Pick(id=int(ids[0]), data=rendered_bytes(result.get("text")), prompt_tokens=prompt_tokens)

@@ -15,7 +15,7 @@ from typing import Any
 
 from .._calls import Meter, RoleClient
 from ..alignment import token_bytes
-from .base import Generated, Pick, reading, server_root
+from .base import Generated, Pick, count, reading, rendered_bytes, server_root
 
 __all__ = ["VllmDialect"]
 
@@ -50,7 +50,7 @@ class VllmDialect:
                 raise ValueError(f"{len(choices)} choices for {len(prompts)} prompts")
             usage = response.get("usage") or {}
             single = usage.get("prompt_tokens") if len(prompts) == 1 else None
-            return [_pick(choice, single if isinstance(single, int) else None) for choice in choices]
+            return [_pick(choice, count(single)) for choice in choices]
 
     async def generate(
         self,
@@ -83,8 +83,8 @@ class VllmDialect:
                 ids=token_ids,
                 data=text.encode("utf-8"),
                 finish_reason="length" if finish == "length" else "stop",
-                prompt_tokens=usage.get("prompt_tokens") if isinstance(usage.get("prompt_tokens"), int) else None,
-                completion_tokens=completion if isinstance(completion, int) else len(token_ids),
+                prompt_tokens=count(usage.get("prompt_tokens")),
+                completion_tokens=len(token_ids) if count(completion) is None else completion,
             )
 
 
@@ -97,6 +97,6 @@ def _pick(choice: Mapping[str, Any], prompt_tokens: int | None) -> Pick:
         raise ValueError(f"expected one generated token id, got {token_ids!r}")
     tokens = (choice.get("logprobs") or {}).get("tokens") or []
     data = _data(tokens[0]) if tokens else None
-    if data is None and isinstance(text, str) and text and "\ufffd" not in text:
-        data = text.encode("utf-8")
+    if data is None and text:
+        data = rendered_bytes(text)
     return Pick(id=int(token_ids[0]), data=data, prompt_tokens=prompt_tokens)
