@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 from ._calls import Meter, RoleClient, is_transient
 from ._exceptions import EndpointError, MalformedResponseError
 from ._wire import WireError, chat_tokens, completion_tokens, prompt_logprob_tokens
-from .dialects import native_dialect
+from .dialects import native_dialect, server_root
 from .cli_options import EXIT_FAILED, EXIT_OK, EXIT_USAGE, Option, UsageError, add_options, boolean, resolve
 from .endpoint import Endpoint
 
@@ -38,7 +38,7 @@ async def _server_defaults(client: RoleClient) -> tuple[str | None, dict[str, fl
     `/props` (with its defaults), vLLM `/version`, SGLang `/get_model_info`; llama-cpp-python names
     itself the owner "me" of its models (its defaults are known). GETs bill nothing and are not metered."""
     meter = Meter(client.endpoint)
-    root = str(client.sdk.base_url).rstrip("/").removesuffix("/v1")
+    root = server_root(client)
     try:
         props = await client.get(root + "/props", meter)
         params = (props.get("default_generation_settings") or {}).get("params") or {}

@@ -87,7 +87,7 @@ def reading(client: RoleClient, what: str) -> Iterator[None]:
 
 def server_root(client: RoleClient) -> str:
     """The server's root URL (native APIs live beside `/v1`, not under it)."""
-    return str(client.endpoint.base_url or "").rstrip("/").removesuffix("/v1")
+    return client.base_url.rstrip("/").removesuffix("/v1")
 
 
 def spelling(data: bytes) -> str:
