@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import socket
 import statistics
 import subprocess
@@ -48,6 +49,20 @@ PROMPTS = [
     'def glob(pathname, *, root_dir=None, dir_fd=None, recursive=False,\n        include_hidden=False):\n    """Return a list of paths matching a pathname pattern.',
     'def abstractmethod(funcobj):\n    """A decorator indicating abstract methods.',
 ]
+MORE_PROMPTS = [  # with --distinct: 16 different prompts, so no request repeats another's work
+    'def capwords(s, sep=None):\n    """capwords(s [,sep]) -> string',
+    'def split(s, comments=False, posix=True):\n    """Split the string *s* using shell-like syntax."""',
+    'def insort_right(a, x, lo=0, hi=None, *, key=None):\n    """Insert item x in list a, and keep it sorted',
+    '    def put(self, item, block=True, timeout=None):\n        \'\'\'Put an item into the queue.',
+    '    def enter(self, delay, priority, action, argument=(), kwargs=_sentinel):\n        """A variant that specifies the time as a relative time.',
+    'def contextmanager(func):\n    """@contextmanager decorator.',
+    'def wraps(wrapped,\n          assigned = WRAPPER_ASSIGNMENTS,\n          updated = WRAPPER_UPDATES):\n    """Decorator factory to apply update_wrapper() to a wrapper function',
+    'def py_encode_basestring_ascii(s):\n    """Return an ASCII-only JSON representation of a Python string',
+    'class DictReader:\n    def __init__(self, f, fieldnames=None, restkey=None, restval=None,\n                 dialect="excel", *args, **kwds):',
+    'def getopt(args, shortopts, longopts = []):\n    """getopt(args, options[, long_options]) -> opts, args',
+    'def dedent(text):\n    """Remove any common leading whitespace from every line in `text`.',
+    'def escape(pathname):\n    """Escape all special characters.',
+]
 
 
 def _arguments() -> argparse.Namespace:
@@ -63,6 +78,11 @@ def _arguments() -> argparse.Namespace:
     parser.add_argument("--timeout", type=float, default=120.0)
     parser.add_argument("--server", action="store_true", help="run the simulator as separate HTTP processes (specapi simulate), one per role")
     parser.add_argument("--one-server", action="store_true", help="with --server: one simulator process for both roles")
+    parser.add_argument(
+        "--distinct", action="store_true",
+        help="16 different prompts (not 4 cycling), and the requests together run before the ones alone, so the "
+        "simulator has computed none of their positions before (it keeps the distributions it computed)",
+    )
     return parser.parse_args()
 
 
@@ -70,6 +90,24 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+_SIMULATOR_PIDS: list[int] = []
+
+
+def _cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of a process so far (Linux's /proc; None elsewhere)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _simulators_cpu_s() -> float | None:
+    values = [_cpu_s(pid) for pid in _SIMULATOR_PIDS]
+    return None if not values or None in values else sum(values)  # type: ignore[arg-type]
 
 
 @contextlib.contextmanager
@@ -91,6 +129,7 @@ def _simulator_process(args: argparse.Namespace) -> Iterator[str]:
                 if process.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError("the simulator did not start") from None
                 time.sleep(0.1)
+        _SIMULATOR_PIDS.append(process.pid)
         yield base_url
     finally:
         process.terminate()
@@ -132,20 +171,30 @@ async def _main(args: argparse.Namespace, base_url: str | None, draft_url: str |
         target=target, draft=draft, policy=args.policy, drafter=args.drafter, num_speculative_tokens=args.num_speculative_tokens
     )
     sdk = target.build_client()
+    pool = PROMPTS + MORE_PROMPTS if args.distinct else PROMPTS
+    prompts = [pool[i % len(pool)] for i in range(args.requests)]
+    alone = sorted(set(prompts), key=pool.index)
     try:
         references = {}
-        for prompt in PROMPTS:  # the target's own greedy output, one call each
+        for prompt in alone:  # the target's own greedy output, one call each
             response = await sdk.completions.create(model=target.model, prompt=prompt, max_tokens=args.max_tokens, temperature=0)
             references[prompt] = response.choices[0].text
-        await _one(client, PROMPTS[0], args.max_tokens)  # warm-up: probe, connections, policy
+        warm_up = 'def getdoc(object):\n    """Get the documentation string for an object.' if args.distinct else PROMPTS[0]
+        await _one(client, warm_up, args.max_tokens)  # warm-up: probe, connections, policy
 
-        single = [await _one(client, prompt, args.max_tokens) for prompt in PROMPTS]
+        async def together() -> tuple[float, float, float | None, list]:
+            started, cpu, simulators = time.perf_counter(), time.process_time(), _simulators_cpu_s()
+            results = await asyncio.gather(*(_one(client, p, args.max_tokens) for p in prompts), return_exceptions=True)
+            after = _simulators_cpu_s()
+            simulators_s = None if simulators is None or after is None else after - simulators
+            return time.perf_counter() - started, time.process_time() - cpu, simulators_s, results
+
+        if args.distinct:
+            together_s, together_cpu_s, simulators_cpu_s, results = await together()
+        single = [await _one(client, prompt, args.max_tokens) for prompt in alone]
         one_s = statistics.fmean(wall for wall, _, _ in single)
-
-        prompts = [PROMPTS[i % len(PROMPTS)] for i in range(args.requests)]
-        started = time.perf_counter()
-        results = await asyncio.gather(*(_one(client, p, args.max_tokens) for p in prompts), return_exceptions=True)
-        together_s = time.perf_counter() - started
+        if not args.distinct:
+            together_s, together_cpu_s, simulators_cpu_s, results = await together()
     finally:
         await client.close()
         await sdk.close()
@@ -156,14 +205,18 @@ async def _main(args: argparse.Namespace, base_url: str | None, draft_url: str |
     failures = [r for r in results if isinstance(r, BaseException)]
     ok = [(p, r) for p, r in zip(prompts, results) if not isinstance(r, BaseException)]
     mismatches = [i for i, (p, (_, text, _)) in enumerate(ok) if text != references[p]]
-    single_mismatches = [i for i, (p, (_, text, _)) in enumerate(zip(PROMPTS, single)) if text != references[p]]
+    single_mismatches = [i for i, (p, (_, text, _)) in enumerate(zip(alone, single)) if text != references[p]]
     latencies = sorted(wall for _, (wall, _, _) in ok)
     rounds = [stats.num_rounds for _, (_, _, stats) in ok]  # type: ignore[attr-defined]
     ratio = together_s / one_s
     where = "in-process" if base_url is None else f"separate process at {base_url}" + (f", draft at {draft_url}" if draft_url else "")
     print(f"simulator {where}; profile {args.profile}, latency {args.latency}, policy {args.policy}, drafter {args.drafter}, K {args.num_speculative_tokens}, {args.max_tokens} tokens")
-    print(f"one request alone:       {one_s:.3f} s (mean of {len(PROMPTS)}, one after another)")
+    print(f"one request alone:       {one_s:.3f} s (mean of {len(alone)}, one after another" + (", after the requests together)" if args.distinct else ")"))
     print(f"{args.requests} requests together:   {together_s:.3f} s wall  -> ratio {ratio:.2f}x (limit {args.max_ratio:.1f}x)")
+    whose = "client and simulator" if base_url is None else "client only"
+    print(f"CPU of this process:     {together_cpu_s:.3f} s during the {args.requests} ({whose})")
+    if simulators_cpu_s is not None:
+        print(f"CPU of the simulators:   {simulators_cpu_s:.3f} s during the {args.requests} (their processes, on the same 2 CPUs)")
     if latencies:
         p50 = latencies[len(latencies) // 2]
         p95 = latencies[min(len(latencies) - 1, int(0.95 * len(latencies)))]

@@ -447,7 +447,10 @@ class Engine:
         budget = remaining if remaining is not None else _UNBOUNDED
         rounds = run.books.rounds
         free = bool(rounds) and not rounds[-1].drafter.startswith("draft-model")
-        chosen = self.policy.choose(PolicyState(budget, len(rounds), recheck=mode == RECHECK, last_round_free=free))
+        own = tuple(r.accepted_by_position for r in rounds if r.drafter.startswith("draft-model"))
+        chosen = self.policy.choose(
+            PolicyState(budget, len(rounds), recheck=mode == RECHECK, last_round_free=free, accepted_by_position=own)
+        )
         load_reason = getattr(self.policy, "load_reason", None)  # set by this very choose
         if load_reason is not None and (chosen <= 0 or run.books.load_reason is None):
             run.books.load_reason = load_reason

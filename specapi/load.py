@@ -7,6 +7,12 @@ least-squares line, latency = base + slope * requests, that forgets old samples 
 as it changes. The slope is what one more request in flight costs every call on that upstream: on a
 saturated server, or a client short of CPU, speculation's extra calls slow everyone else's down.
 
+What a request's calls are charged for the others (`cost_to_others`) is the slope less two standard
+errors of it: only a cost the samples can tell from jitter. Calls at one and two requests in flight a
+few milliseconds apart by chance would otherwise read as milliseconds per request, and multiplied by the
+requests ahead (15 in a burst of 16) send requests to the target alone that speculation would have served
+faster (`benchmarks/concurrency.py`: a burst's first calls did exactly that before this rule).
+
 `AdaptiveDraftLength` reads it (see its docstring); at one request in flight nothing is added.
 """
 
@@ -15,6 +21,7 @@ from __future__ import annotations
 import bisect
 import contextvars
 import itertools
+import math
 
 __all__ = ["LoadCurve", "current_request", "new_request_id"]
 
@@ -34,7 +41,7 @@ class LoadCurve:
     def __init__(self, *, decay: float = 0.99) -> None:
         self._active: list[int] = []
         self._decay = decay
-        self._n = self._sx = self._sy = self._sxx = self._sxy = 0.0
+        self._n = self._sx = self._sy = self._sxx = self._sxy = self._syy = 0.0
 
     @property
     def requests(self) -> int:
@@ -63,6 +70,7 @@ class LoadCurve:
         self._sy = self._sy * d + latency_s
         self._sxx = self._sxx * d + x * x
         self._sxy = self._sxy * d + x * latency_s
+        self._syy = self._syy * d + latency_s * latency_s
 
     @property
     def slope(self) -> float | None:
@@ -75,6 +83,20 @@ class LoadCurve:
             return None
         return max(0.0, (self._sxy / self._n - mean_x * self._sy / self._n) / var)
 
+    @property
+    def certain_slope(self) -> float:
+        """The slope less two standard errors (>= 0; 0 while unmeasured): the part of it that is not noise."""
+        slope = self.slope
+        n = self._n
+        if slope is None or n <= 2.0:
+            return 0.0
+        mean_x, mean_y = self._sx / n, self._sy / n
+        var_x = self._sxx / n - mean_x * mean_x
+        cov = self._sxy / n - mean_x * mean_y
+        var_y = self._syy / n - mean_y * mean_y
+        residual = max(0.0, var_y - cov * cov / var_x) * n / (n - 2.0)  # per sample, around the line
+        return max(0.0, slope - 2.0 * math.sqrt(residual / (n * var_x)))
+
     def inflation(self) -> float:
         """How much slower a call is now than at one request in flight (>= 1; 1 while unmeasured)."""
         slope = self.slope
@@ -86,11 +108,10 @@ class LoadCurve:
 
     def cost_to_others(self, rank: int) -> float:
         """Seconds a call by the request at `rank` adds to the requests ahead of it, together (the
-        slope once for each): 0 for the first request in flight, or while the slope is unmeasured.
+        certain slope once for each): 0 for the first request in flight, or while the slope is unmeasured.
 
         Ranking by start time admits requests to speculation in order, as DSpark admits draft
         slots: the first ones speculate, later ones join while their calls still pay."""
-        slope = self.slope
-        if slope is None or rank <= 1:
+        if rank <= 1:
             return 0.0
-        return slope * (rank - 1)
+        return self.certain_slope * (rank - 1)

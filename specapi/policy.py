@@ -8,6 +8,7 @@ requests of a client, so what they learn carries over to later requests.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -36,6 +37,8 @@ class PolicyState:
     recheck: bool = False  # this request was granted to re-measure speculation
     #: This request's last round was drafted without a draft call (suffix index, prompt lookup).
     last_round_free: bool = False
+    #: Which draft positions this request's own model-drafted rounds had accepted, round by round.
+    accepted_by_position: tuple[tuple[bool, ...], ...] = ()
 
 
 SPECULATE, RECHECK, TARGET_ALONE = "speculate", "recheck", "target-alone"
@@ -92,11 +95,19 @@ def expected_tokens(acceptance: list[float], k: int) -> float:
 
 
 class _Linear:
-    """Running least squares of latency = fixed + per_token * tokens, with a forgetting factor."""
+    """Running least squares of latency = fixed + per_token * tokens, with a forgetting factor.
+
+    The per-token cost, once measured, is kept while later samples all have one token count: the
+    target's line is fed a one-token sample by every verify call and a longer one only by plain steps,
+    so a burst of rounds would otherwise forget the target's per-token speed (and the policy would give
+    a request's rest to measuring it again), though nothing contradicts it."""
+
+    _SPREAD = 0.05  # variance of the token counts (weighted) from which the slope is re-measured
 
     def __init__(self, decay: float = 0.9) -> None:
         self.decay = decay
         self.n = self.sx = self.sy = self.sxx = self.sxy = 0.0
+        self._slope: float | None = None
 
     def add(self, tokens: float, latency: float) -> None:
         d = self.decay
@@ -105,6 +116,10 @@ class _Linear:
         self.sy = self.sy * d + latency
         self.sxx = self.sxx * d + tokens * tokens
         self.sxy = self.sxy * d + tokens * latency
+        mean_x = self.sx / self.n
+        var = self.sxx / self.n - mean_x * mean_x
+        if var > self._SPREAD or (self._slope is None and var > 1e-9):
+            self._slope = max(0.0, (self.sxy / self.n - mean_x * self.sy / self.n) / var)
 
     @property
     def known(self) -> bool:
@@ -113,18 +128,16 @@ class _Linear:
     @property
     def has_slope(self) -> bool:
         """Seen at least two different token counts, so the per-token cost is measured."""
-        return self.n > 0 and self.sxx / self.n - (self.sx / self.n) ** 2 > 1e-9
+        return self._slope is not None
 
     def predict(self, tokens: float) -> float:
         if self.n == 0:
             return 0.0
         mean_x, mean_y = self.sx / self.n, self.sy / self.n
-        var = self.sxx / self.n - mean_x * mean_x
-        if var <= 1e-9:
+        if self._slope is None:
             return mean_y  # a single token count seen so far: no slope yet
-        slope = max(0.0, (self.sxy / self.n - mean_x * mean_y) / var)
-        fixed = max(0.0, mean_y - slope * mean_x)
-        return fixed + slope * tokens
+        fixed = max(0.0, mean_y - self._slope * mean_x)
+        return fixed + self._slope * tokens
 
 
 class AdaptiveDraftLength:
@@ -156,7 +169,12 @@ class AdaptiveDraftLength:
     Args:
         max_length: the longest draft considered.
         start_length: the length used before anything is measured.
-        margin: speculate only if it is predicted faster than the target alone by this factor.
+        margin: start speculating only if it is predicted faster than the target alone by this factor;
+            once speculating, stop only when predicted slower by this factor. The band between keeps
+            estimates that hover around equality (noise, a burst's slower calls) from flipping every
+            request in flight to the target alone and back: a request sent to the target alone
+            wrongly takes up to the target's whole time, one kept speculating wrongly loses what the
+            band allows.
         recheck_every: while off, speculate on one request out of this many to re-measure.
         calibration_tokens: while the target's speed is unknown, the target writes this many last tokens alone.
     """
@@ -164,6 +182,7 @@ class AdaptiveDraftLength:
     name = "adaptive"
     _PRIOR_SEEN = 2.0  # pseudo-observations of the prior per position (Beta(1, 1) at the first)
     _JUDGED_TOKENS = 64  # the length a request is judged at before its own length is known
+    _OWN_PRIOR_SEEN = 5.0  # draft positions the client-wide acceptance is worth against a request's own
 
     def __init__(
         self,
@@ -207,7 +226,7 @@ class AdaptiveDraftLength:
         self._target_load, self._draft_load = target, draft
 
     # -- what it has learnt -------------------------------------------------------------------
-    def acceptance(self) -> list[float]:
+    def acceptance(self, own: Sequence[Sequence[bool]] = ()) -> list[float]:
         """P(accept position i | positions before it accepted).
 
         The first position starts from a Beta(1, 1) prior; each later one from the estimate of the
@@ -215,17 +234,37 @@ class AdaptiveDraftLength:
         is not judged on them alone (one unlucky rejection would keep the policy from drafting that
         far again, and so from ever measuring it better). A position never reached takes the estimate
         of the one before it, so the policy is willing to try longer drafts when the first hold up.
+
+        `own`: one request's rounds so far (accepted flags by position). Acceptance depends on the
+        text (code or prose, boilerplate or not), so a request's own rounds soon speak for it, where
+        a client's concurrent requests on different texts would otherwise all draft for their
+        average. Every position's estimate is scaled by how the request's positions fared against
+        the client-wide estimates for them: (accepted + w) / (expected + w), with the client-wide
+        estimate worth `w = _OWN_PRIOR_SEEN` positions.
         """
         estimates: list[float] = []
         for accepted, seen in zip(self._accepted, self._seen):
             prior = estimates[-1] if estimates else 0.5
             estimates.append((accepted + self._PRIOR_SEEN * prior) / (seen + self._PRIOR_SEEN))
-        return estimates
+        if not own:
+            return estimates
+        accepted_own = expected_own = 0.0
+        for flags in own:
+            for i, ok in enumerate(flags[: self.max_length]):
+                expected_own += estimates[i]
+                accepted_own += ok
+                if not ok:
+                    break
+        w = self._OWN_PRIOR_SEEN
+        scale = (accepted_own + w) / (expected_own + w)
+        return [min(1.0, p * scale) for p in estimates]
 
-    def predicted_speculative_rate(self, k: int, load_s: float = 0.0) -> float:
-        """Tokens per second of rounds drafting `k`; `load_s`: seconds each round costs others."""
+    def predicted_speculative_rate(self, k: int, load_s: float = 0.0, acceptance: Sequence[float] | None = None) -> float:
+        """Tokens per second of rounds drafting `k`; `load_s`: seconds each round costs others;
+        `acceptance`: by position (the client-wide estimate if None)."""
         round_s = (self._draft.predict(k) if self._draft.known else 0.0) + self._verify.predict(k) + load_s
-        return expected_tokens(self.acceptance(), k) / round_s if round_s > 0 else float("inf")
+        acceptance = self.acceptance() if acceptance is None else acceptance
+        return expected_tokens(acceptance, k) / round_s if round_s > 0 else float("inf")
 
     def predicted_target_rate(self, remaining: int) -> float | None:
         if not self._target.has_slope:
@@ -233,10 +272,11 @@ class AdaptiveDraftLength:
         seconds = self._target.predict(remaining)
         return remaining / seconds if seconds > 0 else None
 
-    def best_length(self, remaining: int, load_s: float = 0.0) -> tuple[int, float]:
+    def best_length(self, remaining: int, load_s: float = 0.0, acceptance: Sequence[float] | None = None) -> tuple[int, float]:
+        acceptance = self.acceptance() if acceptance is None else acceptance
         best_k, best_rate = 1, 0.0
         for k in range(1, min(self.max_length, max(1, remaining - 1)) + 1):
-            rate = self.predicted_speculative_rate(k, load_s)
+            rate = self.predicted_speculative_rate(k, load_s, acceptance)
             if rate > best_rate:
                 best_k, best_rate = k, rate
         return best_k, best_rate
@@ -281,19 +321,27 @@ class AdaptiveDraftLength:
             self._measuring = True
             self.reason = "adaptive policy: the target wrote the rest alone once, to measure its own speed"
             return 0
+        own = self.acceptance(state.accepted_by_position)
         if state.recheck and state.rounds_so_far < self.min_rounds:
-            return self.best_length(state.remaining_tokens)[0]  # re-measure before judging again
+            return self.best_length(state.remaining_tokens, 0.0, own)[0]  # re-measure before judging again
         load_s = self.load_cost(rank) / self._inflation(self._target_load)  # in one-stream seconds, as the models
-        k, rate = self.best_length(state.remaining_tokens, load_s)
-        unloaded_k, unloaded_rate = self.best_length(state.remaining_tokens) if load_s else (k, rate)
+        k, rate = self.best_length(state.remaining_tokens, load_s, own)
+        unloaded_k, unloaded_rate = self.best_length(state.remaining_tokens, 0.0, own) if load_s else (k, rate)
         baseline = self.predicted_target_rate(state.remaining_tokens)
         if baseline is not None:
-            if unloaded_rate < baseline * self.margin:
+            # The verdict on speculation for the client is judged on its acceptance, not one text's.
+            client_rate = self.best_length(state.remaining_tokens)[1] if state.accepted_by_position else unloaded_rate
+            if client_rate < baseline * (self.margin if self._off else 1.0 / self.margin):
                 self._off = True
                 self.reason = "adaptive policy: speculation predicted slower than the target alone"
                 return 0
             self._off = False
-            if rate < baseline * self.margin and (state.rounds_so_far == 0 or not state.last_round_free):
+            admitted = state.rounds_so_far > 0  # already speculating: the band's lower edge applies
+            judged_on_its_own = len(state.accepted_by_position) >= self.min_rounds  # not on a round or two
+            if judged_on_its_own and unloaded_rate < baseline / self.margin and not state.last_round_free:
+                self.reason = "adaptive policy: this request's drafts predicted slower than the target alone (its own acceptance)"
+                return 0
+            if rate < baseline * (1.0 / self.margin if admitted else self.margin) and (state.rounds_so_far == 0 or not state.last_round_free):
                 # Admission, judged again every round: a burst of requests starts before the curve has
                 # seen that load, so the later ones in start order step aside as soon as the calls made
                 # meanwhile measure it. Not a verdict on speculation, which stays on; this request
@@ -354,4 +402,4 @@ class AdaptiveDraftLength:
                 # Just measured: judge now, so the next request starts knowing (a request that
                 # starts with the target alone may still speculate with free drafts).
                 baseline = self.predicted_target_rate(self._JUDGED_TOKENS)
-                self._off = baseline is not None and self.best_length(self._JUDGED_TOKENS)[1] < baseline * self.margin
+                self._off = baseline is not None and self.best_length(self._JUDGED_TOKENS)[1] < baseline / self.margin

@@ -115,10 +115,12 @@ def test_a_moderate_curve_changes_the_draft_length_and_says_so():
 def test_a_request_admitted_before_the_curve_saw_the_load_steps_aside_once_it_has():
     """A burst: 32 requests start while the curve has only seen one request in flight, so all are
     admitted; once the burst's first calls have measured the steep curve, later ones step aside
-    mid-request, earlier ones keep speculating."""
+    mid-request, earlier ones keep speculating. (A request already speculating steps aside only when
+    predicted slower than the target alone by the policy's margin: 10 ms per request in flight puts
+    the last one beyond it.)"""
     unmeasured = curve_from(lambda c: 0.031, range(1, 2), in_flight=32)
     assert all(decide(learnt_lan_policy(), unmeasured, rank)[0] > 0 for rank in (1, 16, 32))
-    steep = curve_from(lambda c: 0.031 + 0.006 * c, range(1, 33), in_flight=32)
+    steep = curve_from(lambda c: 0.031 + 0.010 * c, range(1, 33), in_flight=32)
     assert decide(learnt_lan_policy(), steep, 32, rounds_so_far=3) == (0, LOAD_TARGET_ALONE)
     k, reason = decide(learnt_lan_policy(), steep, 1, rounds_so_far=3)
     assert k > 0 and reason is None
@@ -180,3 +182,23 @@ def test_a_burst_on_a_cold_policy_speculates_on_the_earliest_request_only_until_
     measured.observe_plain(32, 0.03 + 0.025 * 32)
     k, reason = decide(measured, curve_from(lambda c: 0.031, range(1, 9), in_flight=8), 3)
     assert k > 0 and reason is None
+
+
+def test_a_slope_the_samples_cannot_tell_from_jitter_costs_nothing():
+    """Calls at one and two requests in flight that differ by chance (a few ms of jitter) give a least-
+    squares slope of milliseconds per request; charged to 15 requests ahead it would send requests to
+    the target alone for nothing. The certain slope (less two standard errors) is zero there, and on a
+    clean steep curve it is the slope itself."""
+    rng = random.Random(3)
+    noisy = LoadCurve()
+    for _ in range(40):
+        noisy.add(1, 0.038 + rng.uniform(-0.004, 0.004))
+    for _ in range(3):
+        noisy.add(2, 0.038 + rng.uniform(-0.004, 0.004))
+    noisy.add(2, 0.045)
+    for request_id in range(1, 17):
+        noisy.enter(request_id)
+    assert noisy.slope is not None and noisy.slope > 0.0005
+    assert noisy.certain_slope == 0.0 and noisy.cost_to_others(rank=16) == 0.0
+    clean = curve_from(lambda c: 0.031 + 0.004 * c, range(1, 17), in_flight=16)
+    assert clean.certain_slope == pytest.approx(clean.slope) == pytest.approx(0.004)

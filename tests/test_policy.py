@@ -265,3 +265,82 @@ def test_the_free_draft_gate_engages_when_the_first_rounds_choice_turns_speculat
     loaded = FreeDraftGate(stepped_aside, expected=8.0, free_drafters=lambda: switched.append(False), max_length=12, remaining=40)
     assert loaded.choose(PolicyState(remaining_tokens=40, rounds_so_far=0)) == 0  # free rounds would load the target too
     assert switched == [True]
+
+
+def lan_policy_with_target(per_token_s: float) -> AdaptiveDraftLength:
+    """LAN-like rounds at acceptance 0.8, then the target measured at `per_token_s` a token."""
+    policy = AdaptiveDraftLength()
+    policy.start_request()
+    for record in rounds(random.Random(5), 12, acceptance=0.8, lengths=[4, 3], draft_s=(0.004, 0.004), verify_s=0.031):
+        policy.observe(record)
+    policy.choose(PolicyState(remaining_tokens=8, rounds_so_far=12))
+    policy.observe_plain(8, 0.03 + per_token_s * 8)
+    return policy
+
+
+def target_speed_where_speculation_is(ratio: float, tokens: int) -> float:
+    """The target's per-token time at which the policy predicts speculation `ratio` times as fast as
+    the target alone over `tokens` (found by bisection on the policy's own predictions)."""
+    low, high = 0.001, 0.2
+    for _ in range(60):
+        middle = (low + high) / 2
+        policy = lan_policy_with_target(middle)
+        if policy.best_length(tokens)[1] / policy.predicted_target_rate(tokens) > ratio:
+            high = middle  # speculation too far ahead: a faster target
+        else:
+            low = middle
+    return (low + high) / 2
+
+
+def test_the_verdict_has_a_band_so_that_estimates_near_equality_do_not_flip_it():
+    """Speculating, the policy stops only when predicted slower than the target alone by the margin;
+    stopped, it starts again only when predicted faster by the margin."""
+    judged = AdaptiveDraftLength._JUDGED_TOKENS  # what a measured target is first judged on
+    kept = lan_policy_with_target(target_speed_where_speculation_is(1 / 1.03, judged))  # 3% slower
+    assert kept.start_request() != TARGET_ALONE and kept.choose(state(5)) > 0
+    dropped = lan_policy_with_target(target_speed_where_speculation_is(1 / 1.10, judged))  # 10% slower
+    assert dropped.start_request() == TARGET_ALONE and "slower" in dropped.reason
+
+    # Off, a re-check 3% faster than the target alone does not turn it on again; 10% faster does.
+    for ratio, back_on in ((1.03, False), (1.10, True)):
+        policy = lan_policy_with_target(target_speed_where_speculation_is(1 / 1.10, judged))
+        assert policy._off
+        policy._target = lan_policy_with_target(target_speed_where_speculation_is(ratio, REMAINING))._target
+        chosen = policy.choose(PolicyState(remaining_tokens=REMAINING, rounds_so_far=8, recheck=True))
+        assert (chosen > 0) == back_on and policy._off != back_on
+
+
+def test_a_requests_own_rounds_decide_its_draft_length():
+    """Client-wide acceptance is high (0.95, on code, say); a request whose own drafts keep failing at
+    the first positions (prose) drafts shorter, and finally lets the target write its rest alone,
+    without turning speculation off for the client. One whose drafts all pass drafts long."""
+    policy = AdaptiveDraftLength(max_length=10)
+    policy.start_request()
+    for record in rounds(random.Random(6), 40, acceptance=0.95, lengths=[4, 6, 8, 10], draft_s=(0.004, 0.004), verify_s=0.031):
+        policy.observe(record)
+    policy.choose(PolicyState(remaining_tokens=8, rounds_so_far=40))
+    policy.observe_plain(8, 0.03 + 0.025 * 8)
+    client_k = policy.choose(state(0))
+    good = ((True,) * 8,) * 4
+    failing = ((False,), (True, False), (False,), (False,))
+    k_good = policy.choose(PolicyState(REMAINING, 4, accepted_by_position=good))
+    k_failing = policy.choose(PolicyState(REMAINING, 4, accepted_by_position=failing))
+    assert k_good >= client_k > k_failing
+    hopeless = ((False,),) * 12
+    assert policy.choose(PolicyState(REMAINING, 12, accepted_by_position=hopeless)) == 0
+    assert "own acceptance" in policy.reason and not policy._off
+    assert policy.start_request() != TARGET_ALONE  # the next request speculates
+
+
+def test_a_burst_of_rounds_does_not_make_the_policy_forget_the_targets_speed():
+    """Every verify call is a one-token sample of the target's line and only plain steps are longer:
+    hundreds of rounds (16 requests at once) must not erase the measured per-token cost, or the policy
+    gives a request's whole rest to measuring it again."""
+    policy = lan_policy_with_target(0.025)
+    before = policy.predicted_target_rate(REMAINING)
+    for _ in range(10):
+        policy.start_request()
+    for record in rounds(random.Random(8), 400, acceptance=0.8, lengths=[4, 3], draft_s=(0.004, 0.004), verify_s=0.031):
+        policy.observe(record)
+    assert policy.predicted_target_rate(REMAINING) == pytest.approx(before, rel=0.05)
+    assert policy.choose(PolicyState(remaining_tokens=40, rounds_so_far=6)) > 0  # not the rest for measuring

@@ -302,3 +302,67 @@ def test_building_and_scoring_a_long_prompt():
     ids = encode_text(" ".join(CODE + PROSE) * 3)[:500]
     scored = model.score(ids, k=5)
     assert len(scored) == 499
+
+
+def test_copy_terms_in_python_equal_the_vectorised_ones(target, monkeypatch):
+    """The copy part has two implementations (plain Python for a few earlier occurrences of the context's
+    last two tokens, arrays for many); on contexts full of repeats, loops and near-repeats they agree."""
+    from specapi.sim import models
+
+    rng = np.random.default_rng(7)
+    base = encode_text(CODE[0] + CODE[3])
+    contexts = [np.array(base, dtype=np.int64)]
+    for _ in range(60):
+        period = int(rng.integers(2, 9))
+        unit = rng.choice(base[:40], size=period).tolist()
+        noise = rng.choice(base, size=int(rng.integers(0, 6))).tolist()
+        ids = (unit * int(rng.integers(2, 7)) + noise + unit[: int(rng.integers(0, period + 1))])
+        contexts.append(np.array(base[: int(rng.integers(0, 30))] + ids, dtype=np.int64))
+    seen_copy = seen_loop = 0
+    for model in (target, get_model("sim-draft")):
+        for context in contexts:
+            monkeypatch.setattr(models, "_FEW_ENDS", 10_000)
+            few = model._copy_terms(context)
+            monkeypatch.setattr(models, "_FEW_ENDS", -1)
+            vectorised = model._copy_terms(context)
+            assert few[0] == vectorised[0]
+            for a, b in zip(few[1:], vectorised[1:]):
+                assert a.dtype == b.dtype and a.tolist() == b.tolist()
+            seen_copy += few[1].size > 0
+            seen_loop += few[3].size > 0
+    assert seen_copy > 20 and seen_loop > 10  # both the copy and the loop branch were compared
+
+
+def test_cached_distributions_cannot_be_changed_by_a_caller(target):
+    context = np.array(encode_text(CODE[1]), dtype=np.int64)
+    mix = target.mixture(context)
+    assert target.mixture(context.copy()) is mix  # the same context is not computed twice
+    with pytest.raises(ValueError):
+        mix.probs[0] = 1.0
+    ids, probs = target.next_distribution(context)
+    probs[0] = 1.0  # the dense copy is the caller's own
+    assert target.next_distribution(context)[1][0] != 1.0
+
+
+def test_greedy_top_one_equals_the_general_top_list(target):
+    """Greedy asks for the top token only, computed without sorting; it is the head of the general top list."""
+    from specapi.sim.models import Mixture
+
+    draft = get_model("sim-draft")
+    checked = 0
+    for model in (target, draft):
+        for text in CODE + PROSE:
+            ids = encode_text(text)
+            for cut in range(1, len(ids), 3):
+                mix = model.mixture(np.array(ids[:cut], dtype=np.int64))
+                fast_ids, fast_probs = model._compute_top1(mix)
+                ids_k, probs_k = model._compute_top(mix, 1)
+                assert fast_ids.tolist() == ids_k.tolist() and fast_probs.tolist() == probs_k.tolist()
+                checked += 1
+    # A tie between the best named token and the best unnamed one goes to the lower id.
+    unnamed = int(target._unigram_rank[0])
+    tied = target.tail_prob + 0.5 * float(target._unigram_by_id[unnamed])
+    for named in (unnamed - 1, unnamed + 1):
+        mix = Mixture(np.array([named], dtype=np.int64), np.array([tied]), 0.5)
+        assert target._compute_top1(mix)[0].tolist() == target._compute_top(mix, 1)[0].tolist() == [min(named, unnamed)]
+    assert checked > 100

@@ -109,7 +109,13 @@ def is_known_token(token_id: int) -> bool:
 
 def encode_text(text: str) -> list[int]:
     """Tokenize ``text``; ``<|endoftext|>`` in the text is the special token, other markers are plain text."""
-    return encoding().encode(text, allowed_special={EOS_TOKEN}, disallowed_special=())
+    return list(_encoded(text))
+
+
+@functools.lru_cache(maxsize=1024)
+def _encoded(text: str) -> tuple[int, ...]:
+    # Verification sends the same prompt text again and again (every round's echo, repeated prompts).
+    return tuple(encoding().encode(text, allowed_special={EOS_TOKEN}, disallowed_special=()))
 
 
 @functools.lru_cache(maxsize=200_000)

@@ -38,7 +38,7 @@ import math
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -164,6 +164,8 @@ class Mixture:
     ids: np.ndarray
     probs: np.ndarray
     scale: float
+    tops: dict[int, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict, compare=False, repr=False)
+    """Top-k lists already taken from this distribution, by k (``NGramModel._top`` fills it)."""
 
 
 @dataclass(frozen=True)
@@ -238,6 +240,9 @@ class NGramModel:
         self._complement: np.ndarray | None = None
         self._score_cache: OrderedDict[tuple[int, int, int, int, bool], ScoredPosition] = OrderedDict()
         self._score_lock = threading.Lock()
+        self._mixtures: OrderedDict[tuple[int, int], Mixture] = OrderedDict()
+        # The Witten-Bell terms of each domain after the last ``order - 1`` tokens (all they depend on).
+        self._levels_seen: dict[tuple[int, tuple[int, ...]], tuple[float, list[tuple[float, np.ndarray, np.ndarray]]]] = {}
 
     def _domain(self, local: np.ndarray, total: float) -> _Domain:
         levels = [_Level(local, length, self.vocab_ids) for length in range(1, self.spec.order)]
@@ -273,7 +278,27 @@ class NGramModel:
         return ids
 
     def mixture(self, context: np.ndarray) -> Mixture:
-        """The next-token distribution after ``context`` (an int64 array of token ids)."""
+        """The next-token distribution after ``context`` (an int64 array of token ids).
+
+        A pure function of the context, so the last ``_MIXTURE_CACHE_SIZE`` are kept: a server computes the
+        positions of a request once, but the simulator would otherwise compute the same context again for
+        each call that names it (a verify call re-scoring the draft's last position, a repeated prompt).
+        Keyed by length and a 64-bit hash of the ids, as the score cache is.
+        """
+        key = (len(context), hash(context.tobytes()))
+        with self._score_lock:
+            found = self._mixtures.get(key)
+            if found is not None:
+                self._mixtures.move_to_end(key)
+                return found
+        found = self._compute_mixture(context)
+        with self._score_lock:
+            self._mixtures[key] = found
+            if len(self._mixtures) > _MIXTURE_CACHE_SIZE:
+                self._mixtures.popitem(last=False)
+        return found
+
+    def _compute_mixture(self, context: np.ndarray) -> Mixture:
         unigram_weight, terms = self._ngram_terms(context)
         copy_weight, copy_ids, copy_counts, loop_ids = self._copy_terms(context)
         if copy_ids.size:
@@ -285,7 +310,7 @@ class NGramModel:
         # context is unknown and only the unigram level speaks.
         terms.append((0.0, self._unigram_head, self._zero_head))
         terms.append((0.0, loop_ids, np.zeros(loop_ids.size)))
-        ids, inverse = np.unique(np.concatenate([t[1] for t in terms]), return_inverse=True)
+        ids, inverse = _unique_with_inverse(np.concatenate([t[1] for t in terms]))
         mass = np.bincount(inverse, weights=np.concatenate([coef * counts for coef, _, counts in terms]))
         mass += unigram_weight * self._unigram_by_id[ids]
         normaliser = 1.0
@@ -297,7 +322,9 @@ class NGramModel:
             normaliser = float(adjusted.sum() - mass.sum()) + 1.0
             mass = adjusted
         scale = self._keep * unigram_weight / normaliser
-        return Mixture(ids, self.tail_prob + (self._keep / normaliser) * mass, scale)
+        probs = self.tail_prob + (self._keep / normaliser) * mass
+        ids.flags.writeable = probs.flags.writeable = False  # shared by every caller of a cached mixture
+        return Mixture(ids, probs, scale)
 
     def _noise_key(self, context: np.ndarray) -> int:
         # The position is part of the key: the greedy path of a model that sees only a few tokens back
@@ -312,8 +339,17 @@ class NGramModel:
         and the weight left for the unigram level."""
         remaining = 0.0
         terms: list[tuple[float, np.ndarray, np.ndarray]] = []
-        for domain, weight in zip(self._domains, self.domain_weights(context)):
-            left, domain_terms = self._witten_bell(domain.levels, context)
+        recent = tuple(context[max(0, len(context) - self.spec.order + 1) :].tolist())  # all a level looks at
+        for index, (domain, weight) in enumerate(zip(self._domains, self.domain_weights(context))):
+            key = (index, recent)
+            found = self._levels_seen.get(key)
+            if found is None:
+                found = self._witten_bell(domain.levels, context)
+                with self._score_lock:
+                    self._levels_seen[key] = found
+                    if len(self._levels_seen) > _LEVELS_SEEN_SIZE:
+                        del self._levels_seen[next(iter(self._levels_seen))]
+            left, domain_terms = found
             remaining += weight * left
             terms.extend((weight * coef, ids, counts) for coef, ids, counts in domain_terms)
         return remaining, terms
@@ -355,6 +391,8 @@ class NGramModel:
         ends = ends[(ends >= 1) & (context[ends - 1] == context[-2])]  # copies and loops need two tokens
         if not ends.size:
             return 0.0, _NO_IDS, _NO_PROBS, _NO_IDS
+        if ends.size <= _FEW_ENDS:
+            return self._copy_terms_few(context, ends.tolist())
         width = min(_MAX_COPY_MATCH, n - 1)
         back = np.arange(width)
         where = ends[:, None] - back[None, :]
@@ -371,6 +409,38 @@ class NGramModel:
         ids, counts = np.unique(context[ends[lengths == length] + 1], return_counts=True)
         return self.spec.copy_max * (length - 1) / (length + 1), ids, counts.astype(np.float64), loop_ids
 
+    def _copy_terms_few(self, context: np.ndarray, ends: list[int]) -> tuple[float, np.ndarray, np.ndarray, np.ndarray]:
+        """``_copy_terms`` for a few earlier occurrences, in plain Python (the arrays cost more than the work)."""
+        n = len(context)
+        width = min(_MAX_COPY_MATCH, n - 1)
+        suffix = context[n - width :].tolist()[::-1]  # the last tokens, most recent first
+        loops: set[int] = set()
+        best, after = 0, []
+        for end in ends:
+            earlier = context[max(0, end - width + 1) : end + 1].tolist()[::-1]
+            length = 0
+            for a, b in zip(earlier, suffix):
+                if a != b:
+                    break
+                length += 1
+            distance = n - 1 - end
+            if length >= distance and distance >= _MIN_LOOP_PERIOD and self.spec.loop_penalty < 1.0:
+                loops.add(int(context[end + 1]))
+                length = 0
+            if length > best:
+                best, after = length, [end]
+            elif length == best:
+                after.append(end)
+        loop_ids = np.array(sorted(loops), dtype=np.int64) if loops else _NO_IDS
+        if self.spec.copy_max <= 0.0 or best < self.spec.copy_min_match:
+            return 0.0, _NO_IDS, _NO_PROBS, loop_ids
+        counts: dict[int, int] = {}
+        for token in context[np.array(after) + 1].tolist():
+            counts[token] = counts.get(token, 0) + 1
+        ids = sorted(counts)
+        weight = self.spec.copy_max * (best - 1) / (best + 1)
+        return weight, np.array(ids, dtype=np.int64), np.array([counts[i] for i in ids], dtype=np.float64), loop_ids
+
     def _probs(self, mix: Mixture, ids: np.ndarray) -> np.ndarray:
         """Probabilities of the given token ids."""
         p = self.tail_prob + mix.scale * self._unigram_by_id[ids]
@@ -380,6 +450,14 @@ class NGramModel:
             hit = mix.ids[pos] == ids
             p[hit] = mix.probs[pos[hit]]
         return p
+
+    def _prob(self, mix: Mixture, token: int) -> float:
+        """``_probs`` of one token id (the same arithmetic on Python floats, so the same bits)."""
+        ids = mix.ids
+        pos = int(ids.searchsorted(token))
+        if pos < ids.size and int(ids[pos]) == token:
+            return float(mix.probs[pos])
+        return self.tail_prob + mix.scale * float(self._unigram_by_id[token])
 
     def _dense(self, mix: Mixture) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Probabilities of the active vocabulary, plus tokens of ``mix.ids`` outside it: ``(p, ids, p)``."""
@@ -397,6 +475,33 @@ class NGramModel:
         """
         if k <= 0:
             return _NO_IDS, _NO_PROBS
+        found = mix.tops.get(k)
+        if found is None:
+            found = mix.tops[k] = self._compute_top1(mix) if k == 1 else self._compute_top(mix, k)
+        return found
+
+    def _compute_top1(self, mix: Mixture) -> tuple[np.ndarray, np.ndarray]:
+        """``_compute_top(mix, 1)`` (greedy's question) without sorting: the most likely of ``mix.ids`` (the
+        lowest id among ties, as ids are sorted) against the first token in unigram order outside them."""
+        ids = mix.ids
+        best = int(mix.probs.argmax()) if ids.size else -1
+        head = self._unigram_rank[: 1 + ids.size]
+        if ids.size:
+            pos = ids.searchsorted(head)
+            pos[pos == ids.size] = 0
+            head = head[ids[pos] != head]
+        outside = int(head[0]) if head.size else -1
+        if best >= 0:
+            token, prob = int(ids[best]), float(mix.probs[best])
+            if outside >= 0:
+                other = self.tail_prob + mix.scale * float(self._unigram_by_id[outside])
+                if other > prob or (other == prob and outside < token):
+                    token, prob = outside, other
+        else:
+            token, prob = outside, self.tail_prob + mix.scale * float(self._unigram_by_id[outside])
+        return np.array([token], dtype=np.int64), np.array([prob])
+
+    def _compute_top(self, mix: Mixture, k: int) -> tuple[np.ndarray, np.ndarray]:
         head = self._unigram_rank[: k + mix.ids.size]
         if mix.ids.size:
             pos = np.searchsorted(mix.ids, head)
@@ -439,7 +544,7 @@ class NGramModel:
 
     def logprob_from(self, mix: Mixture, token_id: int) -> float:
         """``logprob`` for an already computed mixture."""
-        return math.log(float(self._probs(mix, np.array([token_id], dtype=np.int64))[0]))
+        return math.log(self._prob(mix, int(token_id)))
 
     def top_from(self, mix: Mixture, k: int) -> list[tuple[int, float]]:
         """``top_logprobs`` for an already computed mixture; ``k = -1`` lists every token held."""
@@ -496,7 +601,7 @@ class NGramModel:
 
     def _score_position(self, context: np.ndarray, token: int, k: int, with_rank: bool) -> ScoredPosition:
         mix = self.mixture(context)
-        p_actual = float(self._probs(mix, np.array([token], dtype=np.int64))[0])
+        p_actual = self._prob(mix, int(token))
         rank = None
         if with_rank:
             dense, _, extra_p = self._dense(mix)
@@ -550,10 +655,13 @@ class NGramModel:
 
 _MASK64 = (1 << 64) - 1
 _MAX_COPY_MATCH = 64
+_FEW_ENDS = 24  # up to this many earlier occurrences, _copy_terms_few is the faster
 _MIN_LOOP_PERIOD = 2
 _UNIGRAM_HEAD = 64
 _DOMAIN_TEMPERATURE = 4.0
 _SCORE_CACHE_SIZE = 50_000
+_MIXTURE_CACHE_SIZE = 4_096
+_LEVELS_SEEN_SIZE = 20_000
 _NO_IDS = np.zeros(0, dtype=np.int64)
 _NO_PROBS = np.zeros(0)
 
@@ -563,6 +671,16 @@ _MIX2 = np.uint64(0x94D049BB133111EB)
 _SHIFTS = (np.uint64(30), np.uint64(27), np.uint64(31))
 _TOP53 = np.uint64(11)
 _LOGISTIC_TO_UNIT = math.sqrt(3.0) / math.pi
+
+
+def _unique_with_inverse(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(values, return_inverse=True)`` for the small arrays of a mixture, in a third of its time."""
+    ordered = np.sort(values)
+    keep = np.empty(ordered.size, dtype=bool)
+    keep[:1] = True
+    np.not_equal(ordered[1:], ordered[:-1], out=keep[1:])
+    ids = ordered[keep]
+    return ids, ids.searchsorted(values)
 
 
 def _mix64(x: np.ndarray) -> np.ndarray:

@@ -698,7 +698,7 @@ class SimProvider:
                 max_tokens = sampling.max_tokens
                 if max_tokens is None:
                     max_tokens = max(1, CONTEXT_WINDOW - len(work.prompt_ids))  # as vLLM: up to the context window
-                rng = self._rng_for(sampling.seed)
+                rng = self._rng_for(sampling.seed, used=sampling.temperature > 0.0 or sampler is not None)
                 choices = [
                     generate(
                         model,
@@ -807,10 +807,18 @@ class SimProvider:
             )
         return self._caches[name]
 
-    def _rng_for(self, seed: int | None) -> np.random.Generator:
-        if seed is not None:
-            return np.random.default_rng(seed & _MASK64)
-        return np.random.default_rng(int(self._sampling_rng.integers(1 << 62)))
+    def _rng_for(self, seed: int | None, *, used: bool = True) -> np.random.Generator:
+        """The generator a prompt draws from. Unseeded prompts take the next seed from the provider's own
+        stream, drawn even for a greedy prompt (``used=False``: nothing draws from the generator, so a shared
+        one stands in), so the later sampled requests see the same seeds either way."""
+        if seed is None:
+            seed = int(self._sampling_rng.integers(1 << 62))
+        if not used:
+            return _UNUSED_RNG
+        return np.random.default_rng(seed & _MASK64)
+
+
+_UNUSED_RNG = np.random.default_rng(0)
 
 
 # -- helpers ------------------------------------------------------------------------------------------
