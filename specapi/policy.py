@@ -146,7 +146,8 @@ class AdaptiveDraftLength:
     It learns, across all the requests of a client: acceptance by draft position (exponentially
     forgetting, each position's prior the estimate of the one before it), draft-call latency as fixed + per-token cost, verify-call
     latency, and the target's own speed. Each round it picks K = argmax E(K) / (draft(K) + verify)
-    (speculation.md's arithmetic) and compares that rate with the target generating alone. When
+    (speculation.md's arithmetic), with the acceptance scaled to how the request's own rounds fared
+    (`acceptance(own)`), and compares that rate with the target generating alone. When
     speculation loses it returns 0, so the target generates the rest in one call; every
     `recheck_every` requests it speculates again, in case things changed.
 
@@ -321,7 +322,8 @@ class AdaptiveDraftLength:
             self._measuring = True
             self.reason = "adaptive policy: the target wrote the rest alone once, to measure its own speed"
             return 0
-        own = self.acceptance(state.accepted_by_position)
+        own_rounds = state.accepted_by_position
+        own = self.acceptance(own_rounds)
         if state.recheck and state.rounds_so_far < self.min_rounds:
             return self.best_length(state.remaining_tokens, 0.0, own)[0]  # re-measure before judging again
         load_s = self.load_cost(rank) / self._inflation(self._target_load)  # in one-stream seconds, as the models
@@ -330,18 +332,21 @@ class AdaptiveDraftLength:
         baseline = self.predicted_target_rate(state.remaining_tokens)
         if baseline is not None:
             # The verdict on speculation for the client is judged on its acceptance, not one text's.
-            client_rate = self.best_length(state.remaining_tokens)[1] if state.accepted_by_position else unloaded_rate
+            client_rate = self.best_length(state.remaining_tokens)[1] if own_rounds else unloaded_rate
             if client_rate < baseline * (self.margin if self._off else 1.0 / self.margin):
                 self._off = True
                 self.reason = "adaptive policy: speculation predicted slower than the target alone"
                 return 0
             self._off = False
             admitted = state.rounds_so_far > 0  # already speculating: the band's lower edge applies
-            judged_on_its_own = len(state.accepted_by_position) >= self.min_rounds  # not on a round or two
+            # Sending a request to the target alone is judged on its own acceptance only after
+            # `min_rounds` of its own rounds (its draft length follows them from the first).
+            judged_on_its_own = len(state.accepted_by_position) >= self.min_rounds
             if judged_on_its_own and unloaded_rate < baseline / self.margin and not state.last_round_free:
                 self.reason = "adaptive policy: this request's drafts predicted slower than the target alone (its own acceptance)"
                 return 0
-            if rate < baseline * (1.0 / self.margin if admitted else self.margin) and (state.rounds_so_far == 0 or not state.last_round_free):
+            judged_rate = rate if judged_on_its_own or not own_rounds else self.best_length(state.remaining_tokens, load_s)[1]
+            if judged_rate < baseline * (1.0 / self.margin if admitted else self.margin) and (state.rounds_so_far == 0 or not state.last_round_free):
                 # Admission, judged again every round: a burst of requests starts before the curve has
                 # seen that load, so the later ones in start order step aside as soon as the calls made
                 # meanwhile measure it. Not a verdict on speculation, which stays on; this request
