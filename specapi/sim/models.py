@@ -478,6 +478,8 @@ class NGramModel:
         found = mix.tops.get(k)
         if found is None:
             found = mix.tops[k] = self._compute_top1(mix) if k == 1 else self._compute_top(mix, k)
+            for array in found:
+                array.flags.writeable = False  # kept with the distribution, shared by later callers
         return found
 
     def _compute_top1(self, mix: Mixture) -> tuple[np.ndarray, np.ndarray]:
