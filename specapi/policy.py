@@ -247,8 +247,10 @@ class AdaptiveDraftLength:
         for accepted, seen in zip(self._accepted, self._seen):
             prior = estimates[-1] if estimates else 0.5
             estimates.append((accepted + self._PRIOR_SEEN * prior) / (seen + self._PRIOR_SEEN))
-        if not own:
-            return estimates
+        return self._scaled(estimates, own) if own else estimates
+
+    def _scaled(self, estimates: list[float], own: Sequence[Sequence[bool]]) -> list[float]:
+        """The client-wide `estimates` scaled to one request's own rounds (see `acceptance`)."""
         accepted_own = expected_own = 0.0
         for flags in own:
             for i, ok in enumerate(flags[: self.max_length]):
@@ -323,7 +325,8 @@ class AdaptiveDraftLength:
             self.reason = "adaptive policy: the target wrote the rest alone once, to measure its own speed"
             return 0
         own_rounds = state.accepted_by_position
-        own = self.acceptance(own_rounds)
+        client = self.acceptance()
+        own = self._scaled(client, own_rounds) if own_rounds else client
         if state.recheck and state.rounds_so_far < self.min_rounds:
             return self.best_length(state.remaining_tokens, 0.0, own)[0]  # re-measure before judging again
         load_s = self.load_cost(rank) / self._inflation(self._target_load)  # in one-stream seconds, as the models
@@ -332,7 +335,7 @@ class AdaptiveDraftLength:
         baseline = self.predicted_target_rate(state.remaining_tokens)
         if baseline is not None:
             # The verdict on speculation for the client is judged on its acceptance, not one text's.
-            client_rate = self.best_length(state.remaining_tokens)[1] if own_rounds else unloaded_rate
+            client_rate = self.best_length(state.remaining_tokens, 0.0, client)[1] if own_rounds else unloaded_rate
             if client_rate < baseline * (self.margin if self._off else 1.0 / self.margin):
                 self._off = True
                 self.reason = "adaptive policy: speculation predicted slower than the target alone"
@@ -345,7 +348,7 @@ class AdaptiveDraftLength:
             if judged_on_its_own and unloaded_rate < baseline / self.margin and not state.last_round_free:
                 self.reason = "adaptive policy: this request's drafts predicted slower than the target alone (its own acceptance)"
                 return 0
-            judged_rate = rate if judged_on_its_own or not own_rounds else self.best_length(state.remaining_tokens, load_s)[1]
+            judged_rate = rate if judged_on_its_own or not own_rounds else self.best_length(state.remaining_tokens, load_s, client)[1]
             if judged_rate < baseline * (1.0 / self.margin if admitted else self.margin) and (state.rounds_so_far == 0 or not state.last_round_free):
                 # Admission, judged again every round: a burst of requests starts before the curve has
                 # seen that load, so the later ones in start order step aside as soon as the calls made
