@@ -109,7 +109,9 @@ class _Linear:
         self.n = self.sx = self.sy = self.sxx = self.sxy = 0.0
         self._slope: float | None = None
 
-    def add(self, tokens: float, latency: float) -> None:
+    def add(self, tokens: float, latency: float, *, keep_slope: bool = False) -> None:
+        """One call of `tokens` that took `latency`; `keep_slope`: it moves the line's level, not its
+        per-token cost (a call made under load, see `AdaptiveDraftLength.observe`)."""
         d = self.decay
         self.n = self.n * d + 1
         self.sx = self.sx * d + tokens
@@ -118,6 +120,8 @@ class _Linear:
         self.sxy = self.sxy * d + tokens * latency
         mean_x = self.sx / self.n
         var = self.sxx / self.n - mean_x * mean_x
+        if keep_slope and self._slope is not None:
+            return
         if var > self._SPREAD or (self._slope is None and var > 1e-9):
             self._slope = max(0.0, (self.sxy / self.n - mean_x * self.sy / self.n) / var)
 
@@ -138,6 +142,10 @@ class _Linear:
             return mean_y  # a single token count seen so far: no slope yet
         fixed = max(0.0, mean_y - self._slope * mean_x)
         return fixed + self._slope * tokens
+
+
+def _loaded(load: LoadCurve | None) -> bool:
+    return load is not None and load.requests > 1
 
 
 class AdaptiveDraftLength:
@@ -393,13 +401,19 @@ class AdaptiveDraftLength:
         # Latencies are learnt as at one request in flight: under load every call is slower, the
         # target alone's too, and mixing loaded verify calls with unloaded plain steps would bend
         # the target's line (its per-token cost seemingly gone).
+        # The per-token costs are learnt from calls made alone: in a burst the long drafts come with the
+        # load (requests that know their text draft far, all at once), so calls with more tokens are
+        # also the more loaded ones, and the line's slope would take the load for a cost per token
+        # (seen: verifying 10 tokens predicted at 1.9 s at 100 streams, 0.19 s for one, which turned
+        # speculation off for every request in flight). Under load a call moves the line's level only.
         draft_inflation = self._inflation(self._draft_load)
         target_inflation = self._inflation(self._target_load)
         if record.drafted:
-            self._draft.add(record.drafted, record.draft_latency_s / draft_inflation)
+            self._draft.add(record.drafted, record.draft_latency_s / draft_inflation, keep_slope=_loaded(self._draft_load))
         verify = record.verify_latency_s / target_inflation
-        self._verify.add(record.drafted, verify)
-        self._target.add(1, verify)  # a verify call is also a one-token target call
+        loaded = _loaded(self._target_load)
+        self._verify.add(record.drafted, verify, keep_slope=loaded)
+        self._target.add(1, verify, keep_slope=loaded)  # a verify call is also a one-token target call
 
     def observe_plain(self, tokens: int, latency_s: float) -> None:
         if tokens > 0:

@@ -156,6 +156,37 @@ def test_loaded_verify_calls_do_not_bend_the_targets_own_line():
     assert policy.predicted_target_rate(REMAINING) == pytest.approx(before, rel=0.1)
 
 
+def test_long_drafts_made_under_load_do_not_become_a_cost_per_drafted_token():
+    """In a burst, requests whose text the suffix index knows draft 10 tokens, and do so when the load is
+    highest, where every call is slow for a reason the curve cannot tell (all its samples at one load).
+    Learnt as lines in the tokens of a call, that load read as a cost per verified token, and the one-token
+    verify samples bent the target's own line (at 100 streams: 0.19 s to verify one token, 1.9 s for ten,
+    and speculation judged slower than the target alone for every request in flight). Calls under load
+    move the lines' levels only; the per-token costs stay those measured alone, and speculation stays on.
+    The old rule (a slope from every sample) fails this test."""
+    policy = learnt_lan_policy()
+    verify_per_token = policy._verify.predict(6) - policy._verify.predict(5)
+    target_rate = policy.predicted_target_rate(REMAINING)
+    busy = curve_from(lambda c: 0.2, range(100, 101), in_flight=100)  # one load seen: no slope, no inflation
+    policy.watch_load(busy, busy)
+    for i in range(40):  # one-token rounds at 35 ms, ten-token rounds (the busiest moments) at 200 ms
+        k = (1, 10)[i % 2]
+        policy.observe(RoundRecord(drafted=k, accepted=k, emitted=k + 1, verify_latency_s=0.035 if k == 1 else 0.2,
+                                   drafter="suffix", accepted_by_position=(True,) * k))
+    assert policy._verify.predict(10) - policy._verify.predict(9) == pytest.approx(verify_per_token)
+    assert policy._verify.predict(1) > 0.1  # the level follows the loaded calls
+    assert policy.predicted_target_rate(REMAINING) < target_rate  # slower under load, not faster
+    assert decide(policy, busy, 1) == (policy.max_length, None) and not policy._off
+    # Alone again, calls of different lengths measure the per-token cost anew.
+    alone = curve_from(lambda c: 0.031, range(1, 2), in_flight=1)
+    policy.watch_load(alone, alone)
+    for i in range(40):
+        k = (2, 8)[i % 2]
+        policy.observe(RoundRecord(drafted=k, accepted=k, emitted=k + 1, verify_latency_s=0.030 + 0.002 * k,
+                                   drafter="draft-model", accepted_by_position=(True,) * k))
+    assert policy._verify.predict(8) - policy._verify.predict(7) == pytest.approx(0.002, rel=0.5)  # (older samples fade)
+
+
 def test_the_reason_is_a_typed_field_of_the_statistics_and_reaches_the_json_and_headers():
     stats = SpeculativeStats(load_reason=LOAD_TARGET_ALONE, speculated=False)
     assert stats.to_dict()["load_reason"] == LOAD_TARGET_ALONE

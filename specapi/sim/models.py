@@ -168,7 +168,7 @@ class Mixture:
     """Top-k lists already taken from this distribution, by k (``NGramModel._top`` fills it)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ScoredPosition:
     """One scored position: the actual token's logprob and rank, and the top alternatives."""
 
