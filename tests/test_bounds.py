@@ -91,3 +91,16 @@ def test_metric_labels_are_bounded():
 @dataclass(frozen=True)
 class _WithReason(SpeculativeStats):
     load_reason: str | None = None
+
+
+def test_the_simulator_server_pins_glibcs_mmap_threshold_where_there_is_one():
+    """`specapi simulate` turns off glibc's dynamic mmap threshold (its heap grew by holes in a soak);
+    elsewhere (no glibc `mallopt`) the call says it did nothing."""
+    import ctypes.util
+    import platform
+    import sys
+
+    from specapi.sim.server import fix_mmap_threshold
+
+    glibc = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc" and ctypes.util.find_library("c")
+    assert fix_mmap_threshold() is bool(glibc)
