@@ -111,7 +111,7 @@ class _Linear:
 
     def add(self, tokens: float, latency: float, *, keep_slope: bool = False) -> None:
         """One call of `tokens` that took `latency`; `keep_slope`: it moves the line's level, not its
-        per-token cost (a call made under load, see `AdaptiveDraftLength.observe`)."""
+        per-token cost, once one is measured (a call made under load, see `AdaptiveDraftLength.observe`)."""
         d = self.decay
         self.n = self.n * d + 1
         self.sx = self.sx * d + tokens

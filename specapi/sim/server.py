@@ -33,18 +33,18 @@ _MMAP_THRESHOLD_BYTES = 256 * 1024
 def fix_mmap_threshold() -> bool:
     """Pin glibc's mmap threshold so a long-running simulator's heap stops growing; False where not glibc.
 
-    glibc starts at 128 KiB and raises the threshold to the size of every mmapped block freed. The models'
-    vocabulary-sized scratch arrays (a few hundred KiB, freed within a request) then move into the main
-    heap, between the small long-lived arrays of the distribution memo, and the heap grows by holes it
-    cannot hand back (a 20,000-request soak grew it by megabytes while the bytes in use stayed flat). A
-    threshold set explicitly is never adjusted: such arrays stay mmapped and go back to the system on free.
+    glibc starts at 128 KiB and raises the threshold to the size of every mmapped block freed, so later
+    arrays of that size come from the main heap instead, between the small long-lived arrays of the
+    distribution memo, and the heap grows by holes it cannot hand back (measured in a 20,000-request soak:
+    the heap grew 80.4 -> 85.2 MB while the bytes in use there stayed flat). A threshold set explicitly
+    is never adjusted: large arrays stay mmapped and go back to the system when freed.
     """
     if not sys.platform.startswith("linux"):
         return False
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
         mallopt = libc.mallopt
-    except (OSError, AttributeError):  # musl and others: no mallopt, nothing to pin
+    except (OSError, AttributeError):  # no C library with mallopt (musl's returns 0: nothing pinned)
         return False
     return bool(mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_BYTES))
 
