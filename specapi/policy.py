@@ -118,10 +118,10 @@ class _Linear:
         self.sy = self.sy * d + latency
         self.sxx = self.sxx * d + tokens * tokens
         self.sxy = self.sxy * d + tokens * latency
-        mean_x = self.sx / self.n
-        var = self.sxx / self.n - mean_x * mean_x
         if keep_slope and self._slope is not None:
             return
+        mean_x = self.sx / self.n
+        var = self.sxx / self.n - mean_x * mean_x
         if var > self._SPREAD or (self._slope is None and var > 1e-9):
             self._slope = max(0.0, (self.sxy / self.n - mean_x * self.sy / self.n) / var)
 
@@ -398,14 +398,11 @@ class AdaptiveDraftLength:
         self._draft_share = 0.9 * self._draft_share + 0.1 * record.drafter.startswith("draft-model")
         if self._rounds_seen == 1:
             return  # the first calls also open connections: their latency says little about later ones
-        # Latencies are learnt as at one request in flight: under load every call is slower, the
-        # target alone's too, and mixing loaded verify calls with unloaded plain steps would bend
-        # the target's line (its per-token cost seemingly gone).
-        # The per-token costs are learnt from calls made alone: in a burst the long drafts come with the
-        # load (requests that know their text draft far, all at once), so calls with more tokens are
-        # also the more loaded ones, and the line's slope would take the load for a cost per token
-        # (seen: verifying 10 tokens predicted at 1.9 s at 100 streams, 0.19 s for one, which turned
-        # speculation off for every request in flight). Under load a call moves the line's level only.
+        # Latencies are learnt as at one request in flight (the measured inflation divided out), and
+        # per-token costs from calls made alone: under load a call moves a line's level only. Loaded
+        # one-token verify samples would bend the target's line, and in a burst the long drafts come
+        # at the busiest moments, so a slope through loaded calls takes the load for a cost per token
+        # (seen at 100 streams: 0.19 s to verify one token, 1.9 s for ten; speculation turned off).
         draft_inflation = self._inflation(self._draft_load)
         target_inflation = self._inflation(self._target_load)
         if record.drafted:
