@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .corpus import EOS_TOKEN_ID, UNIVERSE_SIZE, load_corpus
+from .scoretable import ScoreTable
 
 __all__ = [
     "MODEL_SPECS",
@@ -238,7 +239,8 @@ class NGramModel:
             pooled = np.concatenate(list(local.values()))
             self._domains = [_Domain([_Level(pooled, n, vocab_ids) for n in range(1, spec.order)], _NO_PROBS, 0.0)]
         self._complement: np.ndarray | None = None
-        self._score_cache: OrderedDict[tuple[int, int, int, int, bool], ScoredPosition] = OrderedDict()
+        self._score_tables: dict[int, ScoreTable] = {}  # by width, made at the first scoring
+        self._recent_scores: OrderedDict[int, ScoredPosition] = OrderedDict()  # the newest, as objects, in front
         self._score_lock = threading.Lock()
         self._mixtures: OrderedDict[tuple[int, int], Mixture] = OrderedDict()
         # The Witten-Bell terms of each domain after the last ``order - 1`` tokens (all they depend on).
@@ -283,7 +285,7 @@ class NGramModel:
         A pure function of the context, so the last ``_MIXTURE_CACHE_SIZE`` are kept: a server computes the
         positions of a request once, but the simulator would otherwise compute the same context again for
         each call that names it (a verify call re-scoring the draft's last position, a repeated prompt).
-        Keyed by length and a 64-bit hash of the ids, as the score cache is.
+        Keyed by length and a 64-bit hash of the ids, as the score table is.
         """
         key = (len(context), hash(context.tobytes()))
         with self._score_lock:
@@ -576,30 +578,57 @@ class NGramModel:
         """Score ``token_ids[start:]``, each after the tokens before it: logprob, top ``k``, optionally rank.
 
         ``k = -1`` lists every token held at each position. Rank is 1 + the number of tokens strictly
-        more likely. Positions already scored after the same prefix are served from a bounded cache, so
-        re-scoring a growing prompt (echo verification, round after round) costs only its new positions.
+        more likely. Positions already scored after the same prefix are served from a fixed-size table
+        (``ScoreTable``, allocated whole), so re-scoring a growing prompt (echo verification, round after
+        round) costs only its new positions and the memory does not grow with the run.
         """
         ids = self._as_ids(token_ids)
         tokens = ids.tolist()
-        out: list[ScoredPosition] = []
+        keys = []
         prefix_key = 0  # chained hash of tokens[:pos]
         for pos, token in enumerate(tokens):
             if pos >= start:
-                cache_key = (prefix_key, pos, token, k, with_rank)
-                with self._score_lock:
-                    cached = self._score_cache.get(cache_key)
-                    if cached is not None:
-                        self._score_cache.move_to_end(cache_key)
-                if cached is None:
-                    cached = self._score_position(ids[:pos], token, k, with_rank)
-                    if k >= 0:
-                        with self._score_lock:
-                            self._score_cache[cache_key] = cached
-                            if len(self._score_cache) > _SCORE_CACHE_SIZE:
-                                self._score_cache.popitem(last=False)
-                out.append(cached)
+                keys.append((hash((prefix_key, pos, token, k, with_rank)) & _MASK64) or 1)  # 0 marks an empty row
             prefix_key = hash((prefix_key, token))
-        return out
+        first = max(start, 0)
+        table = self._score_table(k)
+        if table is None:
+            return [self._score_position(ids[:pos], tokens[pos], k, with_rank) for pos in range(first, len(tokens))]
+        recent = self._recent_scores
+        with self._score_lock:
+            out: list[ScoredPosition | None] = [recent.get(key) for key in keys]
+            for key, found in zip(keys, out):
+                if found is not None:
+                    recent.move_to_end(key)
+            missing = [offset for offset, found in enumerate(out) if found is None]
+            held = table.get_many([keys[offset] for offset in missing])
+        for offset, found in zip(missing, held):
+            pos = first + offset
+            if found is None:
+                scored = self._score_position(ids[:pos], tokens[pos], k, with_rank)
+                with self._score_lock:
+                    table.put(keys[offset], scored.logprob, scored.rank, scored.top)
+            else:
+                scored = ScoredPosition(tokens[pos], *found)
+            out[offset] = scored
+            with self._score_lock:
+                recent[keys[offset]] = scored
+                if len(recent) > _RECENT_SCORES_SIZE:
+                    recent.popitem(last=False)
+        return out  # type: ignore[return-value]  # every position is filled above
+
+    def _score_table(self, k: int) -> ScoreTable | None:
+        """The table for top lists of ``k`` alternatives (``None`` past the widest: not kept).
+
+        All widths are made together at the model's first scoring, so that their memory is taken at the
+        start of a run rather than whenever a request first asks for a wider list."""
+        width = next((w for w in _SCORE_TABLE_SLOTS if k <= w), None)
+        if k < 0 or width is None:
+            return None
+        with self._score_lock:
+            if not self._score_tables:
+                self._score_tables = {w: ScoreTable(slots=n, width=w) for w, n in _SCORE_TABLE_SLOTS.items()}
+            return self._score_tables[width]
 
     def _score_position(self, context: np.ndarray, token: int, k: int, with_rank: bool) -> ScoredPosition:
         mix = self.mixture(context)
@@ -661,9 +690,14 @@ _FEW_ENDS = 24  # up to this many earlier occurrences, _copy_terms_few is the fa
 _MIN_LOOP_PERIOD = 2
 _UNIGRAM_HEAD = 64
 _DOMAIN_TEMPERATURE = 4.0
-_SCORE_CACHE_SIZE = 50_000
+# Rows of the score tables by top-list width (k = 0 or 1, up to 5, up to 20): about 2.8, 2.9 and 4.4 MB,
+# allocated when a model is first scored.
+_SCORE_TABLE_SLOTS = {1: 65_536, 5: 32_768, 20: 16_384}
+# The most recently used scored positions are also kept as objects (about 530 bytes each), so that the
+# common re-score costs a dict lookup; the table behind them builds objects anew (several times slower).
+_RECENT_SCORES_SIZE = 2_048
 _MIXTURE_CACHE_SIZE = 1_024
-_LEVELS_SEEN_SIZE = 4_096
+_LEVELS_SEEN_SIZE = 1_024
 _NO_IDS = np.zeros(0, dtype=np.int64)
 _NO_PROBS = np.zeros(0)
 
