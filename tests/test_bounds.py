@@ -93,14 +93,14 @@ class _WithReason(SpeculativeStats):
     load_reason: str | None = None
 
 
-def test_the_simulator_server_pins_glibcs_mmap_threshold_where_there_is_one():
-    """`specapi simulate` turns off glibc's dynamic mmap threshold (its heap grew by holes in a soak);
-    elsewhere (no glibc `mallopt`) the call says it did nothing."""
+def test_the_simulator_server_tunes_glibcs_malloc_where_there_is_one():
+    """`specapi simulate` turns off glibc's dynamic mmap threshold and keeps one malloc arena (its heap
+    grew by holes in a soak); elsewhere (no glibc `mallopt`) the call says it did nothing."""
     import ctypes.util
     import platform
     import sys
 
-    from specapi.sim.server import fix_mmap_threshold
+    from specapi.sim.server import tune_malloc
 
     glibc = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc" and ctypes.util.find_library("c")
-    assert fix_mmap_threshold() is bool(glibc)
+    assert tune_malloc() is bool(glibc)
