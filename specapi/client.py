@@ -538,17 +538,26 @@ class _Resource:
         request_id = new_request_id()
         for load in loads:
             load.enter(request_id)  # what the load-aware policy sees: requests in flight per upstream
-        token = current_request.set(request_id)
         try:
-            async for event in events:
+            while True:
+                # The request's id is set around each step, not once: a stream may be read on by
+                # another task than the one that started it (the proxy reads the first chunk in the
+                # request's handler and the rest in the response's task), and a context variable set
+                # in the first would be missing in the second, where the policy would rank this
+                # request last among those in flight.
+                token = current_request.set(request_id)
+                try:
+                    event = await events.__anext__()
+                except StopAsyncIteration:
+                    break
+                finally:
+                    current_request.reset(token)
                 if isinstance(event, Piece):
                     text.append(event.text)
                 else:
                     self._runtime.learn(request.context, "".join(text), engine.target.endpoint.model)
                 yield event
         finally:
-            with contextlib.suppress(ValueError):  # closed from another context: nothing of ours to undo
-                current_request.reset(token)
             for load in loads:
                 load.leave(request_id)
             await events.aclose()

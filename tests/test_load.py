@@ -233,3 +233,54 @@ def test_a_slope_the_samples_cannot_tell_from_jitter_costs_nothing():
     assert noisy.certain_slope == 0.0 and noisy.cost_to_others(rank=16) == 0.0
     clean = curve_from(lambda c: 0.031 + 0.004 * c, range(1, 17), in_flight=16)
     assert clean.certain_slope == pytest.approx(clean.slope) == pytest.approx(0.004)
+
+
+class _RecordsItsRequest:
+    """Drafts two tokens every round and records which request the client says each round is for."""
+
+    name = "recording"
+    load_reason = None
+
+    def __init__(self) -> None:
+        self.seen: list[int | None] = []
+
+    def start_request(self) -> str:
+        return "speculate"
+
+    def choose(self, state: PolicyState) -> int:
+        self.seen.append(current_request.get())
+        return 2
+
+    def observe(self, record: RoundRecord) -> None:
+        pass
+
+    def observe_plain(self, tokens: int, latency_s: float) -> None:
+        pass
+
+
+async def test_a_stream_read_on_by_another_task_still_names_its_request():
+    """The proxy reads a stream's first chunk in one task and the rest in another (the response's); the
+    policy must still know which request a round is for, or it ranks the request last in flight."""
+    import asyncio
+
+    from specapi import AsyncSpeculativeOpenAI
+    from specapi.sim import SimProvider, simulated_endpoints
+
+    target, draft = simulated_endpoints(provider=SimProvider(capabilities="vllm", latency="instant", seed=0))
+    policy = _RecordsItsRequest()
+    async with AsyncSpeculativeOpenAI(target=target, draft=draft, drafter="model", policy=policy) as client:
+        stream = await client.completions.create(
+            model=target.model, prompt="def add(a, b):\n", max_tokens=24, temperature=0, stream=True
+        )
+        chunks = stream.__aiter__()
+
+        async def first() -> object:
+            return await chunks.__anext__()
+
+        async def rest() -> list[object]:
+            return [chunk async for chunk in chunks]
+
+        assert await asyncio.create_task(first()) is not None
+        assert await asyncio.create_task(rest())
+    assert len(policy.seen) >= 3, policy.seen
+    assert None not in policy.seen and len(set(policy.seen)) == 1, policy.seen
