@@ -357,13 +357,16 @@ class AdaptiveDraftLength:
                 self.reason = "adaptive policy: this request's drafts predicted slower than the target alone (its own acceptance)"
                 return 0
             judged_rate = rate if judged_on_its_own or not own_rounds else self.best_length(state.remaining_tokens, load_s, client)[1]
-            if judged_rate < baseline * (1.0 / self.margin if admitted else self.margin) and (state.rounds_so_far == 0 or not state.last_round_free):
+            stepping_aside_pays = load_s > 0 and judged_rate < baseline * (1.0 / self.margin if admitted else self.margin)
+            if stepping_aside_pays and (state.rounds_so_far == 0 or not state.last_round_free):
                 # Admission, judged again every round: a burst of requests starts before the curve has
                 # seen that load, so the later ones in start order step aside as soon as the calls made
                 # meanwhile measure it. Not a verdict on speculation, which stays on; this request
                 # steps aside for the others (the target writes its rest alone). A request drafting
                 # free (no draft call) keeps going once started: its rounds add a verify call only, and
                 # the client's acceptance by position does not describe drafts from its own history.
+                # Without a load cost (the first request in flight, or a flat curve) there is no one to
+                # step aside for: the verdict above decides alone.
                 self.reason = "adaptive policy: " + LOAD_TARGET_ALONE
                 self.load_reason = LOAD_TARGET_ALONE
                 return 0

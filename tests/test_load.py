@@ -284,3 +284,16 @@ async def test_a_stream_read_on_by_another_task_still_names_its_request():
         assert await asyncio.create_task(rest())
     assert len(policy.seen) >= 3, policy.seen
     assert None not in policy.seen and len(set(policy.seen)) == 1, policy.seen
+
+
+def test_the_first_request_in_flight_is_never_sent_aside_for_load_even_inside_the_band():
+    """Within the margin's band (speculation predicted faster, but by less than the margin) a fresh
+    request speculates on the verdict; with no request ahead of it, no load rule may send it aside."""
+    policy = learnt_lan_policy()
+    rate = policy.best_length(REMAINING)[1]
+    baseline = policy.predicted_target_rate(REMAINING)
+    assert baseline is not None and rate > baseline
+    policy.margin = 1.5 * rate / baseline  # the verdict keeps speculation on; admission's upper edge is above it
+    steep = curve_from(lambda c: 0.030 + 0.050 * c, range(1, 33), in_flight=1)
+    k, reason = decide(policy, steep, 1)
+    assert k > 0 and reason is None
