@@ -93,14 +93,57 @@ class _WithReason(SpeculativeStats):
     load_reason: str | None = None
 
 
-def test_the_simulator_server_tunes_glibcs_malloc_where_there_is_one():
-    """`specapi simulate` turns off glibc's dynamic mmap threshold and keeps one malloc arena (its heap
-    grew by holes in a soak); elsewhere (no glibc `mallopt`) the call says it did nothing."""
+_MALLOC_PROBE = """
+import ctypes, os, re, sys, threading
+from specapi.sim.server import tune_malloc
+if sys.argv[1] == "tune":
+    assert tune_malloc() is True
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+libc.fopen.restype = ctypes.c_void_p
+class Info(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in
+                "arena ordblks smblks hblks hblkhd usmblks fsmblks uordblks fordblks keepcost".split()]
+libc.mallinfo2.restype = Info
+libc.free(libc.malloc(8 << 20))  # mmapped and freed: a dynamic threshold rises to 8 MB
+before = libc.mallinfo2().hblks
+held = libc.malloc(7 << 20)  # mmapped only if the threshold stayed where it was set
+mmapped = libc.mallinfo2().hblks - before
+def other_thread():
+    libc.free(libc.malloc(1000))  # a thread's first malloc: glibc gives it an arena of its own unless capped
+thread = threading.Thread(target=other_thread)
+thread.start()
+thread.join()
+path = os.path.join(sys.argv[2], "malloc_info.xml")
+stream = libc.fopen(path.encode(), b"w")
+libc.malloc_info(0, ctypes.c_void_p(stream))
+libc.fclose(ctypes.c_void_p(stream))
+print(mmapped, len(re.findall("<heap nr=", open(path).read())))
+"""
+
+
+def test_the_simulator_server_tunes_glibcs_malloc_where_there_is_one(tmp_path):
+    """`specapi simulate` pins glibc's mmap threshold (a large block freed no longer moves later ones onto
+    the heap) and keeps one malloc arena (another thread gets none of its own); both seen through glibc's
+    own statistics, in fresh processes with and without the call. Elsewhere the call says it did nothing."""
     import ctypes.util
     import platform
+    import subprocess
     import sys
 
     from specapi.sim.server import tune_malloc
 
     glibc = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc" and ctypes.util.find_library("c")
-    assert tune_malloc() is bool(glibc)
+    if not glibc:
+        assert tune_malloc() is False
+        return
+
+    def probe(mode: str) -> tuple[int, int]:
+        command = [sys.executable, "-c", _MALLOC_PROBE, mode, str(tmp_path)]
+        out = subprocess.run(command, capture_output=True, text=True, check=True)
+        mmapped, arenas = out.stdout.split()
+        return int(mmapped), int(arenas)
+
+    assert probe("tune") == (1, 1)
+    assert probe("default") == (0, 2)  # glibc's defaults, for contrast: what the call changes

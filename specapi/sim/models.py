@@ -604,14 +604,15 @@ class NGramModel:
             held = table.get_many([keys[offset] for offset in missing])
         for offset, found in zip(missing, held):
             pos = first + offset
-            if found is None:
+            computed = found is None
+            if computed:
                 scored = self._score_position(ids[:pos], tokens[pos], k, with_rank)
-                with self._score_lock:
-                    table.put(keys[offset], scored.logprob, scored.rank, scored.top)
             else:
                 scored = ScoredPosition(tokens[pos], *found)
             out[offset] = scored
             with self._score_lock:
+                if computed:
+                    table.put(keys[offset], scored.logprob, scored.rank, scored.top)
                 recent[keys[offset]] = scored
                 if len(recent) > _RECENT_SCORES_SIZE:
                     recent.popitem(last=False)
