@@ -30,6 +30,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_aft
 from ._http import AiohttpTransport, HTTPTransport, Httpx2Transport, Reply, SSEDecoder, Timeout, dumps, timeout_of
 from ._exceptions import EndpointError, MalformedResponseError, endpoint_error
 from .endpoint import Endpoint
+from . import _json as fast_json
 from .load import LoadCurve
 from .pricing import call_cost
 from .stats import RoleUsage
@@ -229,7 +230,7 @@ def _parse(reply: Reply) -> Any:
     content_type = reply.headers.get("content-type", "*").split(";")[0]
     if not content_type.endswith("json"):
         return reply.body.decode("utf-8", errors="replace")
-    return json.loads(reply.body)
+    return fast_json.loads(reply.body)
 
 
 @dataclass
@@ -493,7 +494,7 @@ async def _event_lists(reply: Reply) -> AsyncIterator[list[str]]:
 
 def _stream_item(data: str, reply: Reply) -> Any:
     """One event's JSON; an event that carries an error raises it, as the SDK's stream does."""
-    item = json.loads(data)
+    item = fast_json.loads(data)
     if isinstance(item, dict) and item.get("error"):
         error = item["error"]
         message = error.get("message") if isinstance(error, Mapping) else None

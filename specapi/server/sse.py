@@ -7,13 +7,13 @@
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from typing import Any
 
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from .._json import dumps
 from .disconnect import wait_for_disconnect
 
 __all__ = ["encode_event", "DONE_EVENT", "EventStreamResponse"]
@@ -23,7 +23,7 @@ DONE_EVENT = b"data: [DONE]\n\n"
 
 def encode_event(data: Mapping[str, Any]) -> bytes:
     """One SSE `data:` event holding `data` as compact JSON (JSON never contains a raw newline)."""
-    return b"data: " + json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode("utf-8") + b"\n\n"
+    return b"data: " + dumps(data) + b"\n\n"
 
 
 class EventStreamResponse(StreamingResponse):
