@@ -10,6 +10,11 @@ percentiles, errors, mismatches, and the same load sent to the target alone for 
     python benchmarks/proxy_load.py --concurrency 1,16,100             # each level, then the same load on the target alone
     python benchmarks/proxy_load.py --concurrency 100 --workers 2      # specapi serve --workers 2
     python benchmarks/proxy_load.py --requests 200 --concurrency 50 --latency hosted --max-tokens 96
+    python benchmarks/proxy_load.py --relay-baseline                   # also through a proxy that does nothing
+
+With `--relay-baseline`, each level also runs through `byte_relay.py`, a proxy that forwards bytes and
+does nothing else, on the same stack: the floor any proxy on the same CPUs sets (the proxy, the simulator
+and the load generator share them), against which the speculative proxy's figure can also be read.
 
 With several levels, one proxy serves them all (as a long-running one would) and each level's summary ends
 with the throughput ratio, proxy / target alone. Without --requests, a level of c streams sends
@@ -306,6 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=1, help="proxy processes (specapi serve --workers N)")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds for each whole load run")
     parser.add_argument("--no-direct", action="store_true", help="skip the target-alone comparison runs")
+    parser.add_argument("--relay-baseline", action="store_true", help="also run each level through a proxy that only forwards bytes (byte_relay.py)")
     parser.add_argument("--json", action="store_true", help="also print the summaries as JSON")
     args = parser.parse_args(argv)
     if args.requests is not None and not 1 <= args.requests <= 10_000:
@@ -322,8 +328,13 @@ def main(argv: list[str] | None = None) -> int:
 
     summaries: dict[str, dict] = {}
     failed = False
+    relay_port = _free_port()
+    relay_url = f"http://127.0.0.1:{relay_port}"
+    relay_cmd = [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "byte_relay.py"),
+                 "--upstream", sim_url + "/v1", "--port", str(relay_port), "--api-key", UPSTREAM_KEY]
     with _process(sim_cmd, env, sim_url + "/v1/models", "simulator") as sim, \
-            _process(proxy_cmd, proxy_env, proxy_url + "/ready", "proxy") as proxy:
+            _process(proxy_cmd, proxy_env, proxy_url + "/ready", "proxy") as proxy, \
+            (_process(relay_cmd, env, relay_url + "/ready", "byte relay") if args.relay_baseline else contextlib.nullcontext()) as relay:
         for level in args.concurrency:
             level_args = argparse.Namespace(**{**vars(args), "concurrency": level})
             level_args.requests = args.requests or level * -(-20 // level)
@@ -357,12 +368,27 @@ def main(argv: list[str] | None = None) -> int:
                 summary["throughput_vs_target_alone"] = round(summary["requests_per_s"] / direct["requests_per_s"], 3)
                 print(f"  => {level} concurrent: proxy {summary['requests_per_s']} req/s, target alone {direct['requests_per_s']} req/s: "
                       f"{summary['throughput_vs_target_alone']:.2f}x the target alone's throughput")
+            if relay is not None:
+                cpu_before_relay = (_cpu_seconds(sim), _cpu_seconds(relay))
+                wall, outcomes = asyncio.run(_load(relay_url + "/v1", PROXY_KEY, "sim-target", work, level_args, expected))
+                relayed = summaries[f"relay@{level}"] = _report(f"{title}: through a proxy that only forwards bytes", wall, outcomes)
+                cpu_after_relay = (_cpu_seconds(sim), _cpu_seconds(relay))
+                if None not in cpu_before_relay + cpu_after_relay:
+                    print(f"  CPU seconds during the run: simulator {cpu_after_relay[0] - cpu_before_relay[0]:.2f}, "
+                          f"byte relay {cpu_after_relay[1] - cpu_before_relay[1]:.2f}")
+                failed = failed or bool(relayed["errors"] or relayed["mismatches"])
+                if relayed["requests_per_s"] and direct["requests_per_s"]:
+                    summary["relay_vs_target_alone"] = round(relayed["requests_per_s"] / direct["requests_per_s"], 3)
+                    print(f"  => {level} concurrent: byte relay {relayed['requests_per_s']} req/s: "
+                          f"{summary['relay_vs_target_alone']:.2f}x the target alone's throughput")
     if len(args.concurrency) > 1 and not args.no_direct:
         print("\n== throughput, proxy / target alone")
         for level in args.concurrency:
             summary = summaries[f"proxy@{level}"]
+            relayed = summaries.get(f"relay@{level}")
+            floor = f"; byte relay {summary.get('relay_vs_target_alone', '?')}x ({relayed['wall_s']} s)" if relayed else ""
             print(f"  {level:>4} concurrent: {summary.get('throughput_vs_target_alone', '?')}x  "
-                  f"(proxy {summary['wall_s']} s, target alone {summaries[f'direct@{level}']['wall_s']} s)")
+                  f"(proxy {summary['wall_s']} s, target alone {summaries[f'direct@{level}']['wall_s']} s{floor})")
     if args.json:
         print(json.dumps(summaries, indent=2))
     return 1 if failed else 0
