@@ -634,33 +634,54 @@ def _stream_options(kwargs: Mapping[str, Any]) -> tuple[bool, bool]:
 async def _passthrough_chunks(
     runtime: _Runtime, path: str, body: dict[str, Any], meter: Meter, reason: str, started: float, options: Mapping[str, Any] | None = None
 ) -> AsyncIterator[dict[str, Any]]:
-    """The target's own stream, one chunk behind, so the last chunk can carry the statistics.
+    """The target's own stream, each chunk passed on as it comes; the last one carries the statistics.
 
-    Usage is always asked of the target (so the statistics are billed figures); its chunk is passed
-    on only if the caller asked for it.
+    Only a chunk the stream may end on (one that finishes a choice, or one without choices: usage) waits
+    for the next, so that the statistics can go on the last; text goes on at once. A stream that ends on
+    a chunk already passed on gets one more, without choices, for the statistics. Usage is always asked
+    of the target (so the statistics are billed figures); its chunk is passed on only if the caller
+    asked for it.
     """
     wanted_usage = bool((body.get("stream_options") or {}).get("include_usage"))
     body = {**body, "stream_options": {**(body.get("stream_options") or {}), "include_usage": True}}
-    previous: dict[str, Any] | None = None
+    held: dict[str, Any] | None = None
+    last: dict[str, Any] | None = None
     async with contextlib.aclosing(runtime.target.stream(path, body, meter, options=options)) as chunks:
         async for chunk in chunks:
             if chunk.get("usage") and not chunk.get("choices") and not wanted_usage:
                 continue
-            if previous is not None:
-                yield previous
-            previous = chunk
-    if previous is not None:
-        usage = meter.snapshot()
-        previous["_speculative"] = SpeculativeStats(
-            target=usage,
-            draft=RoleUsage(),
-            speculated=False,
-            fallback_reason=reason,
-            verification="none",
-            generated_tokens=usage.completion_tokens,
-            wall_s=runtime.clock() - started,
-        )
-        yield previous
+            if held is not None:
+                yield held
+                held = None
+            if _may_end_a_stream(chunk):
+                held = chunk
+            else:
+                yield chunk
+            last = chunk
+    if last is None:
+        return
+    if held is None:
+        held = {key: last[key] for key in ("id", "object", "created", "model") if key in last}
+        held["choices"] = []
+    usage = meter.snapshot()
+    held["_speculative"] = SpeculativeStats(
+        target=usage,
+        draft=RoleUsage(),
+        speculated=False,
+        fallback_reason=reason,
+        verification="none",
+        generated_tokens=usage.completion_tokens,
+        wall_s=runtime.clock() - started,
+    )
+    yield held
+
+
+def _may_end_a_stream(chunk: Mapping[str, Any]) -> bool:
+    """Whether a well-formed stream may end after `chunk`: it finishes a choice, or has none (usage)."""
+    choices = chunk.get("choices")
+    if not isinstance(choices, list) or not choices:
+        return True
+    return any(isinstance(choice, Mapping) and choice.get("finish_reason") is not None for choice in choices)
 
 
 class AsyncCompletions(_Resource):

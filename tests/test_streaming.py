@@ -299,6 +299,67 @@ async def test_closing_an_unverifiable_stream_early_closes_the_upstream_response
         assert body.closed, "the upstream response was left open"
 
 
+class _GatedSSE(httpx2.AsyncByteStream):
+    """A completion stream that sends `before` text chunks, then waits for `gate` before the rest: a
+    relay that holds a chunk back until the next one arrives never hands the first ones over."""
+
+    def __init__(self, before: int, after: list[dict], gate: asyncio.Event) -> None:
+        self.before, self.after, self.gate = before, after, gate
+
+    async def __aiter__(self):
+        for i in range(self.before):
+            yield _sse({"choices": [{"index": 0, "text": f"t{i} ", "logprobs": None, "finish_reason": None}]})
+        await self.gate.wait()
+        for chunk in self.after:
+            yield _sse(chunk)
+        yield b"data: [DONE]\n\n"
+
+
+def _sse(fields: dict) -> bytes:
+    return b"data: " + json.dumps({"id": "c", "object": "text_completion", "created": 0, "model": "target", **fields}).encode() + b"\n\n"
+
+
+def _gated_client(body: _GatedSSE) -> AsyncSpeculativeOpenAI:
+    transport = httpx2.MockTransport(lambda request: httpx2.Response(200, headers={"content-type": "text/event-stream"}, stream=body))
+    target = Endpoint(model="target", base_url="http://sse.test/v1", api_key="x", http_client=httpx2.AsyncClient(transport=transport))
+    return AsyncSpeculativeOpenAI(target=target, verification="none")
+
+
+async def test_a_passed_through_stream_hands_each_text_chunk_on_before_the_next_arrives():
+    """Requests served by the target alone as they are (here `logit_bias`) relay the target's own
+    stream: its text must not wait for the next chunk, which may be a whole token's time away."""
+    gate = asyncio.Event()
+    usage = {"prompt_tokens": 1, "completion_tokens": 3, "total_tokens": 4}
+    after = [
+        {"choices": [{"index": 0, "text": "t2", "logprobs": None, "finish_reason": "length"}]},
+        {"choices": [], "usage": usage},
+    ]
+    async with _gated_client(_GatedSSE(2, after, gate)) as c:
+        stream = await c.completions.create(prompt="x", max_tokens=3, stream=True, logit_bias={"1": 5})
+        first = await asyncio.wait_for(stream.__anext__(), timeout=5)
+        second = await asyncio.wait_for(stream.__anext__(), timeout=5)
+        assert [first.choices[0].text, second.choices[0].text] == ["t0 ", "t1 "]
+        assert stream.speculative is None
+        gate.set()
+        rest = [chunk async for chunk in stream]
+    assert [chunk.choices[0].text for chunk in rest] == ["t2"]  # the usage chunk was not asked for
+    assert rest[-1].choices[0].finish_reason == "length"
+    assert rest[-1].speculative is stream.speculative  # the statistics ride on the last chunk
+    assert stream.speculative.speculated is False and "logit_bias" in stream.speculative.fallback_reason
+    assert stream.speculative.generated_tokens == 3
+
+
+async def test_a_passed_through_stream_that_ends_without_a_finish_gets_one_more_chunk_for_the_statistics():
+    gate = asyncio.Event()
+    gate.set()
+    async with _gated_client(_GatedSSE(3, [], gate)) as c:
+        stream = await c.completions.create(prompt="x", max_tokens=3, stream=True, logit_bias={"1": 5})
+        chunks = [chunk async for chunk in stream]
+    assert "".join(chunk.choices[0].text for chunk in chunks if chunk.choices) == "t0 t1 t2 "
+    assert chunks[-1].choices == [] and chunks[-1].id == "c" and chunks[-1].model == "target"
+    assert chunks[-1].speculative is stream.speculative and stream.speculative.speculated is False
+
+
 async def test_unverifiable_stream_request_is_retried_on_transient_errors(srv):
     """Opening the target's stream is a request like any other: a 429 is retried after Retry-After."""
     sleeps: list[float] = []
