@@ -318,6 +318,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--requests must be in 1..10000")
     if not 1 <= args.workers <= 16:
         parser.error("--workers must be in 1..16")
+    if args.relay_baseline and args.no_direct:
+        parser.error("--relay-baseline is compared with the target alone: drop --no-direct")
 
     sim_port, proxy_port = _free_port(), _free_port()
     sim_url, proxy_url = f"http://127.0.0.1:{sim_port}", f"http://127.0.0.1:{proxy_port}"
