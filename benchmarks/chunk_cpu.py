@@ -66,8 +66,9 @@ def _client(n: int) -> AsyncSpeculativeOpenAI:
     return AsyncSpeculativeOpenAI(target=endpoint, verification="none", drafter="lookup")
 
 
-def _specapi(n: int) -> Callable[[], Awaitable[int]]:
+def _specapi(n: int, clients: list[AsyncSpeculativeOpenAI]) -> Callable[[], Awaitable[int]]:
     client = _client(n)
+    clients.append(client)
 
     async def one() -> int:
         stream = await client.completions.create(model="m", prompt="hello", max_tokens=n, stream=True)
@@ -79,7 +80,7 @@ def _specapi(n: int) -> Callable[[], Awaitable[int]]:
     return one
 
 
-def _raw(n: int) -> Callable[[], Awaitable[int]]:
+def _raw(n: int, clients: list[AsyncSpeculativeOpenAI]) -> Callable[[], Awaitable[int]]:
     parts = _events(n)
 
     async def one() -> int:
@@ -105,11 +106,16 @@ async def _cpu_per_request(one: Callable[[], Awaitable[int]], requests: int) -> 
 
 async def _measure(requests: int, repeats: int) -> dict[str, tuple[float, float]]:
     best: dict[str, list[float]] = {"specapi": [float("inf")] * 2, "raw": [float("inf")] * 2}
-    makers = {"specapi": _specapi, "raw": _raw}
-    for _ in range(repeats):
-        for name, make in makers.items():
-            for index, n in enumerate((SHORT, LONG)):
-                best[name][index] = min(best[name][index], await _cpu_per_request(make(n), requests))
+    clients: list[AsyncSpeculativeOpenAI] = []
+    sides = {name: [make(n, clients) for n in (SHORT, LONG)] for name, make in (("specapi", _specapi), ("raw", _raw))}
+    try:
+        for _ in range(repeats):
+            for name, ones in sides.items():
+                for index, one in enumerate(ones):
+                    best[name][index] = min(best[name][index], await _cpu_per_request(one, requests))
+    finally:
+        for client in clients:
+            await client.close()
     return {name: (short, long) for name, (short, long) in best.items()}
 
 

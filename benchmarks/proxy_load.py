@@ -273,6 +273,29 @@ def _report(title: str, wall: float, outcomes: list[Outcome]) -> dict:
     return summary
 
 
+def _arm(title: str, base_url: str, api_key: str, work: list[tuple[str, str]], args: argparse.Namespace,
+         expected: dict[tuple[str, str], str], processes: dict[str, subprocess.Popen]) -> dict:
+    """One load run against `base_url`, reported, with the CPU seconds each of `processes` spent on it."""
+    before = {name: _cpu_seconds(process) for name, process in processes.items()}
+    wall, outcomes = asyncio.run(_load(base_url + "/v1", api_key, "sim-target", work, args, expected))
+    summary = _report(title, wall, outcomes)
+    after = {name: _cpu_seconds(process) for name, process in processes.items()}
+    spent = {name: round(after[name] - before[name], 2) for name in processes if before[name] is not None and after[name] is not None}
+    if spent:
+        summary.update({f"cpu_s_{name.replace(' ', '_')}": value for name, value in spent.items()})
+        print("  CPU seconds during the run: " + ", ".join(f"{name} {value}" for name, value in spent.items()))
+    return summary
+
+
+def _compare(summary: dict, key: str, level: int, label: str, direct: dict, arm: dict | None = None) -> None:
+    """`arm`'s throughput (the proxy's, `summary`, by default) over the target alone's, kept in `summary[key]`."""
+    arm = summary if arm is None else arm
+    if arm["requests_per_s"] and direct["requests_per_s"]:
+        summary[key] = round(arm["requests_per_s"] / direct["requests_per_s"], 3)
+        print(f"  => {level} concurrent: {label} {arm['requests_per_s']} req/s, target alone {direct['requests_per_s']} req/s: "
+              f"{summary[key]:.2f}x the target alone's throughput")
+
+
 def _levels(text: str) -> list[int]:
     levels = [int(part) for part in text.split(",") if part.strip()]
     if not levels or not all(1 <= level <= 1_000 for level in levels):
@@ -345,44 +368,27 @@ def main(argv: list[str] | None = None) -> int:
             # A few requests first, so that the proxy's one-time capability probe (one per worker) is not part of the load.
             warm_up = argparse.Namespace(**{**vars(level_args), "concurrency": 2 * args.workers})
             asyncio.run(_load(proxy_url + "/v1", PROXY_KEY, "sim-target", work[: 4 * args.workers], warm_up, expected))
-            cpu_before = (_cpu_seconds(sim), _cpu_seconds(proxy))
-            wall, outcomes = asyncio.run(_load(proxy_url + "/v1", PROXY_KEY, "sim-target", work, level_args, expected))
-            cpu_after = (_cpu_seconds(sim), _cpu_seconds(proxy))
             title = f"{level} concurrent, {level_args.requests} requests"
-            summary = summaries[f"proxy@{level}"] = _report(f"{title}: through the speculative proxy", wall, outcomes)
-            if None not in cpu_before + cpu_after:
-                summary["cpu_s_simulator"] = round(cpu_after[0] - cpu_before[0], 2)
-                summary["cpu_s_proxy"] = round(cpu_after[1] - cpu_before[1], 2)
-                print(f"  CPU seconds during the run: simulator {summary['cpu_s_simulator']}, proxy {summary['cpu_s_proxy']}")
+            summary = summaries[f"proxy@{level}"] = _arm(
+                f"{title}: through the speculative proxy", proxy_url, PROXY_KEY, work, level_args, expected, {"simulator": sim, "proxy": proxy}
+            )
             metrics = httpx2.get(proxy_url + "/metrics").text
             in_flight = [line for line in metrics.splitlines() if line.startswith("specapi_in_flight_requests ")]
             print(f"  proxy metrics after the run: {in_flight[0] if in_flight else '?'}")
             failed = failed or bool(summary["errors"] or summary["mismatches"])
             if args.no_direct:
                 continue
-            cpu_before_direct = _cpu_seconds(sim)
-            wall, outcomes = asyncio.run(_load(sim_url + "/v1", UPSTREAM_KEY, "sim-target", work, level_args, expected))
-            direct = summaries[f"direct@{level}"] = _report(f"{title}: target alone (same load, straight to the simulator)", wall, outcomes)
-            if cpu_before_direct is not None and _cpu_seconds(sim) is not None:
-                direct["cpu_s_simulator"] = round(_cpu_seconds(sim) - cpu_before_direct, 2)
-                print(f"  CPU seconds during the run: simulator {direct['cpu_s_simulator']}")
-            if summary["requests_per_s"] and direct["requests_per_s"]:
-                summary["throughput_vs_target_alone"] = round(summary["requests_per_s"] / direct["requests_per_s"], 3)
-                print(f"  => {level} concurrent: proxy {summary['requests_per_s']} req/s, target alone {direct['requests_per_s']} req/s: "
-                      f"{summary['throughput_vs_target_alone']:.2f}x the target alone's throughput")
+            direct = summaries[f"direct@{level}"] = _arm(
+                f"{title}: target alone (same load, straight to the simulator)", sim_url, UPSTREAM_KEY, work, level_args, expected, {"simulator": sim}
+            )
+            _compare(summary, "throughput_vs_target_alone", level, "proxy", direct)
             if relay is not None:
-                cpu_before_relay = (_cpu_seconds(sim), _cpu_seconds(relay))
-                wall, outcomes = asyncio.run(_load(relay_url + "/v1", PROXY_KEY, "sim-target", work, level_args, expected))
-                relayed = summaries[f"relay@{level}"] = _report(f"{title}: through a proxy that only forwards bytes", wall, outcomes)
-                cpu_after_relay = (_cpu_seconds(sim), _cpu_seconds(relay))
-                if None not in cpu_before_relay + cpu_after_relay:
-                    print(f"  CPU seconds during the run: simulator {cpu_after_relay[0] - cpu_before_relay[0]:.2f}, "
-                          f"byte relay {cpu_after_relay[1] - cpu_before_relay[1]:.2f}")
+                relayed = summaries[f"relay@{level}"] = _arm(
+                    f"{title}: through a proxy that only forwards bytes", relay_url, PROXY_KEY, work, level_args, expected,
+                    {"simulator": sim, "byte relay": relay},
+                )
                 failed = failed or bool(relayed["errors"] or relayed["mismatches"])
-                if relayed["requests_per_s"] and direct["requests_per_s"]:
-                    summary["relay_vs_target_alone"] = round(relayed["requests_per_s"] / direct["requests_per_s"], 3)
-                    print(f"  => {level} concurrent: byte relay {relayed['requests_per_s']} req/s: "
-                          f"{summary['relay_vs_target_alone']:.2f}x the target alone's throughput")
+                _compare(summary, "relay_vs_target_alone", level, "byte relay", direct, relayed)
     if len(args.concurrency) > 1 and not args.no_direct:
         print("\n== throughput, proxy / target alone")
         for level in args.concurrency:

@@ -35,8 +35,10 @@ _NUMBER_STARTS = frozenset("-0123456789") | frozenset(bytes([c]) for c in b"-012
 
 def loads(data: bytes | str) -> Any:
     """`json.loads(data)`, parsed by orjson when that gives the same value."""
+    if data.lstrip()[:1] in _NUMBER_STARTS:
+        return json.loads(data)  # a bare number
     long_number = _LONG_NUMBER.search(data) if isinstance(data, str) else _LONG_NUMBER_BYTES.search(data)
-    if long_number is None and data.lstrip()[:1] not in _NUMBER_STARTS:  # (a bare number: json reads it)
+    if long_number is None:
         try:
             return orjson.loads(data)
         except orjson.JSONDecodeError:
