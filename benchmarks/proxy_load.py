@@ -70,6 +70,7 @@ class Outcome:
     error: str | None = None
     exact: bool = True
     speculative: dict = field(default_factory=dict)
+    chunks: int = 0  # chunks with text, as the client read them
 
 
 def _free_port() -> int:
@@ -169,6 +170,7 @@ async def _one(client: openai.AsyncOpenAI, model: str, kind: str, prompt: str, a
     ttft = None
     parts: list[str] = []
     speculative: dict = {}
+    chunks = 0
     try:
         if kind == "chat":
             stream = await client.chat.completions.create(
@@ -181,13 +183,14 @@ async def _one(client: openai.AsyncOpenAI, model: str, kind: str, prompt: str, a
             if piece:
                 ttft = ttft if ttft is not None else time.perf_counter() - started
                 parts.append(piece)
+                chunks += 1
             speculative = (chunk.model_extra or {}).get("speculative", speculative)
     except Exception as exc:  # counted and reported, not raised: a load test reports every failure
         return Outcome(ok=False, latency_s=time.perf_counter() - started, error=f"{type(exc).__name__}: {exc}")
     text = "".join(parts)
     return Outcome(
         ok=True, latency_s=time.perf_counter() - started, ttft_s=ttft, tokens=speculative.get("generated_tokens", 0),
-        exact=expected is None or text == expected, speculative=speculative,
+        exact=expected is None or text == expected, speculative=speculative, chunks=chunks,
     )
 
 
@@ -250,6 +253,7 @@ def _report(title: str, wall: float, outcomes: list[Outcome]) -> dict:
         "latency_max_s": round(max(latencies), 3) if latencies else None,
         "ttft_p50_s": round(_pct(ttfts, 0.50), 3),
         "ttft_p95_s": round(_pct(ttfts, 0.95), 3),
+        "text_chunks_per_response": round(statistics.mean(o.chunks for o in ok), 1) if ok else None,
     }
     spec = [o.speculative for o in ok if o.speculative]
     if spec:
@@ -277,10 +281,13 @@ def _arm(title: str, base_url: str, api_key: str, work: list[tuple[str, str]], a
          expected: dict[tuple[str, str], str], processes: dict[str, subprocess.Popen]) -> dict:
     """One load run against `base_url`, reported, with the CPU seconds each of `processes` spent on it."""
     before = {name: _cpu_seconds(process) for name, process in processes.items()}
+    own = time.process_time()
     wall, outcomes = asyncio.run(_load(base_url + "/v1", api_key, "sim-target", work, args, expected))
+    own = time.process_time() - own
     summary = _report(title, wall, outcomes)
     after = {name: _cpu_seconds(process) for name, process in processes.items()}
     spent = {name: round(after[name] - before[name], 2) for name in processes if before[name] is not None and after[name] is not None}
+    spent["load generator"] = round(own, 2)  # this process: the openai SDK reading every stream
     if spent:
         summary.update({f"cpu_s_{name.replace(' ', '_')}": value for name, value in spent.items()})
         print("  CPU seconds during the run: " + ", ".join(f"{name} {value}" for name, value in spent.items()))

@@ -50,7 +50,9 @@ from .stats import RoleUsage, SpeculativeStats
 from .streaming import SpeculativeStream, chat_chunks, completion_chunks, parse_chat_chunk, parse_completion
 from .types import SpeculativeChatCompletion, SpeculativeCompletion
 from .paths import PathResolver
+from .pricing import call_cost
 from .suffix import SuffixDrafter, SuffixIndex, gate_free_drafts, indexes, learn, with_index, without_suffix
+from .suffix import _encoding as suffix_encoding
 
 __all__ = ["AsyncSpeculativeOpenAI", "AsyncCompletions", "AsyncChatCompletions", "given_arguments"]
 
@@ -229,6 +231,17 @@ class _Runtime:
         # `model=` on a call names another model on the target's server: its own client view and
         # path memory, sharing the connection pool.
         self._by_model: OrderedDict[str, tuple[RoleClient, PathResolver]] = OrderedDict()
+
+    def warm(self) -> None:
+        """Load now what the first requests would otherwise load on the event loop, stalling every
+        stream in flight: the suffix index's tokenizer (0.3 s of CPU) and the price table. Best effort:
+        what fails here fails again, reported, in the request that needs it."""
+        with contextlib.suppress(Exception):
+            if self.learning:
+                suffix_encoding()
+            for role in (self.target, self.draft):
+                if role is not None:
+                    call_cost(role.endpoint, prompt_tokens=1, completion_tokens=1)
 
     def target_for(self, model: str) -> tuple[RoleClient, PathResolver]:
         if model == self.target.endpoint.model:
@@ -442,6 +455,10 @@ class AsyncSpeculativeOpenAI:
     def base_url(self) -> httpx2.URL:
         """The target's base URL, as `openai.AsyncOpenAI.base_url` (frameworks read it)."""
         return self._runtime.target.sdk.base_url
+
+    async def _warm(self) -> None:
+        """What a long-running server does before its first request (see `_Runtime.warm`)."""
+        await asyncio.to_thread(self._runtime.warm)
 
     async def close(self) -> None:
         if not self._owns_connections:

@@ -23,7 +23,7 @@ from .alignment import complete_utf8_prefix, token_bytes
 from .context import Context, Prefill
 from .lossy import EXACT, lossy_path_note
 from .drafters import Draft, Drafter, ModelDrafter, usable_prefix
-from .policy import RECHECK, TARGET_ALONE, DraftLengthPolicy, PolicyState
+from .policy import MODEL_DRAFTER, RECHECK, TARGET_ALONE, DraftLengthPolicy, PolicyState, drafter_of
 from .stats import RoleUsage, RoundRecord, SpeculativeStats
 from .paths import Path, PathResolver
 from .verifiers import PlainStep, Verification, Verifier, plain_step, plain_stream, plain_stream_batches
@@ -384,7 +384,7 @@ class Engine:
                         continue
                     if draft.tokens:
                         model = _model_drafter(self.drafter, draft)
-                        if self.pipeline and model is not None and run.draft_meter is not None:
+                        if self.pipeline and model is not None and run.draft_meter is not None and self._pipeline_pays(len(draft.tokens)):
                             # Guess that every draft token is kept, and draft the next round meanwhile.
                             prefetch = _Prefetch.start(model, context.advanced(draft.text), k + 1, run)
                         outcome = await self._round(context, draft, run, out)
@@ -441,15 +441,24 @@ class Engine:
             yield Piece(text=out.text)  # collected: handed out whole, once nothing can change it
         yield self._finished(run, started, out.finish_reason, out.produced)
 
+    def _pipeline_pays(self, k: int) -> bool:
+        """The policy's word on drafting the next round during this one's verification (yes without one)."""
+        pays = getattr(self.policy, "pipeline_pays", None)
+        return True if pays is None else bool(pays(k))
+
     def _choose(self, run: _Run, remaining: int | None, mode: str) -> int:
         """The policy's draft length for the next round (0: the target alone from here, with the reason
         in the books, and what the load changed)."""
         budget = remaining if remaining is not None else _UNBOUNDED
         rounds = run.books.rounds
-        free = bool(rounds) and not rounds[-1].drafter.startswith("draft-model")
-        own = tuple(r.accepted_by_position for r in rounds if r.drafter.startswith("draft-model"))
+        free = bool(rounds) and not rounds[-1].drafter.startswith(MODEL_DRAFTER)
+        own = tuple(r.accepted_by_position for r in rounds if r.drafter.startswith(MODEL_DRAFTER))
+        last = drafter_of(rounds[-1]) if rounds else ""
         chosen = self.policy.choose(
-            PolicyState(budget, len(rounds), recheck=mode == RECHECK, last_round_free=free, accepted_by_position=own)
+            PolicyState(
+                budget, len(rounds), recheck=mode == RECHECK, last_round_free=free, accepted_by_position=own,
+                last_drafter=last, last_drafter_rounds=tuple(r.accepted_by_position for r in rounds if drafter_of(r) == last),
+            )
         )
         load_reason = getattr(self.policy, "load_reason", None)  # set by this very choose
         if load_reason is not None and (chosen <= 0 or run.books.load_reason is None):

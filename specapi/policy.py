@@ -18,6 +18,8 @@ from .stats import RoundRecord
 
 __all__ = [
     "PolicyState",
+    "MODEL_DRAFTER",
+    "drafter_of",
     "DraftLengthPolicy",
     "FixedDraftLength",
     "AdaptiveDraftLength",
@@ -39,9 +41,21 @@ class PolicyState:
     last_round_free: bool = False
     #: Which draft positions this request's own model-drafted rounds had accepted, round by round.
     accepted_by_position: tuple[tuple[bool, ...], ...] = ()
+    #: The drafter of this request's last round ("" before its first), and the same flags for the
+    #: request's rounds by that drafter.
+    last_drafter: str = ""
+    last_drafter_rounds: tuple[tuple[bool, ...], ...] = ()
 
 
 SPECULATE, RECHECK, TARGET_ALONE = "speculate", "recheck", "target-alone"
+
+#: `RoundRecord.drafter` of a round drafted by a draft model's call (the one drafter whose cost is a call).
+MODEL_DRAFTER = "draft-model"
+
+
+def drafter_of(record: RoundRecord) -> str:
+    """The drafter a round's acceptance is learnt for (a pipelined draft is its drafter's)."""
+    return record.drafter.removesuffix("+pipelined")
 
 #: `SpeculativeStats.load_reason` values: what the load on the upstreams changed for a request.
 LOAD_TARGET_ALONE = "target alone under load: the added calls would cost the other requests more than they save"
@@ -151,13 +165,17 @@ def _loaded(load: LoadCurve | None) -> bool:
 class AdaptiveDraftLength:
     """Choose the draft length that maximises expected tokens per second, or 0 when speculation loses.
 
-    It learns, across all the requests of a client: acceptance by draft position (exponentially
-    forgetting, each position's prior the estimate of the one before it), draft-call latency as fixed + per-token cost, verify-call
-    latency, and the target's own speed. Each round it picks K = argmax E(K) / (draft(K) + verify)
-    (speculation.md's arithmetic), with the acceptance scaled to how the request's own rounds fared
-    (`acceptance(own)`), and compares that rate with the target generating alone. When
-    speculation loses it returns 0, so the target generates the rest in one call; every
-    `recheck_every` requests it speculates again, in case things changed.
+    It learns, across all the requests of a client: acceptance by draft position for each drafter
+    apart (exponentially forgetting, each position's prior the estimate of the one before it),
+    draft-call latency as fixed + per-token cost, verify-call latency, and the target's own speed.
+    Each round it picks K = argmax E(K) / (draft(K) + verify) (speculation.md's arithmetic), with the
+    acceptance scaled to how the request's own rounds fared (`acceptance(own)`), and compares that
+    rate with the target generating alone. When speculation with the draft model loses it returns 0,
+    so the target generates the rest in one call; every `recheck_every` requests it speculates again,
+    in case things changed. A request whose last round was drafted without a call (suffix index,
+    prompt lookup) is judged on that drafter's figures and its own rounds by it (`_choose_free`).
+    Under load, a draft of the next round is made during verification only where it is likely used
+    (`pipeline_pays`).
 
     Cold start: no request is given up to measurement. The target's own speed is a line in the tokens
     of a call; verify calls give its one-token end, and while the per-token slope is unknown the
@@ -192,6 +210,9 @@ class AdaptiveDraftLength:
     _PRIOR_SEEN = 2.0  # pseudo-observations of the prior per position (Beta(1, 1) at the first)
     _JUDGED_TOKENS = 64  # the length a request is judged at before its own length is known
     _OWN_PRIOR_SEEN = 5.0  # draft positions the client-wide acceptance is worth against a request's own
+    # The same for a drafter without a call: its drafts for one request come from one source (an earlier
+    # answer, the prompt), and whether that source fits the request its first rounds show at once.
+    _OWN_PRIOR_SEEN_FREE = 1.0
 
     def __init__(
         self,
@@ -216,8 +237,9 @@ class AdaptiveDraftLength:
         self.min_rounds = min_rounds
         self.calibration_tokens = calibration_tokens
         self._rounds_seen = 0
-        self._accepted = [0.0] * max_length  # decayed counts, without the prior
-        self._seen = [0.0] * max_length
+        # Acceptance by position, one table per drafter (decayed counts, without the prior): accepted, seen.
+        self._tables: dict[str, tuple[list[float], list[float]]] = {}
+        self._last_drafter = MODEL_DRAFTER  # the drafter of the client's last round
         self._draft = _Linear()
         self._verify = _Linear()
         self._target = _Linear()
@@ -235,8 +257,12 @@ class AdaptiveDraftLength:
         self._target_load, self._draft_load = target, draft
 
     # -- what it has learnt -------------------------------------------------------------------
-    def acceptance(self, own: Sequence[Sequence[bool]] = ()) -> list[float]:
-        """P(accept position i | positions before it accepted).
+    def acceptance(self, own: Sequence[Sequence[bool]] = (), *, drafter: str | None = None) -> list[float]:
+        """P(accept position i | positions before it accepted) of `drafter`'s drafts: by default the
+        draft model's, or (a client whose model never drafted) those of the drafter of its last round.
+        Drafters are learnt apart: a suffix index repeating a known answer has every position accepted,
+        prompt lookup on new text few, and with one table for all the draft model's drafts would look as
+        good as the best of them (requests on new text then drafted long and lost).
 
         The first position starts from a Beta(1, 1) prior; each later one from the estimate of the
         position before it, worth `_PRIOR_SEEN` observations, so that a deep position seen a few times
@@ -252,13 +278,17 @@ class AdaptiveDraftLength:
         estimate worth `w = _OWN_PRIOR_SEEN` positions.
         """
         estimates: list[float] = []
-        for accepted, seen in zip(self._accepted, self._seen):
+        if drafter is None:
+            drafter = MODEL_DRAFTER if MODEL_DRAFTER in self._tables else self._last_drafter
+        accepted_by, seen_by = self._tables.get(drafter) or ([0.0] * self.max_length, [0.0] * self.max_length)
+        for accepted, seen in zip(accepted_by, seen_by):
             prior = estimates[-1] if estimates else 0.5
             estimates.append((accepted + self._PRIOR_SEEN * prior) / (seen + self._PRIOR_SEEN))
         return self._scaled(estimates, own) if own else estimates
 
-    def _scaled(self, estimates: list[float], own: Sequence[Sequence[bool]]) -> list[float]:
-        """The client-wide `estimates` scaled to one request's own rounds (see `acceptance`)."""
+    def _scaled(self, estimates: list[float], own: Sequence[Sequence[bool]], weight: float | None = None) -> list[float]:
+        """The client-wide `estimates` scaled to one request's own rounds (see `acceptance`); `weight`:
+        what the estimates are worth, in draft positions (`_OWN_PRIOR_SEEN` by default)."""
         accepted_own = expected_own = 0.0
         for flags in own:
             for i, ok in enumerate(flags[: self.max_length]):
@@ -266,14 +296,18 @@ class AdaptiveDraftLength:
                 accepted_own += ok
                 if not ok:
                     break
-        w = self._OWN_PRIOR_SEEN
+        w = self._OWN_PRIOR_SEEN if weight is None else weight
         scale = (accepted_own + w) / (expected_own + w)
         return [min(1.0, p * scale) for p in estimates]
 
-    def predicted_speculative_rate(self, k: int, load_s: float = 0.0, acceptance: Sequence[float] | None = None) -> float:
+    def predicted_speculative_rate(
+        self, k: int, load_s: float = 0.0, acceptance: Sequence[float] | None = None, *, free: bool = False
+    ) -> float:
         """Tokens per second of rounds drafting `k`; `load_s`: seconds each round costs others;
-        `acceptance`: by position (the client-wide estimate if None)."""
-        round_s = (self._draft.predict(k) if self._draft.known else 0.0) + self._verify.predict(k) + load_s
+        `acceptance`: by position (the draft model's client-wide estimate if None); `free`: drafts
+        without a call."""
+        draft_s = self._draft.predict(k) if self._draft.known and not free else 0.0
+        round_s = draft_s + self._verify.predict(k) + load_s
         acceptance = self.acceptance() if acceptance is None else acceptance
         return expected_tokens(acceptance, k) / round_s if round_s > 0 else float("inf")
 
@@ -283,11 +317,13 @@ class AdaptiveDraftLength:
         seconds = self._target.predict(remaining)
         return remaining / seconds if seconds > 0 else None
 
-    def best_length(self, remaining: int, load_s: float = 0.0, acceptance: Sequence[float] | None = None) -> tuple[int, float]:
+    def best_length(
+        self, remaining: int, load_s: float = 0.0, acceptance: Sequence[float] | None = None, *, free: bool = False
+    ) -> tuple[int, float]:
         acceptance = self.acceptance() if acceptance is None else acceptance
         best_k, best_rate = 1, 0.0
         for k in range(1, min(self.max_length, max(1, remaining - 1)) + 1):
-            rate = self.predicted_speculative_rate(k, load_s, acceptance)
+            rate = self.predicted_speculative_rate(k, load_s, acceptance, free=free)
             if rate > best_rate:
                 best_k, best_rate = k, rate
         return best_k, best_rate
@@ -332,6 +368,8 @@ class AdaptiveDraftLength:
             self._measuring = True
             self.reason = "adaptive policy: the target wrote the rest alone once, to measure its own speed"
             return 0
+        if state.last_drafter and state.last_drafter != MODEL_DRAFTER:
+            return self._choose_free(state, rank)
         own_rounds = state.accepted_by_position
         client = self.acceptance()
         own = self._scaled(client, own_rounds) if own_rounds else client
@@ -353,23 +391,52 @@ class AdaptiveDraftLength:
             # Sending a request to the target alone is judged on its own acceptance only after
             # `min_rounds` of its own rounds (its draft length follows them from the first).
             judged_on_its_own = len(state.accepted_by_position) >= self.min_rounds
-            if judged_on_its_own and unloaded_rate < baseline / self.margin and not state.last_round_free:
+            if judged_on_its_own and unloaded_rate < baseline / self.margin:
                 self.reason = "adaptive policy: this request's drafts predicted slower than the target alone (its own acceptance)"
                 return 0
             judged_rate = rate if judged_on_its_own or not own_rounds else self.best_length(state.remaining_tokens, load_s, client)[1]
             stepping_aside_pays = load_s > 0 and judged_rate < baseline * (1.0 / self.margin if admitted else self.margin)
-            if stepping_aside_pays and (state.rounds_so_far == 0 or not state.last_round_free):
+            if stepping_aside_pays:
                 # Admission, judged again every round: a burst of requests starts before the curve has
                 # seen that load, so the later ones in start order step aside as soon as the calls made
                 # meanwhile measure it. Not a verdict on speculation, which stays on; this request
                 # steps aside for the others (the target writes its rest alone). A request drafting
-                # free (no draft call) keeps going once started: its rounds add a verify call only, and
-                # the client's acceptance by position does not describe drafts from its own history.
-                # Without a load cost (the first request in flight, or a flat curve) there is no one to
-                # step aside for: the verdict above decides alone.
+                # free (no draft call) is judged by `_choose_free`. Without a load cost (the first
+                # request in flight, or a flat curve) there is no one to step aside for: the verdict
+                # above decides alone.
                 self.reason = "adaptive policy: " + LOAD_TARGET_ALONE
                 self.load_reason = LOAD_TARGET_ALONE
                 return 0
+        if k != unloaded_k:
+            self.load_reason = LOAD_DRAFT_LENGTH
+        return k
+
+    def pipeline_pays(self, k: int) -> bool:
+        """Whether to draft the next round while this one (`k` drafted by the model) is verified. The
+        pipelined draft is used only if every drafted token is kept; with requests ahead of this one its
+        call slows theirs whether used or not, so it is made then only when that is likelier than not."""
+        rank = self._target_load.rank(current_request.get()) if self._target_load is not None else 1
+        if rank <= 1:
+            return True
+        return math.prod(self.acceptance()[:k]) >= 0.5
+
+    def _choose_free(self, state: PolicyState, rank: int) -> int:
+        """The next round of a request whose last round was drafted without a call (its next one most
+        likely is too: the suffix index or the prompt goes on): judged on the free drafts' acceptance,
+        scaled to the request's own free rounds, with no draft call in the round. It keeps going under
+        load (its rounds add a verify call only, each in place of tokens streamed one by one) and
+        whatever the verdict on the draft model, until its own drafts are predicted slower than the
+        target alone."""
+        client = self.acceptance(drafter=state.last_drafter)
+        own_rounds = state.last_drafter_rounds
+        own = self._scaled(client, own_rounds, self._OWN_PRIOR_SEEN_FREE) if own_rounds else client
+        load_s = self.load_cost(rank) / self._inflation(self._target_load)
+        k, rate = self.best_length(state.remaining_tokens, load_s, own, free=True)
+        unloaded_k, unloaded_rate = self.best_length(state.remaining_tokens, 0.0, own, free=True) if load_s else (k, rate)
+        baseline = self.predicted_target_rate(state.remaining_tokens)
+        if baseline is not None and unloaded_rate < baseline / self.margin:
+            self.reason = f"adaptive policy: this request's {state.last_drafter} drafts predicted slower than the target alone"
+            return 0
         if k != unloaded_k:
             self.load_reason = LOAD_DRAFT_LENGTH
         return k
@@ -392,9 +459,14 @@ class AdaptiveDraftLength:
 
     def observe(self, record: RoundRecord) -> None:
         decay = 0.98
+        drafter = drafter_of(record)
+        self._last_drafter = drafter
+        if drafter not in self._tables:
+            self._tables[drafter] = ([0.0] * self.max_length, [0.0] * self.max_length)
+        accepted, seen = self._tables[drafter]  # by position, of this drafter's drafts (see `acceptance`)
         for i, ok in enumerate(record.accepted_by_position[: self.max_length]):
-            self._accepted[i] = self._accepted[i] * decay + ok
-            self._seen[i] = self._seen[i] * decay + 1
+            accepted[i] = accepted[i] * decay + ok
+            seen[i] = seen[i] * decay + 1
             if not ok:
                 break  # later positions were not reached: they say nothing about acceptance
         self._rounds_seen += 1

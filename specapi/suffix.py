@@ -30,6 +30,8 @@ install, and bounds its cache in requests, not tokens; so specapi keeps this pur
 
 from __future__ import annotations
 
+import math
+
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -410,6 +412,10 @@ class FreeDraftGate:
     called: no draft-model calls) at `max_length` tokens per round; the first round where no free
     drafter proposes anything hands the rest to the target alone. Everything is also passed to the
     client's policy, which keeps learning.
+
+    While speculation is on, the same expectation sizes the request's first round: it is drafted by the
+    free drafters alone, as long as the index expects to go on (the policy sizes rounds for the draft
+    model); later rounds draft as the policy and the combined drafter choose.
     """
 
     def __init__(
@@ -424,6 +430,7 @@ class FreeDraftGate:
         self.min_tokens = min_tokens
         self.free = False
         self._dry = False
+        self._first_round_free = False  # the first round is drafted free (see `choose`)
 
     @property
     def reason(self) -> str:
@@ -462,13 +469,32 @@ class FreeDraftGate:
                 self.free = True
                 self.free_drafters()
                 return self.max_length
+            if k > 0 and state.rounds_so_far == 0 and self.expected >= self.min_tokens:
+                # The index expects to go on: the first round is drafted by the free drafters alone, as
+                # long as the index expects (the policy sized it for the draft model). Where the index
+                # is wrong for this request, the round cost a verify call, where a model draft of that
+                # length would have cost a draft call too.
+                self.free_drafters(True)
+                self._first_round_free = True
+                k = max(k, min(self.max_length, math.ceil(self.expected)))
             return k
         return 0 if self._dry else self.max_length
 
+    def pipeline_pays(self, k: int) -> bool:
+        pays = getattr(self.inner, "pipeline_pays", None)
+        return True if pays is None else bool(pays(k))
+
+    def _first_round_done(self) -> None:
+        if self._first_round_free and not self.free:
+            self.free_drafters(False)
+        self._first_round_free = False
+
     def observe(self, record: Any) -> None:
+        self._first_round_done()
         self.inner.observe(record)
 
     def observe_plain(self, tokens: int, latency_s: float) -> None:
+        self._first_round_done()
         self.inner.observe_plain(tokens, latency_s)
         if self.free:
             self._dry = True  # a round without a free proposal: the target finishes alone
@@ -482,9 +508,12 @@ def gate_free_drafts(drafter: Any, policy: Any, context: Context, index: SuffixI
         drafter = with_drafters(list(drafter.drafters))
     max_length = int(getattr(policy, "max_length", getattr(policy, "k", 16)))
 
-    def free_drafters() -> None:
+    every = list(getattr(drafter, "drafters", ()))
+
+    def free_drafters(only: bool = True) -> None:
+        """Draft with the free drafters only (or with every one again)."""
         if hasattr(drafter, "free_only"):
-            drafter.drafters = drafter.free_only().drafters
+            drafter.drafters = drafter.free_only().drafters if only else list(every)
 
     expected = expected_tokens(index, context, max_length)
     return drafter, FreeDraftGate(policy, expected, free_drafters, max_length=max_length, remaining=max_tokens)

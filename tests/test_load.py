@@ -73,7 +73,7 @@ def decide(
     policy.watch_load(curve, curve)
     token = current_request.set(request_id)
     try:
-        k = policy.choose(PolicyState(remaining_tokens=REMAINING, rounds_so_far=rounds_so_far, last_round_free=free))
+        k = policy.choose(PolicyState(remaining_tokens=REMAINING, rounds_so_far=rounds_so_far, last_round_free=free, last_drafter="suffix" if free else ""))
     finally:
         current_request.reset(token)
     return k, policy.load_reason
@@ -176,7 +176,8 @@ def test_long_drafts_made_under_load_do_not_become_a_cost_per_drafted_token():
     assert policy._verify.predict(10) - policy._verify.predict(9) == pytest.approx(verify_per_token)
     assert policy._verify.predict(1) > 0.1  # the level follows the loaded calls
     assert policy.predicted_target_rate(REMAINING) < target_rate  # slower under load, not faster
-    assert decide(policy, busy, 1) == (policy.max_length, None) and not policy._off
+    # The request drafting from the suffix index goes on at full length, and speculation stays on.
+    assert decide(policy, busy, 1, rounds_so_far=1, free=True) == (policy.max_length, None) and not policy._off
     # Alone again, calls of different lengths measure the per-token cost anew.
     alone = curve_from(lambda c: 0.031, range(1, 2), in_flight=1)
     policy.watch_load(alone, alone)

@@ -143,3 +143,14 @@ def test_suspect_checks_at_once_and_the_loop_goes_on():
 
     asyncio.run(scenario())
     assert changes == [True, False, True]
+
+
+async def test_the_proxy_loads_what_the_first_requests_would_before_it_serves(monkeypatch):
+    """The suffix index's tokenizer takes 0.3 s of CPU to load: loaded by the first request, it stalled
+    every stream in flight on the event loop. The app loads it at startup."""
+    import specapi.drafters
+
+    monkeypatch.setattr(specapi.drafters, "_ENCODING", None)
+    app = create_app(proxy_config(port=9))  # nothing listens there: readiness is checked in the background
+    async with app.router.lifespan_context(app):
+        assert specapi.drafters._ENCODING is not None

@@ -118,6 +118,7 @@ class _Proxy:
             check, interval=self.config.readiness_interval, on_change=lambda ready: self.metrics.ready.set(int(ready))
         )
         watcher = asyncio.ensure_future(self.readiness.run())
+        await self.client._warm()  # not in the middle of the first requests' streams
         try:
             yield
         finally:
