@@ -4,7 +4,9 @@ Starts the simulated provider (`specapi.sim`, target "sim-target" and draft "sim
 profile) and the proxy (`specapi serve`, the real CLI) as two subprocesses on 127.0.0.1, then fires the
 requests with the official openai SDK and checks every output against the target's own greedy output
 (asked of the simulator directly, once per prompt). Prints wall time, latency and time-to-first-token
-percentiles, errors, mismatches, and the same load sent to the target alone for comparison.
+percentiles, errors, mismatches, text chunks per response, the CPU seconds each process spent (the load
+generator's own too: at 100 streams it can be what bounds the target alone), and the same load sent to the
+target alone for comparison.
 
     python benchmarks/proxy_load.py                  # 100 concurrent streams, "lan" latency, serve's default policy
     python benchmarks/proxy_load.py --concurrency 1,16,100             # each level, then the same load on the target alone

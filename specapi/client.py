@@ -51,8 +51,7 @@ from .streaming import SpeculativeStream, chat_chunks, completion_chunks, parse_
 from .types import SpeculativeChatCompletion, SpeculativeCompletion
 from .paths import PathResolver
 from .pricing import call_cost
-from .suffix import SuffixDrafter, SuffixIndex, gate_free_drafts, indexes, learn, with_index, without_suffix
-from .suffix import _encoding as suffix_encoding
+from .suffix import SuffixDrafter, SuffixIndex, gate_free_drafts, indexes, learn, load_tokenizer, with_index, without_suffix
 
 __all__ = ["AsyncSpeculativeOpenAI", "AsyncCompletions", "AsyncChatCompletions", "given_arguments"]
 
@@ -238,7 +237,7 @@ class _Runtime:
         what fails here fails again, reported, in the request that needs it."""
         with contextlib.suppress(Exception):
             if self.learning:
-                suffix_encoding()
+                load_tokenizer()
             for role in (self.target, self.draft):
                 if role is not None:
                     call_cost(role.endpoint, prompt_tokens=1, completion_tokens=1)
