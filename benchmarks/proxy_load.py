@@ -13,6 +13,7 @@ target alone for comparison.
     python benchmarks/proxy_load.py --concurrency 100 --workers 2      # specapi serve --workers 2
     python benchmarks/proxy_load.py --requests 200 --concurrency 50 --latency hosted --max-tokens 96
     python benchmarks/proxy_load.py --relay-baseline                   # also through a proxy that does nothing
+    python benchmarks/proxy_load.py --repeat 5                         # five cold runs, fresh processes each: every ratio, the median
 
 With `--relay-baseline`, each level also runs through `byte_relay.py`, a proxy that forwards bytes and
 does nothing else, on the same stack: the floor any proxy on the same CPUs sets (the proxy, the simulator
@@ -345,6 +346,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-direct", action="store_true", help="skip the target-alone comparison runs")
     parser.add_argument("--relay-baseline", action="store_true", help="also run each level through a proxy that only forwards bytes (byte_relay.py)")
     parser.add_argument("--json", action="store_true", help="also print the summaries as JSON")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="run everything this many times, each with fresh processes (a cold proxy), and end with every ratio and their median")
     args = parser.parse_args(argv)
     if args.requests is not None and not 1 <= args.requests <= 10_000:
         parser.error("--requests must be in 1..10000")
@@ -352,7 +355,34 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--workers must be in 1..16")
     if args.relay_baseline and args.no_direct:
         parser.error("--relay-baseline is compared with the target alone: drop --no-direct")
+    if not 1 <= args.repeat <= 20:
+        parser.error("--repeat must be in 1..20")
+    runs = []
+    failed = False
+    for repeat in range(args.repeat):
+        if args.repeat > 1:
+            print(f"\n######## run {repeat + 1} of {args.repeat}")
+        summaries, run_failed = _run(args)
+        runs.append(summaries)
+        failed = failed or run_failed
+    if args.repeat > 1 and not args.no_direct:
+        print(f"\n== throughput, proxy / target alone, in each of {args.repeat} runs (fresh processes each)")
+        for level in args.concurrency:
+            ratios = [run[f"proxy@{level}"].get("throughput_vs_target_alone") for run in runs]
+            ratios = [r for r in ratios if r is not None]
+            relay = [run[f"proxy@{level}"].get("relay_vs_target_alone") for run in runs]
+            relay = [r for r in relay if r is not None]
+            floor = f"; byte relay {', '.join(f'{r:.2f}x' for r in relay)}" if relay else ""
+            median = f"median {statistics.median(ratios):.2f}x: " if ratios else ""
+            print(f"  {level:>4} concurrent: {median}{', '.join(f'{r:.2f}x' for r in ratios)}{floor}")
+    if args.json:
+        print(json.dumps(runs[0] if args.repeat == 1 else runs, indent=2))
+    return 1 if failed else 0
 
+
+def _run(args: argparse.Namespace) -> tuple[dict[str, dict], bool]:
+    """One whole run: fresh simulator, proxy (and byte relay), every level; the summaries and whether any
+    request failed or differed from the target's output."""
     sim_port, proxy_port = _free_port(), _free_port()
     sim_url, proxy_url = f"http://127.0.0.1:{sim_port}", f"http://127.0.0.1:{proxy_port}"
     sim_cmd, env, proxy_cmd, proxy_env = server_commands(args, sim_port, proxy_port)
@@ -406,9 +436,7 @@ def main(argv: list[str] | None = None) -> int:
             floor = f"; byte relay {summary.get('relay_vs_target_alone', '?')}x ({relayed['wall_s']} s)" if relayed else ""
             print(f"  {level:>4} concurrent: {summary.get('throughput_vs_target_alone', '?')}x  "
                   f"(proxy {summary['wall_s']} s, target alone {summaries[f'direct@{level}']['wall_s']} s{floor})")
-    if args.json:
-        print(json.dumps(summaries, indent=2))
-    return 1 if failed else 0
+    return summaries, failed
 
 
 if __name__ == "__main__":
