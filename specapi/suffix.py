@@ -477,8 +477,8 @@ class FreeDraftGate:
             if k > 0 and state.rounds_so_far == 0 and self.expected >= self.min_tokens:
                 # The index expects to go on: the first round is drafted by the free drafters alone, as
                 # long as the index expects (the policy sized it for the draft model). Where the index
-                # is wrong for this request, the round cost a verify call, where a model draft of that
-                # length would have cost a draft call too.
+                # is wrong for this request, the round costs a verify call; a model draft of that length
+                # would have cost a draft call as well.
                 self.free_drafters(True)
                 self._first_round_free = True
                 k = max(k, min(self.max_length, math.ceil(self.expected)))
