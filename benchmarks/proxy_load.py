@@ -291,9 +291,8 @@ def _arm(title: str, base_url: str, api_key: str, work: list[tuple[str, str]], a
     after = {name: _cpu_seconds(process) for name, process in processes.items()}
     spent = {name: round(after[name] - before[name], 2) for name in processes if before[name] is not None and after[name] is not None}
     spent["load generator"] = round(own, 2)  # this process: the openai SDK reading every stream
-    if spent:
-        summary.update({f"cpu_s_{name.replace(' ', '_')}": value for name, value in spent.items()})
-        print("  CPU seconds during the run: " + ", ".join(f"{name} {value}" for name, value in spent.items()))
+    summary.update({f"cpu_s_{name.replace(' ', '_')}": value for name, value in spent.items()})
+    print("  CPU seconds during the run: " + ", ".join(f"{name} {value}" for name, value in spent.items()))
     return summary
 
 

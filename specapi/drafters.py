@@ -15,7 +15,7 @@ from .acceptance import DEFAULT_EOS_TOKENS
 from .alignment import ScoredToken, complete_utf8_prefix, token_bytes
 from .context import Context, Prefill
 from .dialects.openai import ChatFormat, OpenAIFormat, openai_format
-from .stats import RoundRecord
+from .stats import MODEL_DRAFTER, PIPELINED, RoundRecord
 
 __all__ = ["Draft", "Drafter", "ModelDrafter", "LookupDrafter", "PredictionDrafter", "CombinedDrafter", "lookup_continuation"]
 
@@ -70,7 +70,7 @@ class ModelDrafter:
     """
 
     client: RoleClient
-    name: str = "draft-model"
+    name: str = MODEL_DRAFTER
 
     def __post_init__(self) -> None:
         self._completions_ok = True
@@ -276,7 +276,7 @@ class CombinedDrafter:
 
     # -- learning -----------------------------------------------------------------------------
     def record(self, drafter: str, drafted: int, accepted: int) -> None:
-        learnt = self._learnt.get(drafter.removesuffix("+pipelined"))
+        learnt = self._learnt.get(drafter.removesuffix(PIPELINED))
         if learnt is None or not drafted:
             return
         learnt.accepted = 0.9 * learnt.accepted + accepted

@@ -23,8 +23,8 @@ from .alignment import complete_utf8_prefix, token_bytes
 from .context import Context, Prefill
 from .lossy import EXACT, lossy_path_note
 from .drafters import Draft, Drafter, ModelDrafter, usable_prefix
-from .policy import MODEL_DRAFTER, RECHECK, TARGET_ALONE, DraftLengthPolicy, PolicyState, drafter_of
-from .stats import RoleUsage, RoundRecord, SpeculativeStats
+from .policy import RECHECK, TARGET_ALONE, DraftLengthPolicy, PolicyState
+from .stats import MODEL_DRAFTER, PIPELINED, RoleUsage, RoundRecord, SpeculativeStats, drafter_of
 from .paths import Path, PathResolver
 from .verifiers import PlainStep, Verification, Verifier, plain_step, plain_stream, plain_stream_batches
 
@@ -218,7 +218,7 @@ class _Prefetch:
                 return None
             rest = usable_prefix(draft.tokens[skipped : skipped + k])  # cut at a whole character
             run.books.discarded_draft_tokens += len(draft.tokens) - skipped - len(rest)
-            return Draft(tokens=rest, latency_s=clock() - started, drafter=draft.drafter + "+pipelined") if rest else None
+            return Draft(tokens=rest, latency_s=clock() - started, drafter=draft.drafter + PIPELINED) if rest else None
 
         return usable()
 
@@ -451,13 +451,19 @@ class Engine:
         in the books, and what the load changed)."""
         budget = remaining if remaining is not None else _UNBOUNDED
         rounds = run.books.rounds
-        free = bool(rounds) and not rounds[-1].drafter.startswith(MODEL_DRAFTER)
-        own = tuple(r.accepted_by_position for r in rounds if r.drafter.startswith(MODEL_DRAFTER))
         last = drafter_of(rounds[-1]) if rounds else ""
+        own: list[tuple[bool, ...]] = []  # the model's rounds
+        by_last: list[tuple[bool, ...]] = []  # the last round's drafter's
+        for r in rounds:
+            drafter = drafter_of(r)
+            if drafter == MODEL_DRAFTER:
+                own.append(r.accepted_by_position)
+            if drafter == last:
+                by_last.append(r.accepted_by_position)
         chosen = self.policy.choose(
             PolicyState(
-                budget, len(rounds), recheck=mode == RECHECK, last_round_free=free, accepted_by_position=own,
-                last_drafter=last, last_drafter_rounds=tuple(r.accepted_by_position for r in rounds if drafter_of(r) == last),
+                budget, len(rounds), recheck=mode == RECHECK, accepted_by_position=tuple(own),
+                last_drafter=last, last_drafter_rounds=tuple(by_last),
             )
         )
         load_reason = getattr(self.policy, "load_reason", None)  # set by this very choose

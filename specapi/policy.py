@@ -14,12 +14,10 @@ from typing import Protocol
 
 from ._exceptions import ConfigurationError
 from .load import LoadCurve, current_request
-from .stats import RoundRecord
+from .stats import MODEL_DRAFTER, RoundRecord, drafter_of
 
 __all__ = [
     "PolicyState",
-    "MODEL_DRAFTER",
-    "drafter_of",
     "DraftLengthPolicy",
     "FixedDraftLength",
     "AdaptiveDraftLength",
@@ -37,8 +35,6 @@ class PolicyState:
     remaining_tokens: int
     rounds_so_far: int
     recheck: bool = False  # this request was granted to re-measure speculation
-    #: This request's last round was drafted without a draft call (suffix index, prompt lookup).
-    last_round_free: bool = False
     #: Which draft positions this request's own model-drafted rounds had accepted, round by round.
     accepted_by_position: tuple[tuple[bool, ...], ...] = ()
     #: The drafter of this request's last round ("" before its first), and the same flags for the
@@ -46,16 +42,13 @@ class PolicyState:
     last_drafter: str = ""
     last_drafter_rounds: tuple[tuple[bool, ...], ...] = ()
 
+    @property
+    def last_round_free(self) -> bool:
+        """This request's last round was drafted without a draft call (suffix index, prompt lookup)."""
+        return bool(self.last_drafter) and self.last_drafter != MODEL_DRAFTER
+
 
 SPECULATE, RECHECK, TARGET_ALONE = "speculate", "recheck", "target-alone"
-
-#: `RoundRecord.drafter` of a round drafted by a draft model's call (the one drafter whose cost is a call).
-MODEL_DRAFTER = "draft-model"
-
-
-def drafter_of(record: RoundRecord) -> str:
-    """The drafter a round's acceptance is learnt for (a pipelined draft is its drafter's)."""
-    return record.drafter.removesuffix("+pipelined")
 
 #: `SpeculativeStats.load_reason` values: what the load on the upstreams changed for a request.
 LOAD_TARGET_ALONE = "target alone under load: the added calls would cost the other requests more than they save"
@@ -368,7 +361,7 @@ class AdaptiveDraftLength:
             self._measuring = True
             self.reason = "adaptive policy: the target wrote the rest alone once, to measure its own speed"
             return 0
-        if state.last_drafter and state.last_drafter != MODEL_DRAFTER:
+        if state.last_round_free:
             return self._choose_free(state, rank)
         own_rounds = state.accepted_by_position
         client = self.acceptance()

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from typing import Any
 
-__all__ = ["RoleUsage", "RoundRecord", "SpeculativeStats", "money", "format_money", "header_value", "HEADER_PREFIX"]
+__all__ = ["MODEL_DRAFTER", "PIPELINED", "RoleUsage", "RoundRecord", "drafter_of", "SpeculativeStats", "money", "format_money", "header_value", "HEADER_PREFIX"]
 
 
 def _add_optional(a: Decimal | None, b: Decimal | None) -> Decimal | None:
@@ -56,6 +56,12 @@ class RoleUsage:
         return self.prompt_tokens + self.completion_tokens
 
 
+#: `RoundRecord.drafter` of a round drafted by a draft model's call (the one drafter whose draft costs a call).
+MODEL_DRAFTER = "draft-model"
+#: What `RoundRecord.drafter` ends with when the draft was made during the previous round's verification.
+PIPELINED = "+pipelined"
+
+
 @dataclass(frozen=True)
 class RoundRecord:
     """One draft-then-verify round.
@@ -72,6 +78,11 @@ class RoundRecord:
     verify_latency_s: float = 0.0
     drafter: str = ""
     accepted_by_position: tuple[bool, ...] = ()
+
+
+def drafter_of(record: RoundRecord) -> str:
+    """The drafter a round's draft came from (a pipelined draft is its drafter's)."""
+    return record.drafter.removesuffix(PIPELINED)
 
 
 @dataclass(frozen=True)

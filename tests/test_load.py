@@ -73,7 +73,7 @@ def decide(
     policy.watch_load(curve, curve)
     token = current_request.set(request_id)
     try:
-        k = policy.choose(PolicyState(remaining_tokens=REMAINING, rounds_so_far=rounds_so_far, last_round_free=free, last_drafter="suffix" if free else ""))
+        k = policy.choose(PolicyState(remaining_tokens=REMAINING, rounds_so_far=rounds_so_far, last_drafter="suffix" if free else ""))
     finally:
         current_request.reset(token)
     return k, policy.load_reason

@@ -59,7 +59,7 @@ def measured(acceptance: float, per_token_s: float = 0.025) -> AdaptiveDraftLeng
 
 
 def free_state(rounds: tuple[tuple[bool, ...], ...], drafter: str = "suffix") -> PolicyState:
-    return PolicyState(REMAINING, len(rounds), last_round_free=True, last_drafter=drafter, last_drafter_rounds=rounds)
+    return PolicyState(REMAINING, len(rounds), last_drafter=drafter, last_drafter_rounds=rounds)
 
 
 # ----------------------------------------------------------------------------- one table per drafter

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 from decimal import Decimal
 from typing import Any
 
-from ..stats import RoleUsage, RoundRecord, money
+from ..stats import MODEL_DRAFTER, PIPELINED, RoleUsage, RoundRecord, money
 from . import predict as arithmetic
 from .explain import explain
 from .runner import Calibration, Sample, ScenarioRun
@@ -40,9 +40,6 @@ SIDE_KEYS = ("wall_s", "tokens_per_s", "ttft_s", "cost_usd", "requests", "prompt
 
 #: Achieved and predicted speedups further apart than this get their difference explained.
 PREDICTION_TOLERANCE = 0.15
-
-_MODEL_DRAFTER = "draft-model"
-
 
 def _mean(values: Iterable[float]) -> float | None:
     values = list(values)
@@ -116,11 +113,11 @@ def _acceptance_by_position(rounds: Sequence[RoundRecord]) -> list[float]:
 
 
 def _is_model_draft(record: RoundRecord) -> bool:
-    return record.drafter.startswith(_MODEL_DRAFTER)
+    return record.drafter.startswith(MODEL_DRAFTER)
 
 
 def _is_pipelined(record: RoundRecord) -> bool:
-    return record.drafter.endswith("+pipelined")
+    return record.drafter.endswith(PIPELINED)
 
 
 def _fit_if_varied(lengths: Sequence[int], latencies: Sequence[float]) -> tuple[float, float] | None:
