@@ -18,10 +18,19 @@ before, as far as the match's frequency statistics say it is likely to hold.
 - `FreeDraftGate` / `gate_free_drafts`: per request, lets a request the index knows speculate with free
   drafts where the client's policy would otherwise let the target generate alone.
 
-The confidence of a step from a matched string s (of length L, occurring n times) to the token c
-(occurring after s m times) is m / (n + 1/L): a frequency, discounted for short matches seen once
-(a single occurrence after a 2-token match is worth less than after a 40-token one). A position's
-confidence is the product of the steps up to it.
+The confidence of a step from a matched string s (of length L, occurring n times, followed by K
+different tokens) to the token c (occurring after s m times) is m / (n + (K - 1) + 1/L): a frequency,
+discounted for short matches seen once (a single occurrence after a 2-token match is worth less than
+after a 40-token one) and, as in Witten-Bell smoothing, for every different continuation seen after
+s beyond the first: each is a sign that the next text may go yet another way. Where s always went
+on the same way (K = 1) the step keeps m / (n + 1/L). A position's confidence is the product of the
+steps up to it.
+
+Why K counts: a chat request's text ends in the same assistant header whatever it asks, so two
+earlier answers that began differently (n = 2, K = 2) once gave a new question a 0.46 chance of
+starting like one of them, where it had none: with K counted it is 0.32, and the confidence of the
+steps after it falls below the drafter's threshold. Seen in a cold burst through `specapi serve`
+(`benchmarks/proxy_load.py`): new chat questions drafted 5 tokens from an earlier answer, 0 accepted.
 
 arctic-inference (Snowflake's C++ suffix cache) was tried as the index: it builds from its sdist here
 (CPU only, ~3.5 min with g++), but does not declare its numpy dependency, needs a compiler on every
@@ -231,8 +240,9 @@ class SuffixIndex:
         cumulative = 1.0
         count, recent = self._count, self._recent
         while len(tokens) < max_tokens and self._next[v]:
-            c, u = max(self._next[v].items(), key=lambda item: (count[item[1]], recent[item[1]]))
-            cumulative *= min(1.0, count[u] / (count[v] + 1.0 / length))
+            following = self._next[v]
+            c, u = max(following.items(), key=lambda item: (count[item[1]], recent[item[1]]))
+            cumulative *= min(1.0, count[u] / (count[v] + (len(following) - 1) + 1.0 / length))
             if cumulative < min_confidence:
                 break
             tokens.append(c)
@@ -244,6 +254,9 @@ class SuffixIndex:
 # -- text ---------------------------------------------------------------------------------------
 
 _QUERY_CHARS = 2048  # enough text for max_match tokens and more
+#: What a chat request's text has between the messages and the answer (`context_text`).
+_ANSWER_HEADER = "<|assistant|>\n"
+_SHORT_ANSWER_CHARS = 64  # longer answers are taken to have min_match tokens (but for long runs of one character, they do)
 #: How much of a finished request's prompt the index learns (characters, about a quarter in tokens).
 PROMPT_TAIL_CHARS = 1024
 
@@ -270,7 +283,7 @@ def context_text(context: Context, output: str | None = None) -> str:
     if not context.is_chat:
         return (context.prompt or "") + tail
     rendered = "".join(f"<|{m.get('role', '')}|>\n{m.get('content') or ''}\n" for m in context.messages or ())
-    return rendered + "<|assistant|>\n" + tail
+    return rendered + _ANSWER_HEADER + tail
 
 
 def learn(index: SuffixIndex, context: Context, output: str) -> None:
@@ -285,11 +298,23 @@ def learn(index: SuffixIndex, context: Context, output: str) -> None:
     index.add(tokens[1:] if cut else tokens)  # the first token of a cut text may be a fragment
 
 
-def _query(context: Context) -> list[int]:
+def _query(context: Context, min_match: int) -> tuple[list[int], int]:
+    """The tokens the index is asked to continue, and how many of the last ones are a chat answer's
+    header and its first words (0 when the answer is longer than `min_match` tokens, or not chat).
+
+    Every chat request's text ends in the same header (`_ANSWER_HEADER`), whatever it asks. A match
+    made of the header, the answer's first words and fewer than `min_match` tokens of the question
+    says nothing about this question: it is read at the header instead, where the index holds every
+    earlier answer's start (`_continuation`)."""
     text = context_text(context)
     cut = len(text) > _QUERY_CHARS
     tokens = encode(text[-_QUERY_CHARS:])
-    return tokens[1:] if cut else tokens  # the first token of a cut text may be a fragment
+    tokens = tokens[1:] if cut else tokens  # the first token of a cut text may be a fragment
+    if context.is_chat and len(context.accepted) < _SHORT_ANSWER_CHARS:
+        answer = len(encode(_ANSWER_HEADER + context.accepted))
+        if answer - len(encode(_ANSWER_HEADER)) < min_match and answer < len(tokens):
+            return tokens, answer
+    return tokens, 0
 
 
 def _pieces(chunks: Sequence[tuple[bytes, float]]) -> tuple[list[str], list[float]]:
@@ -311,13 +336,24 @@ def _pieces(chunks: Sequence[tuple[bytes, float]]) -> tuple[list[str], list[floa
     return pieces, kept
 
 
-def _continuation(index: SuffixIndex, query: list[int], k: int, min_confidence: float, min_match: int) -> list[tuple[bytes, float]]:
+def _continuation(
+    index: SuffixIndex, query: list[int], k: int, min_confidence: float, min_match: int, answer: int = 0
+) -> list[tuple[bytes, float]]:
     """The proposal as (bytes, confidence) per token.
+
+    `answer` (from `_query`): the last tokens that are a chat answer's header and start. Unless the
+    match also covers `min_match` tokens of the question before them, only they are matched, and
+    whole: the index's statistics there are those of every earlier answer's start, which say how
+    alike answers begin (an agent's tool calls alike, answers to different questions not). The
+    longest match would otherwise turn on how the question's last character was tokenized with the
+    header's newline, and one earlier answer matched that way looked certain.
 
     The current text's last token may be the start of a longer one (text cut mid-word re-encodes
     differently than the whole text did), so the query first leaves it out and keeps a proposal that
     begins with its bytes, minus them; else the whole query is used.
     """
+    if answer and index.match(query)[1] < answer + min_match:
+        query, min_match = query[-answer:], answer - 1  # the last token may be left out (below)
     decode = _encoding().decode_single_token_bytes
     if len(query) > 1:
         tail = decode(query[-1])
@@ -353,7 +389,8 @@ class SuffixDrafter:
 
         if k <= 0 or not self.index.tokens:
             return Draft(tokens=(), drafter=self.name)
-        chunks = _continuation(self.index, _query(context), k, self.min_confidence, self.min_match)
+        query, answer = _query(context, self.min_match)
+        chunks = _continuation(self.index, query, k, self.min_confidence, self.min_match, answer)
         pieces, confidence = _pieces(chunks)
         pieces, confidence = pieces[:k], confidence[:k]
         tokens = tuple(ScoredToken(text=p, logprob=0.0, top={p: 0.0}) for p in pieces)
@@ -404,7 +441,8 @@ def expected_tokens(index: SuffixIndex, context: Context, k: int, *, min_confide
     """How many tokens the index expects to continue `context` with correctly (its confidence summed)."""
     if not index.tokens:
         return 0.0
-    return sum(c for _, c in _continuation(index, _query(context), k, min_confidence, min_match))
+    query, answer = _query(context, min_match)
+    return sum(c for _, c in _continuation(index, query, k, min_confidence, min_match, answer))
 
 
 class FreeDraftGate:
