@@ -41,11 +41,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 from dataclasses import dataclass, field
 
+import aiohttp
 import httpx2
 import openai
+import orjson
 
 PROXY_KEY = "sk-bench-proxy"
 UPSTREAM_KEY = "sk-bench-upstream"
@@ -197,16 +199,71 @@ async def _one(client: openai.AsyncOpenAI, model: str, kind: str, prompt: str, a
     )
 
 
+async def _one_raw(session: aiohttp.ClientSession, base_url: str, api_key: str, model: str, kind: str, prompt: str,
+                   args: argparse.Namespace, expected: str | None) -> Outcome:
+    """`_one` without the SDK: the same request, its SSE lines read with aiohttp and parsed with orjson."""
+    started = time.perf_counter()
+    ttft = None
+    parts: list[str] = []
+    speculative: dict = {}
+    chunks = 0
+    body: dict = {"model": model, "max_tokens": args.max_tokens, "temperature": 0, "stream": True}
+    if kind == "chat":
+        body["messages"] = [{"role": "user", "content": prompt}]
+    else:
+        body["prompt"] = prompt
+    headers = {"authorization": f"Bearer {api_key}", "content-type": "application/json"}
+    try:
+        async with session.post(f"{base_url}/{'chat/completions' if kind == 'chat' else 'completions'}",
+                                data=orjson.dumps(body), headers=headers) as response:
+            if response.status != 200:
+                raise RuntimeError(f"HTTP {response.status}: {(await response.text())[:200]}")
+            async for line in response.content:
+                if not line.startswith(b"data:"):
+                    continue
+                data = line[5:].strip()
+                if data == b"[DONE]":
+                    break
+                chunk = orjson.loads(data)
+                if "error" in chunk:
+                    raise RuntimeError(f"error event: {chunk['error']}")
+                choices = chunk.get("choices") or []
+                piece = ((choices[0].get("delta") or {}).get("content") if kind == "chat" else choices[0].get("text")) if choices else None
+                if piece:
+                    ttft = ttft if ttft is not None else time.perf_counter() - started
+                    parts.append(piece)
+                    chunks += 1
+                speculative = chunk.get("speculative", speculative)
+    except Exception as exc:  # counted and reported, not raised: a load test reports every failure
+        return Outcome(ok=False, latency_s=time.perf_counter() - started, error=f"{type(exc).__name__}: {exc}")
+    text = "".join(parts)
+    return Outcome(
+        ok=True, latency_s=time.perf_counter() - started, ttft_s=ttft, tokens=speculative.get("generated_tokens", 0),
+        exact=expected is None or text == expected, speculative=speculative, chunks=chunks,
+    )
+
+
 async def _load(base_url: str, api_key: str, model: str, work: list[tuple[str, str]], args: argparse.Namespace,
                 expected: dict[tuple[str, str], str] | None) -> tuple[float, list[Outcome]]:
-    limits = httpx2.Limits(max_connections=args.concurrency + 10, max_keepalive_connections=args.concurrency + 10)
     gate = asyncio.Semaphore(args.concurrency)
-    async with httpx2.AsyncClient(limits=limits, timeout=args.timeout) as http, \
-            openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0, http_client=http) as client:
+    async with contextlib.AsyncExitStack() as stack:
+        if args.client == "raw":
+            session = await stack.enter_async_context(aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=args.concurrency + 10), timeout=aiohttp.ClientTimeout(total=args.timeout)))
+
+            def one(kind: str, prompt: str, want: str | None) -> Awaitable[Outcome]:
+                return _one_raw(session, base_url, api_key, model, kind, prompt, args, want)
+        else:
+            limits = httpx2.Limits(max_connections=args.concurrency + 10, max_keepalive_connections=args.concurrency + 10)
+            http = await stack.enter_async_context(httpx2.AsyncClient(limits=limits, timeout=args.timeout))
+            client = await stack.enter_async_context(openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0, http_client=http))
+
+            def one(kind: str, prompt: str, want: str | None) -> Awaitable[Outcome]:
+                return _one(client, model, kind, prompt, args, want)
 
         async def run(kind: str, prompt: str) -> Outcome:
             async with gate:
-                return await _one(client, model, kind, prompt, args, expected.get((kind, prompt)) if expected else None)
+                return await one(kind, prompt, expected.get((kind, prompt)) if expected else None)
 
         started = time.perf_counter()
         tasks = [asyncio.ensure_future(run(k, p)) for k, p in work]
@@ -290,7 +347,7 @@ def _arm(title: str, base_url: str, api_key: str, work: list[tuple[str, str]], a
     summary = _report(title, wall, outcomes)
     after = {name: _cpu_seconds(process) for name, process in processes.items()}
     spent = {name: round(after[name] - before[name], 2) for name in processes if before[name] is not None and after[name] is not None}
-    spent["load generator"] = round(own, 2)  # this process: the openai SDK reading every stream
+    spent["load generator"] = round(own, 2)  # this process: the openai SDK (or --client raw) reading every stream
     summary.update({f"cpu_s_{name.replace(' ', '_')}": value for name, value in spent.items()})
     print("  CPU seconds during the run: " + ", ".join(f"{name} {value}" for name, value in spent.items()))
     return summary
@@ -344,6 +401,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds for each whole load run")
     parser.add_argument("--no-direct", action="store_true", help="skip the target-alone comparison runs")
     parser.add_argument("--relay-baseline", action="store_true", help="also run each level through a proxy that only forwards bytes (byte_relay.py)")
+    parser.add_argument("--client", choices=["openai", "raw"], default="openai",
+                        help="the load generator: the openai SDK (default; it also checks that the SDK reads the proxy's streams), or "
+                             "raw: aiohttp and orjson, a sixth of the SDK's CPU here, so that it does not bound the target alone")
     parser.add_argument("--json", action="store_true", help="also print the summaries as JSON")
     parser.add_argument("--repeat", type=int, default=1,
                         help="run everything this many times, each with fresh processes (a cold proxy), and end with every ratio and their median")
