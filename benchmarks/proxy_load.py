@@ -14,10 +14,16 @@ target alone for comparison.
     python benchmarks/proxy_load.py --requests 200 --concurrency 50 --latency hosted --max-tokens 96
     python benchmarks/proxy_load.py --relay-baseline                   # also through a proxy that does nothing
     python benchmarks/proxy_load.py --repeat 5                         # five cold runs, fresh processes each: every ratio, the median
+    python benchmarks/proxy_load.py --client raw                       # a lean load generator instead of the openai SDK
 
 With `--relay-baseline`, each level also runs through `byte_relay.py`, a proxy that forwards bytes and
 does nothing else, on the same stack: the floor any proxy on the same CPUs sets (the proxy, the simulator
 and the load generator share them), against which the speculative proxy's figure can also be read.
+
+With `--client raw` the load generator reads the streams with aiohttp and orjson instead of the openai
+SDK: a sixth of the SDK's CPU here, so that the target alone's arm is not bound by the load generator
+(with the SDK, at 100 streams it spends about one CPU-second per second: one of the two cores). It shows
+the proxy's own cost; the SDK default also checks that the SDK reads the proxy's streams.
 
 With several levels, one proxy serves them all (as a long-running one would) and each level's summary ends
 with the throughput ratio, proxy / target alone. Without --requests, a level of c streams sends
@@ -41,7 +47,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Iterator
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -170,77 +176,67 @@ def _requests(args: argparse.Namespace) -> list[tuple[str, str]]:
     return [(kinds[i % len(kinds)], PROMPTS[i % len(PROMPTS)]) for i in range(args.requests)]
 
 
-async def _one(client: openai.AsyncOpenAI, model: str, kind: str, prompt: str, args: argparse.Namespace, expected: str | None) -> Outcome:
+async def _measured(chunks: AsyncIterator[tuple[str | None, dict | None]], expected: str | None) -> Outcome:
+    """One request, read to its end: `chunks` sends it and yields each chunk's text and `speculative` field."""
     started = time.perf_counter()
     ttft = None
     parts: list[str] = []
     speculative: dict = {}
-    chunks = 0
+    count = 0
     try:
-        if kind == "chat":
-            stream = await client.chat.completions.create(
-                model=model, messages=[{"role": "user", "content": prompt}], max_tokens=args.max_tokens, temperature=0, stream=True
-            )
-        else:
-            stream = await client.completions.create(model=model, prompt=prompt, max_tokens=args.max_tokens, temperature=0, stream=True)
-        async for chunk in stream:
-            piece = (chunk.choices[0].delta.content if kind == "chat" else chunk.choices[0].text) if chunk.choices else None
+        async for piece, extra in chunks:
             if piece:
                 ttft = ttft if ttft is not None else time.perf_counter() - started
                 parts.append(piece)
-                chunks += 1
-            speculative = (chunk.model_extra or {}).get("speculative", speculative)
+                count += 1
+            speculative = speculative if extra is None else extra
     except Exception as exc:  # counted and reported, not raised: a load test reports every failure
         return Outcome(ok=False, latency_s=time.perf_counter() - started, error=f"{type(exc).__name__}: {exc}")
     text = "".join(parts)
     return Outcome(
         ok=True, latency_s=time.perf_counter() - started, ttft_s=ttft, tokens=speculative.get("generated_tokens", 0),
-        exact=expected is None or text == expected, speculative=speculative, chunks=chunks,
+        exact=expected is None or text == expected, speculative=speculative, chunks=count,
     )
 
 
-async def _one_raw(session: aiohttp.ClientSession, base_url: str, api_key: str, model: str, kind: str, prompt: str,
-                   args: argparse.Namespace, expected: str | None) -> Outcome:
-    """`_one` without the SDK: the same request, its SSE lines read with aiohttp and parsed with orjson."""
-    started = time.perf_counter()
-    ttft = None
-    parts: list[str] = []
-    speculative: dict = {}
-    chunks = 0
+async def _sdk_chunks(client: openai.AsyncOpenAI, model: str, kind: str, prompt: str,
+                      args: argparse.Namespace) -> AsyncIterator[tuple[str | None, dict | None]]:
+    if kind == "chat":
+        stream = await client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": prompt}], max_tokens=args.max_tokens, temperature=0, stream=True
+        )
+    else:
+        stream = await client.completions.create(model=model, prompt=prompt, max_tokens=args.max_tokens, temperature=0, stream=True)
+    async for chunk in stream:
+        piece = (chunk.choices[0].delta.content if kind == "chat" else chunk.choices[0].text) if chunk.choices else None
+        yield piece, (chunk.model_extra or {}).get("speculative")
+
+
+async def _raw_chunks(session: aiohttp.ClientSession, base_url: str, api_key: str, model: str, kind: str, prompt: str,
+                      args: argparse.Namespace) -> AsyncIterator[tuple[str | None, dict | None]]:
+    """The same request without the SDK: its SSE lines read with aiohttp and parsed with orjson."""
     body: dict = {"model": model, "max_tokens": args.max_tokens, "temperature": 0, "stream": True}
     if kind == "chat":
         body["messages"] = [{"role": "user", "content": prompt}]
     else:
         body["prompt"] = prompt
     headers = {"authorization": f"Bearer {api_key}", "content-type": "application/json"}
-    try:
-        async with session.post(f"{base_url}/{'chat/completions' if kind == 'chat' else 'completions'}",
-                                data=orjson.dumps(body), headers=headers) as response:
-            if response.status != 200:
-                raise RuntimeError(f"HTTP {response.status}: {(await response.text())[:200]}")
-            async for line in response.content:
-                if not line.startswith(b"data:"):
-                    continue
-                data = line[5:].strip()
-                if data == b"[DONE]":
-                    break
-                chunk = orjson.loads(data)
-                if "error" in chunk:
-                    raise RuntimeError(f"error event: {chunk['error']}")
-                choices = chunk.get("choices") or []
-                piece = ((choices[0].get("delta") or {}).get("content") if kind == "chat" else choices[0].get("text")) if choices else None
-                if piece:
-                    ttft = ttft if ttft is not None else time.perf_counter() - started
-                    parts.append(piece)
-                    chunks += 1
-                speculative = chunk.get("speculative", speculative)
-    except Exception as exc:  # counted and reported, not raised: a load test reports every failure
-        return Outcome(ok=False, latency_s=time.perf_counter() - started, error=f"{type(exc).__name__}: {exc}")
-    text = "".join(parts)
-    return Outcome(
-        ok=True, latency_s=time.perf_counter() - started, ttft_s=ttft, tokens=speculative.get("generated_tokens", 0),
-        exact=expected is None or text == expected, speculative=speculative, chunks=chunks,
-    )
+    async with session.post(f"{base_url}/{'chat/completions' if kind == 'chat' else 'completions'}",
+                            data=orjson.dumps(body), headers=headers) as response:
+        if response.status != 200:
+            raise RuntimeError(f"HTTP {response.status}: {(await response.text())[:200]}")
+        async for line in response.content:
+            if not line.startswith(b"data:"):
+                continue
+            data = line[5:].strip()
+            if data == b"[DONE]":
+                break
+            chunk = orjson.loads(data)
+            if "error" in chunk:
+                raise RuntimeError(f"error event: {chunk['error']}")
+            choices = chunk.get("choices") or []
+            piece = ((choices[0].get("delta") or {}).get("content") if kind == "chat" else choices[0].get("text")) if choices else None
+            yield piece, chunk.get("speculative")
 
 
 async def _load(base_url: str, api_key: str, model: str, work: list[tuple[str, str]], args: argparse.Namespace,
@@ -252,14 +248,14 @@ async def _load(base_url: str, api_key: str, model: str, work: list[tuple[str, s
                 connector=aiohttp.TCPConnector(limit=args.concurrency + 10), timeout=aiohttp.ClientTimeout(total=args.timeout)))
 
             def one(kind: str, prompt: str, want: str | None) -> Awaitable[Outcome]:
-                return _one_raw(session, base_url, api_key, model, kind, prompt, args, want)
+                return _measured(_raw_chunks(session, base_url, api_key, model, kind, prompt, args), want)
         else:
             limits = httpx2.Limits(max_connections=args.concurrency + 10, max_keepalive_connections=args.concurrency + 10)
             http = await stack.enter_async_context(httpx2.AsyncClient(limits=limits, timeout=args.timeout))
             client = await stack.enter_async_context(openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0, http_client=http))
 
             def one(kind: str, prompt: str, want: str | None) -> Awaitable[Outcome]:
-                return _one(client, model, kind, prompt, args, want)
+                return _measured(_sdk_chunks(client, model, kind, prompt, args), want)
 
         async def run(kind: str, prompt: str) -> Outcome:
             async with gate:
