@@ -2,7 +2,7 @@
 
 Starts the simulated provider (`specapi.sim`, target "sim-target" and draft "sim-draft", with a latency
 profile) and the proxy (`specapi serve`, the real CLI) as two subprocesses on 127.0.0.1, then fires the
-requests with the official openai SDK and checks every output against the target's own greedy output
+requests with the official openai SDK (or, with `--client raw`, aiohttp) and checks every output against the target's own greedy output
 (asked of the simulator directly, once per prompt). Prints wall time, latency and time-to-first-token
 percentiles, errors, mismatches, text chunks per response, the CPU seconds each process spent (the load
 generator's own too: at 100 streams it can be what bounds the target alone), and the same load sent to the
@@ -230,7 +230,7 @@ async def _raw_chunks(session: aiohttp.ClientSession, base_url: str, api_key: st
                 continue
             data = line[5:].strip()
             if data == b"[DONE]":
-                break
+                continue  # read on to the end of the body, so that the connection goes back to the pool
             chunk = orjson.loads(data)
             if "error" in chunk:
                 raise RuntimeError(f"error event: {chunk['error']}")

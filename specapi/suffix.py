@@ -26,11 +26,12 @@ s beyond the first: each is a sign that the next text may go yet another way. Wh
 on the same way (K = 1) the step keeps m / (n + 1/L). A position's confidence is the product of the
 steps up to it.
 
-Why K counts: a chat request's text ends in the same assistant header whatever it asks, so two
-earlier answers that began differently (n = 2, K = 2) once gave a new question a 0.46 chance of
-starting like one of them, where it had none: with K counted it is 0.32, and the confidence of the
-steps after it falls below the drafter's threshold. Seen in a cold burst through `specapi serve`
-(`benchmarks/proxy_load.py`): new chat questions drafted 5 tokens from an earlier answer, 0 accepted.
+Why K counts: every chat request's text ends in the same assistant header, whatever it asks. After
+two earlier answers that began differently (at the header: n = 2, K = 2, L = 5), m / (n + 1/L) gave a
+new question a 0.45 chance of starting like one of them; with K counted it is 0.31, and the steps
+after it fall below the drafter's threshold (how an answer's start is matched: `_continuation`). Seen
+in a cold burst through `specapi serve` (`benchmarks/proxy_load.py`): new chat questions drafted 5
+tokens from an earlier answer, 0 accepted.
 
 arctic-inference (Snowflake's C++ suffix cache) was tried as the index: it builds from its sdist here
 (CPU only, ~3.5 min with g++), but does not declare its numpy dependency, needs a compiler on every
@@ -256,7 +257,7 @@ class SuffixIndex:
 _QUERY_CHARS = 2048  # enough text for max_match tokens and more
 #: What a chat request's text has between the messages and the answer (`context_text`).
 _ANSWER_HEADER = "<|assistant|>\n"
-_SHORT_ANSWER_CHARS = 64  # longer answers are taken to have min_match tokens (but for long runs of one character, they do)
+_SHORT_ANSWER_CHARS = 64  # an answer this long is taken to have min_match tokens (true but for long runs of one character)
 #: How much of a finished request's prompt the index learns (characters, about a quarter in tokens).
 PROMPT_TAIL_CHARS = 1024
 
