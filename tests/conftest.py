@@ -26,3 +26,14 @@ import pytest  # noqa: E402
 def curl_installed() -> None:
     """`curl` checks need the command: .ci/run installs it; a missing one fails loudly, never skips."""
     assert shutil.which("curl"), "the curl command is missing (apt-get install curl)"
+
+
+@pytest.fixture
+def fresh_probe_cache():
+    """Simulated endpoints of one flavour share a label: probe results must not leak between tests
+    (used by a module with `pytestmark = pytest.mark.usefixtures("fresh_probe_cache")`)."""
+    import specapi.probe
+
+    specapi.probe._CACHE.clear()
+    yield
+    specapi.probe._CACHE.clear()

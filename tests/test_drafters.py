@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-import specapi.probe
 from simclient import target_alone, answer
 from specapi import AsyncSpeculativeOpenAI, ConfigurationError, Endpoint
 from specapi._calls import Meter, RoleClient
@@ -15,11 +14,7 @@ from specapi.drafters import CombinedDrafter, LookupDrafter, ModelDrafter, looku
 from specapi.sim import SimProvider, simulated_endpoints
 
 
-@pytest.fixture(autouse=True)
-def fresh_probe_cache():
-    specapi.probe._CACHE.clear()
-    yield
-    specapi.probe._CACHE.clear()
+pytestmark = pytest.mark.usefixtures("fresh_probe_cache")
 
 
 def sim(profile: str = "vllm") -> tuple[SimProvider, Endpoint, Endpoint]:

@@ -14,11 +14,7 @@ from specapi.sim import SimProvider, encode_text, simulated_endpoints
 MERGING_PROMPT = 'def dedent(text):\n    """Remove any common leading whitespace from every line in `text`.\n'
 
 
-@pytest.fixture(autouse=True)
-def fresh_probe_cache():
-    specapi.probe._CACHE.clear()
-    yield
-    specapi.probe._CACHE.clear()
+pytestmark = pytest.mark.usefixtures("fresh_probe_cache")
 
 
 async def _both(prompt: str, max_tokens: int):

@@ -14,7 +14,6 @@ import zlib
 
 import pytest
 
-import specapi.probe
 from specapi import AsyncSpeculativeOpenAI, Endpoint
 from specapi.paths import VERIFICATIONS
 from specapi.sim import EOS_TOKEN, SimProvider, encode_text, simulated_endpoints
@@ -36,12 +35,7 @@ CHAT_PROMPTS = [
 MAX_TOKENS = 40
 
 
-@pytest.fixture(autouse=True)
-def fresh_probe_cache():
-    """Simulated endpoints of one flavour share a label: probe results must not leak between tests."""
-    specapi.probe._CACHE.clear()
-    yield
-    specapi.probe._CACHE.clear()
+pytestmark = pytest.mark.usefixtures("fresh_probe_cache")
 
 
 def sim(profile: str) -> tuple[SimProvider, Endpoint, Endpoint]:

@@ -10,7 +10,6 @@ import asyncio
 
 import pytest
 
-import specapi.probe
 from specapi import AsyncSpeculativeOpenAI
 from specapi.sim import LatencyProfile, ModelTiming, SimProvider, simulated_endpoints
 from toyclient import InProcessToy, chisquare_p, sample_texts
@@ -22,11 +21,7 @@ CHAT_PROMPTS = ["Write a Python function that returns the sum of a list.", "List
 PIPELINED = "+pipelined"
 
 
-@pytest.fixture(autouse=True)
-def fresh_probe_cache():
-    specapi.probe._CACHE.clear()
-    yield
-    specapi.probe._CACHE.clear()
+pytestmark = pytest.mark.usefixtures("fresh_probe_cache")
 
 
 

@@ -10,7 +10,6 @@ import random
 
 import pytest
 
-import specapi.probe
 from specapi import AsyncSpeculativeOpenAI
 from specapi.load import LoadCurve, current_request
 from specapi.policy import AdaptiveDraftLength, FixedDraftLength, PolicyState
@@ -22,11 +21,7 @@ from simclient import answer, target_alone
 REMAINING = 200
 
 
-@pytest.fixture(autouse=True)
-def fresh_probe_cache():
-    specapi.probe._CACHE.clear()
-    yield
-    specapi.probe._CACHE.clear()
+pytestmark = pytest.mark.usefixtures("fresh_probe_cache")
 
 
 def model_rounds(policy: AdaptiveDraftLength, n: int, acceptance: float, *, seed: int = 3) -> None:

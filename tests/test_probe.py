@@ -22,11 +22,7 @@ from toyserver import ToyServer
 PROBE_PROMPT = specapi.probe._PROBE_PROMPT
 
 
-@pytest.fixture(autouse=True)
-def fresh_probe_cache():
-    specapi.probe._CACHE.clear()
-    yield
-    specapi.probe._CACHE.clear()
+pytestmark = pytest.mark.usefixtures("fresh_probe_cache")
 
 
 def sim(profile, **options) -> tuple[SimProvider, Endpoint, Endpoint]:

@@ -24,11 +24,7 @@ MAX_TOKENS = 24
 MODELS = {"draft": "sim-draft", "target": "sim-target"}
 
 
-@pytest.fixture(autouse=True)
-def fresh_probe_cache():
-    specapi.probe._CACHE.clear()
-    yield
-    specapi.probe._CACHE.clear()
+pytestmark = pytest.mark.usefixtures("fresh_probe_cache")
 
 
 class Sleeps:
