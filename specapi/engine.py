@@ -23,7 +23,7 @@ from .alignment import complete_utf8_prefix, token_bytes
 from .context import Context, Prefill
 from .lossy import EXACT, lossy_path_note
 from .drafters import Draft, Drafter, ModelDrafter, usable_prefix
-from .policy import RECHECK, TARGET_ALONE, DraftLengthPolicy, PolicyState
+from .policy import RECHECK, TARGET_ALONE, DraftLengthPolicy, PolicyState, pipeline_pays
 from .stats import MODEL_DRAFTER, PIPELINED, RoleUsage, RoundRecord, SpeculativeStats, drafter_of
 from .paths import Path, PathResolver
 from .verifiers import PlainStep, Verification, Verifier, plain_step, plain_stream, plain_stream_batches
@@ -384,7 +384,7 @@ class Engine:
                         continue
                     if draft.tokens:
                         model = _model_drafter(self.drafter, draft)
-                        if self.pipeline and model is not None and run.draft_meter is not None and self._pipeline_pays(len(draft.tokens)):
+                        if self.pipeline and model is not None and run.draft_meter is not None and pipeline_pays(self.policy, len(draft.tokens)):
                             # Guess that every draft token is kept, and draft the next round meanwhile.
                             prefetch = _Prefetch.start(model, context.advanced(draft.text), k + 1, run)
                         outcome = await self._round(context, draft, run, out)
@@ -440,11 +440,6 @@ class Engine:
         if not request.stream and out.text:
             yield Piece(text=out.text)  # collected: handed out whole, once nothing can change it
         yield self._finished(run, started, out.finish_reason, out.produced)
-
-    def _pipeline_pays(self, k: int) -> bool:
-        """The policy's word on drafting the next round during this one's verification (yes without one)."""
-        pays = getattr(self.policy, "pipeline_pays", None)
-        return True if pays is None else bool(pays(k))
 
     def _choose(self, run: _Run, remaining: int | None, mode: str) -> int:
         """The policy's draft length for the next round (0: the target alone from here, with the reason

@@ -22,6 +22,7 @@ __all__ = [
     "FixedDraftLength",
     "AdaptiveDraftLength",
     "expected_tokens",
+    "pipeline_pays",
     "SPECULATE",
     "RECHECK",
     "TARGET_ALONE",
@@ -90,6 +91,13 @@ class FixedDraftLength:
 
     def observe_plain(self, tokens: int, latency_s: float) -> None:
         pass
+
+
+def pipeline_pays(policy: object, k: int) -> bool:
+    """`policy`'s word on drafting the next round while this one (`k` drafted) is verified: its
+    `pipeline_pays(k)` where it has one, else yes."""
+    pays = getattr(policy, "pipeline_pays", None)
+    return True if pays is None else bool(pays(k))
 
 
 def expected_tokens(acceptance: list[float], k: int) -> float:
@@ -463,7 +471,7 @@ class AdaptiveDraftLength:
             if not ok:
                 break  # later positions were not reached: they say nothing about acceptance
         self._rounds_seen += 1
-        self._draft_share = 0.9 * self._draft_share + 0.1 * record.drafter.startswith("draft-model")
+        self._draft_share = 0.9 * self._draft_share + 0.1 * drafter.startswith(MODEL_DRAFTER)
         if self._rounds_seen == 1:
             return  # the first calls also open connections: their latency says little about later ones
         # Latencies are learnt as at one request in flight (the measured inflation divided out), and

@@ -40,6 +40,7 @@ install, and bounds its cache in requests, not tokens; so specapi keeps this pur
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
@@ -277,6 +278,11 @@ def encode(text: str) -> list[int]:
     return _encoding().encode(text, disallowed_special=())
 
 
+@functools.cache
+def _header_tokens() -> int:
+    return len(encode(_ANSWER_HEADER))
+
+
 def context_text(context: Context, output: str | None = None) -> str:
     """The text the index sees for a request: the prompt (chat messages rendered with their roles)
     followed by the output so far (`context.accepted`) or the final `output`."""
@@ -313,7 +319,7 @@ def _query(context: Context, min_match: int) -> tuple[list[int], int]:
     tokens = tokens[1:] if cut else tokens  # the first token of a cut text may be a fragment
     if context.is_chat and len(context.accepted) < _SHORT_ANSWER_CHARS:
         answer = len(encode(_ANSWER_HEADER + context.accepted))
-        if answer - len(encode(_ANSWER_HEADER)) < min_match and answer < len(tokens):
+        if answer - _header_tokens() < min_match and answer < len(tokens):
             return tokens, answer
     return tokens, 0
 
@@ -525,8 +531,9 @@ class FreeDraftGate:
         return 0 if self._dry else self.max_length
 
     def pipeline_pays(self, k: int) -> bool:
-        pays = getattr(self.inner, "pipeline_pays", None)
-        return True if pays is None else bool(pays(k))
+        from .policy import pipeline_pays
+
+        return pipeline_pays(self.inner, k)
 
     def _first_round_done(self) -> None:
         if self._first_round_free and not self.free:

@@ -307,7 +307,7 @@ def summarize(run: ScenarioRun) -> dict[str, Any]:
                 "verification": spec.stats.verification if spec.stats else None,
                 "identical_output": (base.text == spec.text) if base and base.error is None and spec.error is None else None,
                 "speedup": _round(_ratio(base.wall_s, spec.wall_s), 4) if base and base.error is None and spec.error is None else None,
-                "drafters": dict(Counter(r.drafter.split(" ")[0].removesuffix("+pipelined") for r in spec.rounds)),
+                "drafters": dict(Counter(r.drafter.split(" ")[0].removesuffix(PIPELINED) for r in spec.rounds)),
                 "errors": [e for e in (base.error if base else None, spec.error) if e],
                 "speculative": spec.stats.to_dict() if spec.stats is not None else None,
             }
