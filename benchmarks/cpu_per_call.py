@@ -6,7 +6,7 @@ Two parts, both over loopback against servers in other processes, so that only t
 1. **Per call.** A canned server (a few lines of asyncio in a subprocess, answering every POST with the
    same echo + logprobs body) is called one call at a time by: raw aiohttp + json (the baseline), raw
    httpx2 + json, the openai SDK (`AsyncOpenAI.post`), and specapi's `RoleClient.post` (what every draft
-   and verify call goes through).
+   and verify call goes through), in `--passes` interleaved passes; the best of each client counts.
 2. **Per round.** `specapi simulate --latency instant` (vLLM-like) in a subprocess; greedy code
    completions through `AsyncSpeculativeOpenAI` (draft model, fixed 5 draft tokens, 60 tokens, no
    pipelining). CPU per upstream call = the client's CPU / (draft + target requests), and per round.
@@ -135,7 +135,7 @@ async def _cpu_per_call(call: Callable[[], Awaitable[Any]], n: int) -> float:
 PAYLOAD = {"model": "m", "prompt": PROMPTS[2] * 3, "max_tokens": 1, "echo": True, "logprobs": 1, "temperature": 0}
 
 
-async def _per_call(base_url: str, n: int) -> dict[str, float]:
+async def _per_call(base_url: str, n: int, passes: int) -> dict[str, float]:
     headers = {"content-type": "application/json", "authorization": "Bearer x"}
     sdk = openai.AsyncOpenAI(base_url=base_url, api_key="x", max_retries=0)
     raw_httpx = httpx2.AsyncClient()
@@ -161,7 +161,7 @@ async def _per_call(base_url: str, n: int) -> dict[str, float]:
     clients = {"raw aiohttp + json": raw_aiohttp, "raw httpx2 + json": raw_httpx2, "openai SDK": sdk_post, "specapi RoleClient.post": specapi_post}
     results: dict[str, list[float]] = {name: [] for name in clients}
     try:
-        for _ in range(2):  # interleaved, twice: the machine's noise hits every client alike
+        for _ in range(passes):  # interleaved: the machine's noise hits every client alike
             for name, call in clients.items():
                 results[name].append(await _cpu_per_call(call, n))
     finally:
@@ -260,6 +260,7 @@ def main() -> int:
     parser.add_argument("--calls", type=int, default=500, help="calls per client in part 1 (default 500)")
     parser.add_argument("--requests", type=int, default=12, help="speculative requests in part 2 (default 12)")
     parser.add_argument("--max-tokens", type=int, default=60)
+    parser.add_argument("--passes", type=int, default=5, help="interleaved passes of part 1; the best of each client counts (default 5)")
     parser.add_argument("--repeats", type=int, default=3, help="interleaved passes of part 2; the best of each side counts (default 3)")
     parser.add_argument("--serve-canned", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -270,11 +271,11 @@ def main() -> int:
     port = _free_port()
     canned = _start([sys.executable, __file__, "--serve-canned", str(port)], f"http://127.0.0.1:{port}/ready")
     try:
-        per_call = asyncio.run(_per_call(f"http://127.0.0.1:{port}/v1", args.calls))
+        per_call = asyncio.run(_per_call(f"http://127.0.0.1:{port}/v1", args.calls, args.passes))
     finally:
         _stop(canned)
     baseline = per_call["raw aiohttp + json"]
-    print(f"Part 1: CPU per call against a canned server ({args.calls} calls per client, best of 2 interleaved runs)")
+    print(f"Part 1: CPU per call against a canned server ({args.calls} calls per client, best of {args.passes} interleaved passes)")
     for name, ms in per_call.items():
         print(f"  {name:26s} {ms:6.3f} ms   {ms / baseline:5.2f}x the raw aiohttp baseline")
 
