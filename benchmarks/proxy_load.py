@@ -6,7 +6,8 @@ requests with the official openai SDK (or, with `--client raw`, aiohttp) and che
 (asked of the simulator directly, once per prompt). Prints wall time, latency and time-to-first-token
 percentiles, errors, mismatches, text chunks per response, the CPU seconds each process spent (the load
 generator's own too: at 100 streams it can be what bounds the target alone), and the same load sent to the
-target alone for comparison.
+target alone for comparison. Through the proxy, requests are also counted by what the policy (or anything
+else) changed for them, with their latency (p50 and max): in one wave the slowest request sets the wall time.
 
     python benchmarks/proxy_load.py                  # 100 concurrent streams, "lan" latency, serve's default policy
     python benchmarks/proxy_load.py --concurrency 1,16,100             # each level, then the same load on the target alone
@@ -319,11 +320,16 @@ def _report(title: str, wall: float, outcomes: list[Outcome]) -> dict:
         summary["speculated_requests"] = sum(bool(s.get("speculated")) for s in spec)
         summary["acceptance_rate"] = round(accepted / drafted, 3) if drafted else 0.0
         summary["target_requests_per_response"] = round(statistics.mean(s["target"]["requests"] for s in spec), 2)
-        reasons: dict[str, int] = {}
-        for s in spec:
-            key = (s.get("load_reason") or s.get("fallback_reason") or "-")[:60]
-            reasons[key] = reasons.get(key, 0) + 1
-        summary["reasons"] = reasons  # what the load (else anything) changed, per request
+        by_reason: dict[str, list[float]] = {}
+        for o in ok:
+            if o.speculative:
+                key = (o.speculative.get("load_reason") or o.speculative.get("fallback_reason") or "-")[:60]
+                by_reason.setdefault(key, []).append(o.latency_s)
+        summary["reasons"] = {key: len(values) for key, values in by_reason.items()}  # what the load (else anything) changed, per request
+        # In one wave the slowest request sets the wall time: which requests were the slow ones.
+        summary["latency_p50_max_s_by_reason"] = {
+            key: [round(_pct(values, 0.50), 3), round(max(values), 3)] for key, values in by_reason.items()
+        }
     print(f"\n== {title}")
     width = max(map(len, summary))
     for key, value in summary.items():
