@@ -312,7 +312,8 @@ def _report(title: str, wall: float, outcomes: list[Outcome]) -> dict:
         "ttft_p95_s": round(_pct(ttfts, 0.95), 3),
         "text_chunks_per_response": round(statistics.mean(o.chunks for o in ok), 1) if ok else None,
     }
-    spec = [o.speculative for o in ok if o.speculative]
+    with_stats = [o for o in ok if o.speculative]
+    spec = [o.speculative for o in with_stats]
     if spec:
         drafted = sum(s.get("drafted_tokens", 0) for s in spec)
         accepted = sum(s.get("accepted_tokens", 0) for s in spec)
@@ -321,10 +322,9 @@ def _report(title: str, wall: float, outcomes: list[Outcome]) -> dict:
         summary["acceptance_rate"] = round(accepted / drafted, 3) if drafted else 0.0
         summary["target_requests_per_response"] = round(statistics.mean(s["target"]["requests"] for s in spec), 2)
         by_reason: dict[str, list[float]] = {}
-        for o in ok:
-            if o.speculative:
-                key = (o.speculative.get("load_reason") or o.speculative.get("fallback_reason") or "-")[:60]
-                by_reason.setdefault(key, []).append(o.latency_s)
+        for o in with_stats:
+            key = (o.speculative.get("load_reason") or o.speculative.get("fallback_reason") or "-")[:60]
+            by_reason.setdefault(key, []).append(o.latency_s)
         summary["reasons"] = {key: len(values) for key, values in by_reason.items()}  # what the load (else anything) changed, per request
         # In one wave the slowest request sets the wall time: which requests were the slow ones.
         summary["latency_p50_max_s_by_reason"] = {

@@ -343,14 +343,13 @@ def _pieces(chunks: Sequence[tuple[bytes, float]]) -> tuple[list[str], list[floa
     return pieces, kept
 
 
-def _continuation(
-    index: SuffixIndex, query: list[int], k: int, min_confidence: float, min_match: int, answer: int = 0
-) -> list[tuple[bytes, float]]:
-    """The proposal as (bytes, confidence) per token.
+def _continuation(index: SuffixIndex, context: Context, k: int, min_confidence: float, min_match: int) -> list[tuple[bytes, float]]:
+    """The proposal for `context` as (bytes, confidence) per token.
 
-    `answer` (from `_query`): the last tokens that are a chat answer's header and start. Unless the
-    match also covers `min_match` tokens of the question before them, only they are matched, and
-    whole: the index's statistics there are those of every earlier answer's start, which say how
+    At a chat answer's start (`_query` says how many of the last tokens are the header and the
+    answer's first words), unless the match also covers `min_match` tokens of the question before
+    them, only they are matched, and whole: the index's statistics there are those of every earlier
+    answer's start, which say how
     alike answers begin (an agent's tool calls alike, answers to different questions not). The
     longest match would otherwise turn on how the question's last character was tokenized with the
     header's newline, and one earlier answer matched that way looked certain.
@@ -359,6 +358,7 @@ def _continuation(
     differently than the whole text did), so the query first leaves it out and keeps a proposal that
     begins with its bytes, minus them; else the whole query is used.
     """
+    query, answer = _query(context, min_match)
     if answer and index.match(query)[1] < answer + min_match:
         query, min_match = query[-answer:], answer - 1  # the last token may be left out (below)
     decode = _encoding().decode_single_token_bytes
@@ -396,8 +396,7 @@ class SuffixDrafter:
 
         if k <= 0 or not self.index.tokens:
             return Draft(tokens=(), drafter=self.name)
-        query, answer = _query(context, self.min_match)
-        chunks = _continuation(self.index, query, k, self.min_confidence, self.min_match, answer)
+        chunks = _continuation(self.index, context, k, self.min_confidence, self.min_match)
         pieces, confidence = _pieces(chunks)
         pieces, confidence = pieces[:k], confidence[:k]
         tokens = tuple(ScoredToken(text=p, logprob=0.0, top={p: 0.0}) for p in pieces)
@@ -448,8 +447,7 @@ def expected_tokens(index: SuffixIndex, context: Context, k: int, *, min_confide
     """How many tokens the index expects to continue `context` with correctly (its confidence summed)."""
     if not index.tokens:
         return 0.0
-    query, answer = _query(context, min_match)
-    return sum(c for _, c in _continuation(index, query, k, min_confidence, min_match, answer))
+    return sum(c for _, c in _continuation(index, context, k, min_confidence, min_match))
 
 
 class FreeDraftGate:
