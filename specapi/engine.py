@@ -23,6 +23,7 @@ from .alignment import complete_utf8_prefix, token_bytes
 from .context import Context, Prefill
 from .lossy import EXACT, lossy_path_note
 from .drafters import Draft, Drafter, ModelDrafter, usable_prefix
+from .load import queue_delay
 from .policy import RECHECK, TARGET_ALONE, DraftLengthPolicy, PolicyState, pipeline_pays
 from .stats import MODEL_DRAFTER, PIPELINED, RoleUsage, RoundRecord, SpeculativeStats, drafter_of
 from .paths import Path, PathResolver
@@ -172,6 +173,9 @@ class _Run:
     #: The seed a fan-out call used on this exact context (accepted text, seed), when its pick could
     #: not be read: the step that decides that position draws the same token again with it.
     pending_seed: tuple[str, int] | None = None
+    #: How long a step of the event loop waited for its turn before the first round (0 with no other
+    #: request in flight): `PolicyState.queue_delay_s` of the first round.
+    queue_delay_s: float = 0.0
 
     def seed(self) -> int | None:
         """A seed for the next call, drawn from the request's seed so that runs repeat. Sampled calls
@@ -324,6 +328,10 @@ class Engine:
         if speculate and mode == TARGET_ALONE:
             speculate = False
             run.books.fallback_reason = getattr(self.policy, "reason", "") or "the draft-length policy chose the target alone"
+        if speculate and self.target.load.requests > 1:
+            # Before the first round is chosen: how long this client's steps wait for their turn now
+            # (a burst's other requests starting), which each call of a round would wait again.
+            run.queue_delay_s = await queue_delay(self.clock)
         stretch = caps.final_stretch if caps is not None else 0  # see Capabilities.final_stretch
         prompt_ids = getattr(self.verifier, "prompt_ids", None)
         first: int | None = None  # the first round's draft length, when chosen before the prompt is tokenized
@@ -458,7 +466,7 @@ class Engine:
         chosen = self.policy.choose(
             PolicyState(
                 budget, len(rounds), recheck=mode == RECHECK, accepted_by_position=tuple(own),
-                last_drafter=last, last_drafter_rounds=tuple(by_last),
+                last_drafter=last, last_drafter_rounds=tuple(by_last), queue_delay_s=0.0 if rounds else run.queue_delay_s,
             )
         )
         load_reason = getattr(self.policy, "load_reason", None)  # set by this very choose

@@ -42,6 +42,10 @@ class PolicyState:
     #: request's rounds by that drafter.
     last_drafter: str = ""
     last_drafter_rounds: tuple[tuple[bool, ...], ...] = ()
+    #: At a request's first round, with other requests in flight: how long a step of the client's event
+    #: loop waited for its turn (`load.queue_delay`); 0 otherwise. Each call of a round waits about as
+    #: long again, the target alone's stream once.
+    queue_delay_s: float = 0.0
 
     @property
     def last_round_free(self) -> bool:
@@ -192,7 +196,12 @@ class AdaptiveDraftLength:
     first; a burst starts before the curve has seen its load, so requests admitted then step aside
     once the burst's own calls have measured it). The reason goes in `load_reason` (`LOAD_TARGET_ALONE`,
     `LOAD_DRAFT_LENGTH`), read by the engine right after `choose`. At one request in flight nothing
-    changes.
+    changes. What the curve cannot see at a burst's start (no call has come back yet), the client's
+    own queue shows: a request's first round is told how long a step of the event loop waited for its
+    turn (`PolicyState.queue_delay_s`), and its draft call and verify call are each charged that wait,
+    the target alone's stream once; a request that then loses steps aside before its first call (the
+    earliest in flight goes on measuring). In a cold burst of 100 through `specapi serve` that wait
+    grew with each request's place, to about 40 ms; with 16 requests on one client it stayed under 3 ms.
 
     Args:
         max_length: the longest draft considered.
@@ -312,10 +321,11 @@ class AdaptiveDraftLength:
         acceptance = self.acceptance() if acceptance is None else acceptance
         return expected_tokens(acceptance, k) / round_s if round_s > 0 else float("inf")
 
-    def predicted_target_rate(self, remaining: int) -> float | None:
+    def predicted_target_rate(self, remaining: int, delay_s: float = 0.0) -> float | None:
+        """Tokens per second of the target writing `remaining` tokens alone; `delay_s`: added once."""
         if not self._target.has_slope:
             return None
-        seconds = self._target.predict(remaining)
+        seconds = self._target.predict(remaining) + delay_s
         return remaining / seconds if seconds > 0 else None
 
     def best_length(
@@ -343,13 +353,24 @@ class AdaptiveDraftLength:
             cost *= 1.0 + self._draft_share  # draft and target on one server: both calls load it
         return cost
 
-    def free_drafts_pay(self, expected: float, k: int, remaining: int) -> bool | None:
+    def free_drafts_pay(self, expected: float, k: int, remaining: int, *, queue_delay_s: float | None = None) -> bool | None:
         """Whether rounds of free drafts (no draft call) of `k` tokens, each expected to have `expected`
-        tokens accepted, beat the target generating `remaining` tokens alone; None while unmeasured."""
+        tokens accepted, beat the target generating `remaining` tokens alone; None while unmeasured.
+
+        `queue_delay_s` (a request's first round under load, `PolicyState.queue_delay_s`): judged as
+        things are now, each round with its verify call's cost to the requests ahead of this one and
+        the wait for the event loop, which the target alone's stream waits once."""
         if not self._verify.known or not self._target.has_slope:
             return None
         rounds = math.ceil(remaining / (1.0 + min(expected, k)))
-        return rounds * self._verify.predict(k) * self.margin < self._target.predict(remaining)
+        added = waited = 0.0
+        if queue_delay_s is not None:
+            inflation = self._inflation(self._target_load)
+            rank = self._target_load.rank(current_request.get()) if self._target_load is not None else 1
+            others = self._target_load.cost_to_others(rank) if self._target_load is not None else 0.0
+            waited = queue_delay_s / inflation
+            added = others / inflation + waited
+        return rounds * (self._verify.predict(k) + added) * self.margin < self._target.predict(remaining) + waited
 
     # -- the strategy interface ---------------------------------------------------------------
     def start_request(self) -> str:
@@ -376,7 +397,13 @@ class AdaptiveDraftLength:
         own = self._scaled(client, own_rounds) if own_rounds else client
         if state.recheck and state.rounds_so_far < self.min_rounds:
             return self.best_length(state.remaining_tokens, 0.0, own)[0]  # re-measure before judging again
-        load_s = self.load_cost(rank) / self._inflation(self._target_load)  # in one-stream seconds, as the models
+        inflation = self._inflation(self._target_load)
+        load_s = self.load_cost(rank) / inflation  # in one-stream seconds, as the models
+        # A first round under load also waits for the client's own event loop: its draft call and its
+        # verify call each about `queue_delay_s`, the target alone's stream once (the earliest request
+        # in flight goes on measuring speculation, as with the curve's cost).
+        waited = state.queue_delay_s / inflation if state.rounds_so_far == 0 and rank > 1 else 0.0
+        load_s += 2.0 * waited
         k, rate = self.best_length(state.remaining_tokens, load_s, own)
         unloaded_k, unloaded_rate = self.best_length(state.remaining_tokens, 0.0, own) if load_s else (k, rate)
         baseline = self.predicted_target_rate(state.remaining_tokens)
@@ -396,7 +423,8 @@ class AdaptiveDraftLength:
                 self.reason = "adaptive policy: this request's drafts predicted slower than the target alone (its own acceptance)"
                 return 0
             judged_rate = rate if judged_on_its_own or not own_rounds else self.best_length(state.remaining_tokens, load_s, client)[1]
-            stepping_aside_pays = load_s > 0 and judged_rate < baseline * (1.0 / self.margin if admitted else self.margin)
+            alone = self.predicted_target_rate(state.remaining_tokens, waited) if waited else baseline
+            stepping_aside_pays = load_s > 0 and alone is not None and judged_rate < alone * (1.0 / self.margin if admitted else self.margin)
             if stepping_aside_pays:
                 # Admission, judged again every round: a burst of requests starts before the curve has
                 # seen that load, so the later ones in start order step aside as soon as the calls made
@@ -406,6 +434,8 @@ class AdaptiveDraftLength:
                 # request in flight, or a flat curve) there is no one to step aside for: the verdict
                 # above decides alone.
                 self.reason = "adaptive policy: " + LOAD_TARGET_ALONE
+                if waited:
+                    self.reason += f" (this client's event loop was busy: a step waited {state.queue_delay_s * 1000:.1f} ms for its turn)"
                 self.load_reason = LOAD_TARGET_ALONE
                 return 0
         if k != unloaded_k:

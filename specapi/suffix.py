@@ -479,6 +479,7 @@ class FreeDraftGate:
         self.free = False
         self._dry = False
         self._first_round_free = False  # the first round is drafted free (see `choose`)
+        self._free_under_load = False  # this choice put free drafts in place of stepping aside for load
 
     @property
     def reason(self) -> str:
@@ -488,7 +489,7 @@ class FreeDraftGate:
 
     @property
     def load_reason(self) -> str | None:
-        return None if self.free else getattr(self.inner, "load_reason", None)
+        return None if self.free or self._free_under_load else getattr(self.inner, "load_reason", None)
 
     def start_request(self) -> str:
         from .policy import SPECULATE, TARGET_ALONE
@@ -508,7 +509,18 @@ class FreeDraftGate:
         verdict = measured(self.expected, self.max_length, self.remaining) if measured is not None else None
         return True if verdict is None else bool(verdict)
 
+    def _pays_under_load(self, state: Any) -> bool:
+        """Free rounds beat the target alone with the load counted as it is now (the verify calls' cost
+        to the requests ahead, the wait for the event loop); no while the costs are unmeasured."""
+        if self.expected < self.min_tokens:
+            return False
+        measured = getattr(self.inner, "free_drafts_pay", None)
+        if measured is None:
+            return False
+        return bool(measured(self.expected, self.max_length, self.remaining, queue_delay_s=getattr(state, "queue_delay_s", 0.0)))
+
     def choose(self, state: Any) -> int:
+        self._free_under_load = False
         if not self.free:
             k = int(self.inner.choose(state))
             stepped_aside = getattr(self.inner, "load_reason", None) is not None  # load: free rounds load the target too
@@ -517,6 +529,11 @@ class FreeDraftGate:
                 self.free = True
                 self.free_drafters()
                 return self.max_length
+            if k <= 0 and state.rounds_so_far == 0 and stepped_aside and self._pays_under_load(state):
+                # Sent aside for the load, which the draft model's rounds would add to (a draft call and
+                # a verify call each), where rounds of free drafts still pay with that load counted.
+                self._free_under_load = True
+                k = 1
             if k > 0 and state.rounds_so_far == 0 and self.expected >= self.min_tokens:
                 # The index expects to go on: the first round is drafted by the free drafters alone, as
                 # long as the index expects (the policy sized it for the draft model). Where the index

@@ -68,12 +68,14 @@ def learnt_lan_policy() -> AdaptiveDraftLength:
 
 
 def decide(
-    policy: AdaptiveDraftLength, curve: LoadCurve | None, request_id: int, rounds_so_far: int = 0, *, free: bool = False
+    policy: AdaptiveDraftLength, curve: LoadCurve | None, request_id: int, rounds_so_far: int = 0, *, free: bool = False,
+    queue_delay_s: float = 0.0,
 ) -> tuple[int, str | None]:
     policy.watch_load(curve, curve)
     token = current_request.set(request_id)
     try:
-        k = policy.choose(PolicyState(remaining_tokens=REMAINING, rounds_so_far=rounds_so_far, last_drafter="suffix" if free else ""))
+        state = PolicyState(remaining_tokens=REMAINING, rounds_so_far=rounds_so_far, last_drafter="suffix" if free else "", queue_delay_s=queue_delay_s)
+        k = policy.choose(state)
     finally:
         current_request.reset(token)
     return k, policy.load_reason
@@ -298,3 +300,77 @@ def test_the_first_request_in_flight_is_never_sent_aside_for_load_even_inside_th
     steep = curve_from(lambda c: 0.030 + 0.050 * c, range(1, 33), in_flight=1)
     k, reason = decide(policy, steep, 1)
     assert k > 0 and reason is None
+
+
+def test_a_busy_event_loop_at_a_first_round_sends_the_request_to_the_target_alone():
+    """A burst's first rounds start before any call has come back, so the curve is flat; the client's
+    own queue is not. A draft call and a verify call each wait their turn again (the target alone's
+    stream once): with a 40 ms wait the LAN rounds lose, with 2 ms they win. The earliest request in
+    flight keeps measuring speculation, later rounds are left to the curve, and the verdict stays on."""
+    policy = learnt_lan_policy()
+    flat = curve_from(lambda c: 0.031, range(1, 3), in_flight=100)
+    assert decide(policy, flat, 50)[0] > 0
+    assert decide(policy, flat, 50, queue_delay_s=0.002)[0] > 0
+    assert decide(policy, flat, 50, queue_delay_s=0.040) == (0, LOAD_TARGET_ALONE)
+    assert "event loop was busy" in policy.reason and "40.0 ms" in policy.reason
+    assert decide(policy, flat, 1, queue_delay_s=0.040)[0] > 0  # nobody ahead: it measures for the others
+    assert decide(policy, flat, 50, rounds_so_far=3, queue_delay_s=0.040)[0] > 0  # the first round only
+    assert decide(policy, flat, 50)[0] > 0  # stepping aside did not turn speculation off
+
+
+def test_free_drafts_are_judged_with_the_wait_and_the_load_counted_when_asked():
+    """Rounds without a draft call wait for the loop once each (their verify call); the target alone
+    waits once in all. Expected to continue 8 tokens a round, they pay even after a 40 ms wait; one
+    token a round does not, though it did with nothing counted."""
+    policy = learnt_lan_policy()
+    policy.watch_load(curve_from(lambda c: 0.031, range(1, 3), in_flight=100), None)
+    assert policy.free_drafts_pay(8.0, 10, 64, queue_delay_s=0.040) is True
+    assert policy.free_drafts_pay(1.0, 10, 64) is True
+    assert policy.free_drafts_pay(1.0, 10, 64, queue_delay_s=0.040) is False
+    assert AdaptiveDraftLength().free_drafts_pay(8.0, 10, 64, queue_delay_s=0.0) is None  # nothing measured
+
+
+class _RecordsQueueDelay(_RecordsItsRequest):
+    def __init__(self) -> None:
+        super().__init__()
+        self.states: list[PolicyState] = []
+
+    def choose(self, state: PolicyState) -> int:
+        self.states.append(state)
+        return 2
+
+
+async def test_the_client_measures_its_queue_before_a_first_round_only_with_other_requests_in_flight():
+    """Alone, a request's rounds see no wait (nothing measured, nothing added). Started together with
+    others while 20 ms of work waits on the event loop, the first rounds are told how long a step
+    waited; later rounds are not."""
+    import asyncio
+    import time
+
+    from specapi import AsyncSpeculativeOpenAI
+    from specapi.sim import SimProvider, simulated_endpoints
+
+    target, draft = simulated_endpoints(provider=SimProvider(capabilities="vllm", latency="instant", seed=0))
+    policy = _RecordsQueueDelay()
+    async with AsyncSpeculativeOpenAI(target=target, draft=draft, drafter="model", policy=policy) as client:
+
+        async def one(prompt: str) -> None:
+            await client.completions.create(model=target.model, prompt=prompt, max_tokens=12, temperature=0)
+
+        await one("def add(a, b):\n")
+        assert policy.states and all(s.queue_delay_s == 0.0 for s in policy.states)
+        policy.states.clear()
+
+        def hog() -> None:
+            until = time.perf_counter() + 0.020
+            while time.perf_counter() < until:
+                pass
+
+        tasks = [asyncio.ensure_future(one(p)) for p in ("def add(a, b):\n", "import os\n", "class A:\n", "for i in x:\n")]
+        asyncio.get_running_loop().call_later(0.0, hog)
+        await asyncio.gather(*tasks)
+    first = [s for s in policy.states if s.rounds_so_far == 0]
+    later = [s for s in policy.states if s.rounds_so_far > 0]
+    assert len(first) == 4 and later
+    assert max(s.queue_delay_s for s in first) >= 0.018, [s.queue_delay_s for s in first]
+    assert all(s.queue_delay_s == 0.0 for s in later)

@@ -233,6 +233,7 @@ class _OffAtFirstRound:
 
     name = "stub"
     load_reason = None
+    pays_under_load = False  # free rounds with the load counted (`queue_delay_s` given)
 
     def start_request(self) -> str:
         return "speculate"
@@ -240,8 +241,8 @@ class _OffAtFirstRound:
     def choose(self, state: PolicyState) -> int:
         return 0
 
-    def free_drafts_pay(self, expected: float, k: int, remaining: int) -> bool:
-        return True
+    def free_drafts_pay(self, expected: float, k: int, remaining: int, *, queue_delay_s: float | None = None) -> bool:
+        return True if queue_delay_s is None else self.pays_under_load
 
     def observe(self, record: RoundRecord) -> None:
         pass
@@ -264,7 +265,25 @@ def test_the_free_draft_gate_engages_when_the_first_rounds_choice_turns_speculat
     stepped_aside.load_reason = "target alone under load"
     loaded = FreeDraftGate(stepped_aside, expected=8.0, free_drafters=lambda: switched.append(False), max_length=12, remaining=40)
     assert loaded.choose(PolicyState(remaining_tokens=40, rounds_so_far=0)) == 0  # free rounds would load the target too
-    assert switched == [True]
+    assert switched == [True] and loaded.load_reason == "target alone under load"
+
+
+def test_a_request_sent_aside_for_load_drafts_free_where_free_rounds_pay_with_the_load_counted():
+    """Stepped aside at the first round (the draft model's calls would cost too much now), a request the
+    suffix index expects to continue drafts its first round free, if the policy judges free rounds to
+    pay with the load counted; it then reports no load reason, since it speculated."""
+    from specapi.suffix import FreeDraftGate
+
+    switched: list[bool] = []
+    stepped_aside = _OffAtFirstRound()
+    stepped_aside.load_reason = "target alone under load"
+    stepped_aside.pays_under_load = True
+    gate = FreeDraftGate(stepped_aside, expected=8.0, free_drafters=lambda only=True: switched.append(only), max_length=12, remaining=40)
+    assert gate.choose(PolicyState(remaining_tokens=40, rounds_so_far=0, queue_delay_s=0.03)) == 8
+    assert switched == [True] and gate.load_reason is None
+    weak = FreeDraftGate(stepped_aside, expected=2.0, free_drafters=lambda only=True: switched.append(only), max_length=12, remaining=40)
+    assert weak.choose(PolicyState(remaining_tokens=40, rounds_so_far=0, queue_delay_s=0.03)) == 0  # the index expects too little
+    assert weak.load_reason == "target alone under load"
 
 
 def lan_policy_with_target(per_token_s: float) -> AdaptiveDraftLength:

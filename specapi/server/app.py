@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import hashlib
 import hmac
 import logging
@@ -119,9 +120,15 @@ class _Proxy:
         )
         watcher = asyncio.ensure_future(self.readiness.run())
         await self.client._warm()  # not in the middle of the first requests' streams
+        frozen = self.config.freeze_gc
+        if frozen:
+            gc.collect()
+            gc.freeze()
         try:
             yield
         finally:
+            if frozen:
+                gc.unfreeze()
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher

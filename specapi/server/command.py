@@ -232,11 +232,17 @@ def _ignore_signal(signum: int, frame: object) -> None:
     """Placeholder SIGTERM handler: uvicorn has already shut down gracefully when this runs."""
 
 
+def proxy_app(settings: Settings) -> Starlette:
+    """The app of a process that is the proxy (`specapi serve`, each of its workers): once started, it
+    keeps what startup loaded out of the garbage collector's full passes (`ServerConfig.freeze_gc`)."""
+    return create_app(replace(settings.config, freeze_gc=True))
+
+
 def worker_app() -> Starlette:
     """The app of one `--workers` process: the supervisor's options, resolved again against the environment."""
     options = json.loads(os.environ[_WORKER_OPTIONS_VARIABLE])
     settings = resolve_settings(argparse.Namespace(**options), os.environ)
-    return create_app(settings.config)
+    return proxy_app(settings)
 
 
 def serve_workers(settings: Settings, args: argparse.Namespace) -> int:
@@ -270,7 +276,7 @@ def run(args: argparse.Namespace) -> int:
         if settings.workers > 1:
             build_client(settings.config)  # refuses unknown policy, drafter or verification; the workers build the apps
         else:
-            app = create_app(settings.config)  # builds the client, with the same checks
+            app = proxy_app(settings)  # builds the client, with the same checks
     except (SettingsError, ConfigurationError) as exc:
         print(f"specapi serve: {exc}", file=sys.stderr)
         return 2
