@@ -328,9 +328,10 @@ class Engine:
         if speculate and mode == TARGET_ALONE:
             speculate = False
             run.books.fallback_reason = getattr(self.policy, "reason", "") or "the draft-length policy chose the target alone"
-        if speculate and self.target.load.requests > 1:
-            # Before the first round is chosen: how long this client's steps wait for their turn now
-            # (a burst's other requests starting), which each call of a round would wait again.
+        if speculate and self.target.load.requests > 1 and getattr(self.policy, "watches_queue", False):
+            # Before the first round is chosen, for a policy that reads it: how long this client's steps
+            # wait for their turn now (a burst's other requests starting), which each call of a round
+            # would wait again.
             run.queue_delay_s = await queue_delay(self.clock)
         stretch = caps.final_stretch if caps is not None else 0  # see Capabilities.final_stretch
         prompt_ids = getattr(self.verifier, "prompt_ids", None)

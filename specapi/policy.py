@@ -43,8 +43,8 @@ class PolicyState:
     last_drafter: str = ""
     last_drafter_rounds: tuple[tuple[bool, ...], ...] = ()
     #: At a request's first round, with other requests in flight: how long a step of the client's event
-    #: loop waited for its turn (`load.queue_delay`); 0 otherwise. Each call of a round waits about as
-    #: long again, the target alone's stream once.
+    #: loop waited for its turn (`load.queue_delay`, measured for a policy whose `watches_queue` is
+    #: true); 0 otherwise. Each call of a round waits about as long again, the target alone's stream once.
     queue_delay_s: float = 0.0
 
     @property
@@ -217,6 +217,7 @@ class AdaptiveDraftLength:
     """
 
     name = "adaptive"
+    watches_queue = True  # reads `PolicyState.queue_delay_s`: the engine measures it for this policy
     _PRIOR_SEEN = 2.0  # pseudo-observations of the prior per position (Beta(1, 1) at the first)
     _JUDGED_TOKENS = 64  # the length a request is judged at before its own length is known
     _OWN_PRIOR_SEEN = 5.0  # draft positions the client-wide acceptance is worth against a request's own
@@ -339,6 +340,10 @@ class AdaptiveDraftLength:
                 best_k, best_rate = k, rate
         return best_k, best_rate
 
+    def _rank(self) -> int:
+        """The running request's place among those in flight on the target, in start order (1 = earliest)."""
+        return self._target_load.rank(current_request.get()) if self._target_load is not None else 1
+
     @staticmethod
     def _inflation(load: LoadCurve | None) -> float:
         return load.inflation() if load is not None else 1.0
@@ -366,7 +371,7 @@ class AdaptiveDraftLength:
         added = waited = 0.0
         if queue_delay_s is not None:
             inflation = self._inflation(self._target_load)
-            rank = self._target_load.rank(current_request.get()) if self._target_load is not None else 1
+            rank = self._rank()
             others = self._target_load.cost_to_others(rank) if self._target_load is not None else 0.0
             waited = queue_delay_s / inflation
             added = others / inflation + waited
@@ -383,7 +388,7 @@ class AdaptiveDraftLength:
 
     def choose(self, state: PolicyState) -> int:
         self.load_reason = None
-        rank = self._target_load.rank(current_request.get()) if self._target_load is not None else 1
+        rank = self._rank()
         if self._rounds_seen < self.min_rounds or not self._verify.known:
             return self._unmeasured_under_load() if rank > 1 else self.start_length
         if not self._target.has_slope and self._measure_target_now(state):
@@ -446,7 +451,7 @@ class AdaptiveDraftLength:
         """Whether to draft the next round while this one (`k` drafted by the model) is verified. The
         pipelined draft is used only if every drafted token is kept; with requests ahead of this one its
         call slows theirs whether used or not, so it is made then only when that is likelier than not."""
-        rank = self._target_load.rank(current_request.get()) if self._target_load is not None else 1
+        rank = self._rank()
         if rank <= 1:
             return True
         return math.prod(self.acceptance()[:k]) >= 0.5

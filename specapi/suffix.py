@@ -488,6 +488,10 @@ class FreeDraftGate:
         return getattr(self.inner, "reason", "")
 
     @property
+    def watches_queue(self) -> bool:
+        return bool(getattr(self.inner, "watches_queue", False))
+
+    @property
     def load_reason(self) -> str | None:
         return None if self.free or self._free_under_load else getattr(self.inner, "load_reason", None)
 

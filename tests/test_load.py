@@ -331,6 +331,8 @@ def test_free_drafts_are_judged_with_the_wait_and_the_load_counted_when_asked():
 
 
 class _RecordsQueueDelay(_RecordsItsRequest):
+    watches_queue = True  # asks the engine for the queue's wait (`AdaptiveDraftLength` does)
+
     def __init__(self) -> None:
         super().__init__()
         self.states: list[PolicyState] = []
