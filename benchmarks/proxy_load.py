@@ -18,7 +18,7 @@ else) changed for them, with their latency (p50 and max): in one wave the slowes
     python benchmarks/proxy_load.py --client raw                       # a lean load generator instead of the openai SDK
 
 With `--relay-baseline`, each level also runs through `byte_relay.py`, a proxy that forwards bytes and
-does nothing else, on the same stack: the floor any proxy on the same CPUs sets (the proxy, the simulator
+does nothing else (in as many processes as `--workers`), on the same stack: the floor any proxy on the same CPUs sets (the proxy, the simulator
 and the load generator share them), against which the speculative proxy's figure can also be read.
 
 With `--client raw` the load generator reads the streams with aiohttp and orjson instead of the openai
@@ -101,6 +101,22 @@ def _wait_healthy(url: str, process: subprocess.Popen, timeout: float = 60.0) ->
                 return
         time.sleep(0.1)
     raise RuntimeError(f"{url} did not come up")
+
+
+def _wait_workers(url: str, workers: int, process: subprocess.Popen, timeout: float = 60.0) -> None:
+    """Until every worker has finished its startup (`specapi_workers` in `/metrics`): `/ready` is answered
+    by whichever worker takes the connection, and a burst sent before the others are up would be shared
+    with their startup."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"the proxy exited with {process.returncode}")
+        with contextlib.suppress(httpx2.TransportError):
+            for line in httpx2.get(url + "/metrics", timeout=2).text.splitlines():
+                if line.startswith("specapi_workers ") and float(line.split()[1]) >= workers:
+                    return
+        time.sleep(0.1)
+    raise RuntimeError(f"{workers} proxy workers did not come up")
 
 
 @contextlib.contextmanager
@@ -455,17 +471,23 @@ def _run(args: argparse.Namespace) -> tuple[dict[str, dict], bool]:
     failed = False
     relay_port = _free_port()
     relay_url = f"http://127.0.0.1:{relay_port}"
+    relay_started = tempfile.TemporaryDirectory()
     relay_cmd = [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "byte_relay.py"),
-                 "--upstream", sim_url + "/v1", "--port", str(relay_port), "--api-key", UPSTREAM_KEY]
+                 "--upstream", sim_url + "/v1", "--port", str(relay_port), "--api-key", UPSTREAM_KEY,
+                 "--workers", str(args.workers), "--started-dir", relay_started.name]
     with _process(sim_cmd, env, sim_url + "/v1/models", "simulator") as sim, \
             _process(proxy_cmd, proxy_env, proxy_url + "/ready", "proxy") as proxy, \
             (_process(relay_cmd, env, relay_url + "/ready", "byte relay") if args.relay_baseline else contextlib.nullcontext()) as relay:
+        _wait_workers(proxy_url, args.workers, proxy)
+        while relay is not None and len(os.listdir(relay_started.name)) < args.workers:
+            _wait_healthy(relay_url + "/ready", relay)  # raises if the relay exited
+            time.sleep(0.1)
         for level in args.concurrency:
             level_args = argparse.Namespace(**{**vars(args), "concurrency": level})
             level_args.requests = args.requests or level * -(-20 // level)
             work = _requests(level_args)
             expected = asyncio.run(_references(sim_url + "/v1", work, level_args))
-            # A few requests first, so that the proxy's one-time capability probe (one per worker) is not part of the load.
+            # A few requests first, as a long-running proxy would have served (the capability probe is done at startup).
             warm_up = argparse.Namespace(**{**vars(level_args), "concurrency": 2 * args.workers})
             asyncio.run(_load(proxy_url + "/v1", PROXY_KEY, "sim-target", work[: 4 * args.workers], warm_up, expected))
             title = f"{level} concurrent, {level_args.requests} requests"
@@ -497,6 +519,7 @@ def _run(args: argparse.Namespace) -> tuple[dict[str, dict], bool]:
             floor = f"; byte relay {summary.get('relay_vs_target_alone', '?')}x ({relayed['wall_s']} s)" if relayed else ""
             print(f"  {level:>4} concurrent: {summary.get('throughput_vs_target_alone', '?')}x  "
                   f"(proxy {summary['wall_s']} s, target alone {summaries[f'direct@{level}']['wall_s']} s{floor})")
+    relay_started.cleanup()
     return summaries, failed
 
 

@@ -94,6 +94,24 @@ class PathResolver:
             return Path(name, whole=PrefixMatchPath(self.target))
         return Path("none")
 
+    @property
+    def needs_probe(self) -> bool:
+        """Whether choosing a path waits for the probe (auto; token ids; chat fan-out's prefill style)."""
+        return self.capabilities is None and self.verification in ("auto", "token-ids", "prefill-fanout")
+
+    async def prepare(self, meter: Meter) -> bool:
+        """Probe now, before any request waits for it (a server's startup); True if the capabilities
+        are known. A failed probe is left to the first request, which probes again and reports."""
+        if not self.needs_probe:
+            return self.capabilities is not None
+        async with self._lock:
+            if self.capabilities is None:
+                try:
+                    self.capabilities = await cached_probe(self.target, meter)
+                except EndpointError:
+                    return False
+        return True
+
     async def resolve(self, chat: bool, meter: Meter, *, context_chars: int = 0, greedy: bool = True) -> Path:
         if chat in self.refused:
             return Path("none", note=self.refused[chat], prefill=self.prefill())

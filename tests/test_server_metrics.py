@@ -157,6 +157,13 @@ def test_specapi_serve_with_two_workers_adds_up_and_drains_on_sigterm(tmp_path):
                     pass
                 assert time.monotonic() < deadline, "specapi serve --workers 2 did not come up"
                 time.sleep(0.1)
+            # `/ready` is whichever worker took the connection; `specapi_workers` counts those done starting.
+            while metric(httpx2.get(url + "/metrics").text, "specapi_workers") < 2:
+                assert time.monotonic() < deadline, "the second worker did not finish its startup"
+                time.sleep(0.1)
+            started = httpx2.get(url + "/metrics").text
+            assert metric(started, "specapi_workers") == 2
+            assert metric(started, "specapi_upstream_requests_total", role="target") > 0  # each worker's probe, billed
             body = {"model": "sim-target", "prompt": "def f(x):", "max_tokens": 8, "temperature": 0}
             for _ in range(6):  # a new connection each: the kernel spreads them over the workers
                 assert httpx2.post(url + "/v1/completions", json=body, timeout=30).status_code == 200

@@ -18,7 +18,7 @@ from specapi.server import BackgroundServer, ServerConfig, create_app
 from specapi.server.readiness import Readiness, target_check
 from specapi.sim import SimProvider
 from specapi.sim import create_app as create_sim_app
-from test_server_support import PROXY_KEY, metric, no_sleep
+from test_server_support import PROXY_KEY, metric, no_sleep, proxy_pair
 
 
 @contextlib.contextmanager
@@ -176,3 +176,52 @@ async def test_a_proxy_process_keeps_what_startup_loaded_out_of_the_collectors_p
     environ = {"SPECAPI_TARGET_BASE_URL": "http://127.0.0.1:9/v1", "SPECAPI_TARGET_MODEL": "t", "SPECAPI_VERIFICATION": "none"}
     settings = resolve_settings(argparse.Namespace(), environ)
     assert not settings.config.freeze_gc and proxy_app(settings).state.config.freeze_gc
+
+
+def test_the_proxy_probes_the_target_before_it_serves_and_bills_the_probe_in_its_metrics():
+    """A cold burst's requests all waited for the first one's probe (under `--workers 2`, 50 streams each
+    240 ms late to their first token). The proxy probes at startup; no response carries the probe's
+    calls, so `/metrics` does: its upstream totals stay what the target billed."""
+    with proxy_pair() as (srv, proxy):
+        posts = lambda: [r for r in srv.log if r.method == "POST"]  # noqa: E731 (GETs ask the server's kind: unbilled)
+        probe_calls = len(posts())
+        assert probe_calls >= 1, "probed before the first request"
+        with httpx2.Client(base_url=proxy.url, timeout=10) as client:
+            text = client.get("/metrics").text
+            assert metric(text, "specapi_upstream_requests_total", role="target") == probe_calls
+            assert metric(text, "specapi_upstream_tokens_total", role="target", kind="prompt") > 0
+            assert metric(text, "specapi_workers") == 1
+            body = {"model": "target", "prompt": "a b c d e f a b c d e f", "max_tokens": 8, "temperature": 0}
+            reply = client.post("/v1/completions", json=body, headers={"authorization": f"Bearer {PROXY_KEY}"})
+            assert reply.status_code == 200
+            stats = reply.json()["speculative"]
+            after = posts()
+            request_calls = [r for r in after[probe_calls:] if r.model == "target"]
+            assert stats["target"]["requests"] == len(request_calls) >= 1, "the request's own calls, no probe"
+            text = client.get("/metrics").text
+            assert metric(text, "specapi_upstream_requests_total", role="target") == probe_calls + len(request_calls)
+
+
+async def test_a_target_that_does_not_answer_at_startup_does_not_hold_the_proxy_back(monkeypatch):
+    """A target that accepts connections and never answers: startup waits a bounded time for the probe,
+    then serves; the probe goes on (a request would wait for it, as before) and is cancelled at shutdown."""
+    import specapi.server.app
+
+    async def never_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(Exception):
+            await reader.read(-1)
+        writer.close()
+
+    server = await asyncio.start_server(never_answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    monkeypatch.setattr(specapi.server.app, "STARTUP_PROBE_WAIT_S", 0.3)
+    app = create_app(proxy_config(port))
+    started = time.monotonic()
+    try:
+        async with app.router.lifespan_context(app):
+            waited = time.monotonic() - started
+            assert waited < 3.0, f"startup waited {waited:.2f} s for a target that never answers"
+            assert metric(app.state.metrics.render().decode(), "specapi_workers") == 1
+        assert metric(app.state.metrics.render().decode(), "specapi_workers") == 0
+    finally:
+        server.close()

@@ -33,7 +33,7 @@ from starlette.routing import Route
 
 from .._exceptions import EndpointError, MalformedResponseError
 from ..client import AsyncSpeculativeOpenAI
-from ..stats import SpeculativeStats
+from ..stats import RoleUsage, SpeculativeStats
 from ..suffix import SuffixIndex
 from ..streaming import SpeculativeStream
 from .arguments import CHAT_FIELDS, COMPLETION_FIELDS, chat_arguments, completion_arguments, parse_json_object, read_body
@@ -51,6 +51,9 @@ logger = logging.getLogger("specapi.server")
 
 #: Status recorded (nginx's convention) when the client left before any response was sent.
 CLIENT_CLOSED_REQUEST = 499
+
+#: How long startup waits for the target's probe before serving anyway (the probe goes on meanwhile).
+STARTUP_PROBE_WAIT_S = 5.0
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
@@ -120,15 +123,24 @@ class _Proxy:
         )
         watcher = asyncio.ensure_future(self.readiness.run())
         await self.client._warm()  # not in the middle of the first requests' streams
+        # The target's capabilities too: otherwise a burst's first requests all wait for the first one's
+        # probe (each worker's, under --workers N). Not for long if the target does not answer: the
+        # probe then goes on in the background, or the first request probes again.
+        probe = asyncio.ensure_future(self.client._probe())
+        probe.add_done_callback(self._probed)
+        await asyncio.wait((probe,), timeout=STARTUP_PROBE_WAIT_S)
         frozen = self.config.freeze_gc
         if frozen:
             gc.collect()
             gc.freeze()
+        self.metrics.workers.set(1)
         try:
             yield
         finally:
+            self.metrics.workers.set(0)
             if frozen:
                 gc.unfreeze()
+            probe.cancel()
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
@@ -140,6 +152,11 @@ class _Proxy:
             client, self._client = self._client, None
             if client is not None:
                 await client.close()
+
+    def _probed(self, probe: asyncio.Future[RoleUsage]) -> None:
+        """The startup probe's calls count in `/metrics` like a generation's: the totals stay the bill."""
+        if not probe.cancelled() and probe.exception() is None:
+            self.metrics.upstream("target", probe.result())
 
     def _watch_failure(self, exc: BaseException) -> None:
         """A target failure that may mean the target is gone (no answer, a timeout, a 5xx): check readiness now."""

@@ -17,6 +17,7 @@
                                                     requests whose draft length the load-aware policy lowered
                                                     or whose speculation it stopped, by the policy's reason
     specapi_ready                                   1 while the target answers, 0 while it is unreachable
+    specapi_workers                                 processes serving (startup done: warmed, target probed)
 
 vLLM's spec-decode counters, with vLLM's meaning, under specapi's prefix and with vLLM's `model_name` label:
 
@@ -45,7 +46,7 @@ from typing import Any
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest, values
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
-from ..stats import SpeculativeStats
+from ..stats import RoleUsage, SpeculativeStats
 
 __all__ = ["ProxyMetrics", "fallback_category", "CONTENT_TYPE", "MULTIPROCESS_DIR_VARIABLE", "MAX_POSITION_LABEL"]
 
@@ -115,6 +116,9 @@ class ProxyMetrics:
         )
         self.in_flight = Gauge("specapi_in_flight_requests", "Generations in progress", registry=registry, multiprocess_mode="livesum")
         self.ready = Gauge("specapi_ready", "1 while the target answers", registry=registry, multiprocess_mode="livemin")
+        self.workers = Gauge(
+            "specapi_workers", "Processes serving (startup done)", registry=registry, multiprocess_mode="livesum"
+        )
         self.disconnects = Counter("specapi_client_disconnects", "Clients that left before the end", ["route"], registry=registry)
         self.stream_errors = Counter("specapi_stream_errors", "Streams ended by an error event", ["route"], registry=registry)
         self.responses = Counter(
@@ -179,12 +183,7 @@ class ProxyMetrics:
         self.generated.inc(stats.generated_tokens)
         self._observe_positions(stats)
         for role, usage in (("target", stats.target), ("draft", stats.draft)):
-            self.upstream_requests.labels(role=role).inc(usage.requests)
-            self.upstream_failed.labels(role=role).inc(usage.failed_requests)
-            self.upstream_tokens.labels(role=role, kind="prompt").inc(usage.prompt_tokens)
-            self.upstream_tokens.labels(role=role, kind="completion").inc(usage.completion_tokens)
-            if usage.cost_usd is not None:
-                self.cost.labels(role=role).inc(float(usage.cost_usd))
+            self.upstream(role, usage)
         category = fallback_category(stats.fallback_reason)
         if category is not None:
             self.fallbacks.labels(reason=category).inc()
@@ -195,6 +194,15 @@ class ProxyMetrics:
                 label = "other"
             self._reasons.add(label)
             self.reduced.labels(model_name=self.model, reason=label).inc()
+
+    def upstream(self, role: str, usage: RoleUsage) -> None:
+        """Add upstream calls: a generation's, or the startup probe's (which no response carries)."""
+        self.upstream_requests.labels(role=role).inc(usage.requests)
+        self.upstream_failed.labels(role=role).inc(usage.failed_requests)
+        self.upstream_tokens.labels(role=role, kind="prompt").inc(usage.prompt_tokens)
+        self.upstream_tokens.labels(role=role, kind="completion").inc(usage.completion_tokens)
+        if usage.cost_usd is not None:
+            self.cost.labels(role=role).inc(float(usage.cost_usd))
 
     def _observe_positions(self, stats: SpeculativeStats) -> None:
         drafted: dict[int, int] = {}
