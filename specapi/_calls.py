@@ -270,6 +270,14 @@ class RoleClient:
         self._wire = replace(other.wire, owned=False)
         self.load = other.load
 
+    def apart(self) -> RoleClient:
+        """The same endpoint and connections, with calls left out of the load curve: for calls unlike a
+        generation's (the capability probe's tiny requests would bend the line a burst's first rounds read)."""
+        copy = RoleClient(self.role, self.endpoint, sleep=self.sleep, clock=self.clock)
+        copy.share_connections(self)
+        copy.load = LoadCurve()
+        return copy
+
     async def aclose(self) -> None:
         """Close the connections this role owns (not an SDK client or an `httpx2` client it was given)."""
         if self._wire is not None and self._wire.owned:

@@ -60,6 +60,7 @@ class LoadCurve:
         self._active: list[int] = []
         self._decay = decay
         self._n = self._sx = self._sy = self._sxx = self._sxy = self._syy = 0.0
+        self._max_x = 1.0  # the most requests in flight any sample saw
 
     @property
     def requests(self) -> int:
@@ -79,10 +80,16 @@ class LoadCurve:
             return max(1, self.requests)
         return max(1, bisect.bisect_right(self._active, request_id))
 
+    @property
+    def samples(self) -> float:
+        """How many calls the line holds (older ones count for less)."""
+        return self._n
+
     def add(self, requests: int, latency_s: float) -> None:
         """A call that started with `requests` in flight took `latency_s`."""
         d = self._decay
         x = float(max(1, requests))
+        self._max_x = max(self._max_x, x)
         self._n = self._n * d + 1
         self._sx = self._sx * d + x
         self._sy = self._sy * d + latency_s
@@ -116,13 +123,19 @@ class LoadCurve:
         return max(0.0, slope - 2.0 * math.sqrt(residual / (n * var_x)))
 
     def inflation(self) -> float:
-        """How much slower a call is now than at one request in flight (>= 1; 1 while unmeasured)."""
-        slope = self.slope
-        if slope is None or self.requests <= 1 or self._n == 0:
+        """How much slower a call is now than at one request in flight (>= 1; 1 while unmeasured).
+
+        Read on the line with its certain slope (through the samples' mean), and no further out than
+        the most requests its samples saw: a slope measured at one and two requests in flight, the
+        jitter of a few calls, once read as calls 40 times slower at the 100 of a cold burst, and that
+        hid the wait the burst's first rounds measured (`benchmarks/README.md`)."""
+        slope = self.certain_slope
+        if slope <= 0.0 or self.requests <= 1 or self._n == 0:
             return 1.0
-        base = self._sy / self._n - slope * self._sx / self._n  # the line at zero requests
-        one = base + slope
-        return max(1.0, (base + slope * self.requests) / one) if one > 0 else 1.0
+        mean_x, mean_y = self._sx / self._n, self._sy / self._n
+        one = mean_y + slope * (1.0 - mean_x)
+        now = mean_y + slope * (min(self.requests, self._max_x) - mean_x)
+        return max(1.0, now / one) if one > 0 else 1.0
 
     def cost_to_others(self, rank: int) -> float:
         """Seconds a call by the request at `rank` adds to the requests ahead of it, together (the

@@ -323,7 +323,7 @@ _CACHE: dict[tuple[str, str], Capabilities] = {}
 async def cached_probe(client: RoleClient, meter: Meter) -> Capabilities:
     key = (client.endpoint.label, client.endpoint.model)
     if key not in _CACHE:
-        _CACHE[key] = await probe_endpoint(client, meter)
+        _CACHE[key] = await probe_endpoint(client.apart(), meter)
     return _CACHE[key]
 
 

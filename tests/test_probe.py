@@ -330,3 +330,20 @@ async def test_a_default_repeat_penalty_leaves_the_target_alone_unless_the_calle
         neutral = await client.completions.create(prompt="cafe", max_tokens=24, temperature=0, extra_body={"repeat_penalty": 1.0})
     assert not plain.speculative.speculated and "repeat_penalty 1.1" in plain.speculative.fallback_reason
     assert neutral.speculative.speculated and neutral.speculative.exact
+
+
+async def test_the_probes_calls_stay_out_of_the_load_curve_that_generation_calls_teach():
+    """The probe's tiny requests are unlike a round's calls: in the latency-vs-requests line that a
+    burst's first rounds read, they made later calls look costlier per request in flight (probed at a
+    proxy's startup, all at one request in flight). Its calls are metered; the line does not see them."""
+    _, target, _ = sim("vllm")
+    role = RoleClient("target", target)
+    meter = Meter(target)
+    try:
+        await specapi.probe.cached_probe(role, meter)
+        assert meter.requests >= 3  # billed like any call
+        assert role.load.samples == 0
+        await role.post("/completions", {"prompt": "def f(x):", "max_tokens": 2, "temperature": 0}, meter)
+        assert role.load.samples == 1  # a generation's call teaches it
+    finally:
+        await role.sdk.close()
