@@ -242,13 +242,11 @@ class _Runtime:
                 if role is not None:
                     call_cost(role.endpoint, prompt_tokens=1, completion_tokens=1)
 
-    async def prepare(self) -> RoleUsage:
-        """Probe the target now if choosing a path will need it (see `PathResolver.prepare`); what
-        the probe was billed, which no request's statistics will carry."""
-        meter = Meter(self.target.endpoint)
+    async def prepare(self, meter: Meter) -> None:
+        """Probe the target now if choosing a path will need it (see `PathResolver.prepare`), metering
+        its calls in `meter`: no request's statistics will carry them."""
         with contextlib.suppress(Exception):
             await self.paths.prepare(meter)
-        return meter.snapshot()
 
     def target_for(self, model: str) -> tuple[RoleClient, PathResolver]:
         if model == self.target.endpoint.model:
@@ -467,11 +465,11 @@ class AsyncSpeculativeOpenAI:
         """What a long-running server does before its first request (see `_Runtime.warm`)."""
         await asyncio.to_thread(self._runtime.warm)
 
-    async def _probe(self) -> RoleUsage:
+    async def _probe(self, meter: Meter) -> None:
         """Probe the target before the first request needs it (a long-running server's startup), so
-        that no request waits for the probe; returns what the probe was billed. Best effort: a failed
-        probe is done again by the first request, whose statistics then carry it."""
-        return await self._runtime.prepare()
+        that no request waits for the probe; its calls are metered in `meter` (cancelled midway too).
+        Best effort: a failed probe is done again by the first request, whose statistics carry it."""
+        await self._runtime.prepare(meter)
 
     async def close(self) -> None:
         if not self._owns_connections:

@@ -127,8 +127,8 @@ class LoadCurve:
 
         Read on the line with its certain slope (through the samples' mean), and no further out than
         the most requests its samples saw: a slope measured at one and two requests in flight, the
-        jitter of a few calls, once read as calls 40 times slower at the 100 of a cold burst, and that
-        hid the wait the burst's first rounds measured (`benchmarks/README.md`)."""
+        jitter of a few calls, once read as calls tens of times slower at the 100 of a cold burst, and
+        that hid the wait the burst's first rounds measured (`benchmarks/README.md`)."""
         slope = self.certain_slope
         if slope <= 0.0 or self.requests <= 1 or self._n == 0:
             return 1.0

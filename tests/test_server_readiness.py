@@ -204,7 +204,8 @@ def test_the_proxy_probes_the_target_before_it_serves_and_bills_the_probe_in_its
 
 async def test_a_target_that_does_not_answer_at_startup_does_not_hold_the_proxy_back(monkeypatch):
     """A target that accepts connections and never answers: startup waits a bounded time for the probe,
-    then serves; the probe goes on (a request would wait for it, as before) and is cancelled at shutdown."""
+    then serves; the probe goes on (a request would wait for it, as before) and is cancelled at shutdown,
+    its calls counted in `/metrics`."""
     import specapi.server.app
 
     async def never_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -222,6 +223,9 @@ async def test_a_target_that_does_not_answer_at_startup_does_not_hold_the_proxy_
             waited = time.monotonic() - started
             assert waited < 3.0, f"startup waited {waited:.2f} s for a target that never answers"
             assert metric(app.state.metrics.render().decode(), "specapi_workers") == 1
-        assert metric(app.state.metrics.render().decode(), "specapi_workers") == 0
+        text = app.state.metrics.render().decode()
+        assert metric(text, "specapi_workers") == 0
+        # The call cut short at shutdown was sent all the same: counted, as failed.
+        assert metric(text, "specapi_upstream_failed_requests_total", role="target") >= 1
     finally:
         server.close()

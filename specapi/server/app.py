@@ -33,7 +33,8 @@ from starlette.routing import Route
 
 from .._exceptions import EndpointError, MalformedResponseError
 from ..client import AsyncSpeculativeOpenAI
-from ..stats import RoleUsage, SpeculativeStats
+from .._calls import Meter
+from ..stats import SpeculativeStats
 from ..suffix import SuffixIndex
 from ..streaming import SpeculativeStream
 from .arguments import CHAT_FIELDS, COMPLETION_FIELDS, chat_arguments, completion_arguments, parse_json_object, read_body
@@ -126,8 +127,9 @@ class _Proxy:
         # The target's capabilities too: otherwise a burst's first requests all wait for the first one's
         # probe (each worker's, under --workers N). Not for long if the target does not answer: the
         # probe then goes on in the background, or the first request probes again.
-        probe = asyncio.ensure_future(self.client._probe())
-        probe.add_done_callback(self._probed)
+        meter = Meter(self.config.target)
+        probe = asyncio.ensure_future(self.client._probe(meter))
+        probe.add_done_callback(lambda _: self.metrics.upstream("target", meter.snapshot()))  # no response carries them
         await asyncio.wait((probe,), timeout=STARTUP_PROBE_WAIT_S)
         frozen = self.config.freeze_gc
         if frozen:
@@ -141,6 +143,7 @@ class _Proxy:
             if frozen:
                 gc.unfreeze()
             probe.cancel()
+            await asyncio.gather(probe, return_exceptions=True)  # its calls counted before the metrics retire
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
@@ -152,11 +155,6 @@ class _Proxy:
             client, self._client = self._client, None
             if client is not None:
                 await client.close()
-
-    def _probed(self, probe: asyncio.Future[RoleUsage]) -> None:
-        """The startup probe's calls count in `/metrics` like a generation's: the totals stay the bill."""
-        if not probe.cancelled() and probe.exception() is None:
-            self.metrics.upstream("target", probe.result())
 
     def _watch_failure(self, exc: BaseException) -> None:
         """A target failure that may mean the target is gone (no answer, a timeout, a 5xx): check readiness now."""
