@@ -41,6 +41,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import statistics
@@ -48,7 +49,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -103,20 +104,26 @@ def _wait_healthy(url: str, process: subprocess.Popen, timeout: float = 60.0) ->
     raise RuntimeError(f"{url} did not come up")
 
 
-def _wait_workers(url: str, workers: int, process: subprocess.Popen, timeout: float = 60.0) -> None:
-    """Until every worker has finished its startup (`specapi_workers` in `/metrics`): `/ready` is answered
-    by whichever worker takes the connection, and a burst sent before the others are up would be shared
+def _wait_started(started: Callable[[], int], workers: int, process: subprocess.Popen, name: str, timeout: float = 60.0) -> None:
+    """Until `started()` counts every worker of `process` as done with its startup: `/ready` is answered by
+    whichever worker takes the connection, and a burst sent before the others are up would be shared
     with their startup."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    while started() < workers:
         if process.poll() is not None:
-            raise RuntimeError(f"the proxy exited with {process.returncode}")
-        with contextlib.suppress(httpx2.TransportError):
-            for line in httpx2.get(url + "/metrics", timeout=2).text.splitlines():
-                if line.startswith("specapi_workers ") and float(line.split()[1]) >= workers:
-                    return
+            raise RuntimeError(f"the {name} exited with {process.returncode}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{workers} {name} workers did not come up")
         time.sleep(0.1)
-    raise RuntimeError(f"{workers} proxy workers did not come up")
+
+
+def _proxy_workers(url: str) -> int:
+    """How many of the proxy's workers are done starting (`specapi_workers` in `/metrics`)."""
+    with contextlib.suppress(httpx2.TransportError):
+        for line in httpx2.get(url + "/metrics", timeout=2).text.splitlines():
+            if line.startswith("specapi_workers "):
+                return int(float(line.split()[1]))
+    return 0
 
 
 @contextlib.contextmanager
@@ -471,17 +478,18 @@ def _run(args: argparse.Namespace) -> tuple[dict[str, dict], bool]:
     failed = False
     relay_port = _free_port()
     relay_url = f"http://127.0.0.1:{relay_port}"
-    relay_started = tempfile.TemporaryDirectory()
+    relay_started = tempfile.mkdtemp()  # each relay worker writes a file here once it serves
     relay_cmd = [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "byte_relay.py"),
                  "--upstream", sim_url + "/v1", "--port", str(relay_port), "--api-key", UPSTREAM_KEY,
-                 "--workers", str(args.workers), "--started-dir", relay_started.name]
-    with _process(sim_cmd, env, sim_url + "/v1/models", "simulator") as sim, \
+                 "--workers", str(args.workers), "--started-dir", relay_started]
+    with contextlib.ExitStack() as cleanup, \
+            _process(sim_cmd, env, sim_url + "/v1/models", "simulator") as sim, \
             _process(proxy_cmd, proxy_env, proxy_url + "/ready", "proxy") as proxy, \
             (_process(relay_cmd, env, relay_url + "/ready", "byte relay") if args.relay_baseline else contextlib.nullcontext()) as relay:
-        _wait_workers(proxy_url, args.workers, proxy)
-        while relay is not None and len(os.listdir(relay_started.name)) < args.workers:
-            _wait_healthy(relay_url + "/ready", relay)  # raises if the relay exited
-            time.sleep(0.1)
+        cleanup.callback(shutil.rmtree, relay_started, ignore_errors=True)
+        _wait_started(lambda: _proxy_workers(proxy_url), args.workers, proxy, "proxy")
+        if relay is not None:
+            _wait_started(lambda: len(os.listdir(relay_started)), args.workers, relay, "byte relay")
         for level in args.concurrency:
             level_args = argparse.Namespace(**{**vars(args), "concurrency": level})
             level_args.requests = args.requests or level * -(-20 // level)
@@ -519,7 +527,6 @@ def _run(args: argparse.Namespace) -> tuple[dict[str, dict], bool]:
             floor = f"; byte relay {summary.get('relay_vs_target_alone', '?')}x ({relayed['wall_s']} s)" if relayed else ""
             print(f"  {level:>4} concurrent: {summary.get('throughput_vs_target_alone', '?')}x  "
                   f"(proxy {summary['wall_s']} s, target alone {summaries[f'direct@{level}']['wall_s']} s{floor})")
-    relay_started.cleanup()
     return summaries, failed
 
 

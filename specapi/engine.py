@@ -23,7 +23,7 @@ from .alignment import complete_utf8_prefix, token_bytes
 from .context import Context, Prefill
 from .lossy import EXACT, lossy_path_note
 from .drafters import Draft, Drafter, ModelDrafter, usable_prefix
-from .load import queue_delay
+from .load import current_request, queue_delay
 from .policy import RECHECK, TARGET_ALONE, DraftLengthPolicy, PolicyState, pipeline_pays
 from .stats import MODEL_DRAFTER, PIPELINED, RoleUsage, RoundRecord, SpeculativeStats, drafter_of
 from .paths import Path, PathResolver
@@ -328,10 +328,10 @@ class Engine:
         if speculate and mode == TARGET_ALONE:
             speculate = False
             run.books.fallback_reason = getattr(self.policy, "reason", "") or "the draft-length policy chose the target alone"
-        if speculate and self.target.load.requests > 1 and getattr(self.policy, "watches_queue", False):
+        if speculate and getattr(self.policy, "watches_queue", False) and self.target.load.rank(current_request.get()) > 1:
             # Before the first round is chosen, for a policy that reads it: how long this client's steps
             # wait for their turn now (a burst's other requests starting), which each call of a round
-            # would wait again.
+            # would wait again. Not for the earliest request in flight, which is not charged for it.
             run.queue_delay_s = await queue_delay(self.clock)
         stretch = caps.final_stretch if caps is not None else 0  # see Capabilities.final_stretch
         prompt_ids = getattr(self.verifier, "prompt_ids", None)

@@ -94,23 +94,21 @@ class PathResolver:
             return Path(name, whole=PrefixMatchPath(self.target))
         return Path("none")
 
-    @property
-    def needs_probe(self) -> bool:
-        """Whether choosing a path waits for the probe (auto; token ids; chat fan-out's prefill style)."""
-        return self.capabilities is None and self.verification in ("auto", "token-ids", "prefill-fanout")
+    async def prepare(self, meter: Meter) -> None:
+        """Probe now, before any request waits for it (a server's startup), where choosing a path will
+        need it. A failed probe is left to the first request, which probes again and reports."""
+        if self.verification in ("auto", "token-ids", "prefill-fanout"):
+            await self._probe(meter)
 
-    async def prepare(self, meter: Meter) -> bool:
-        """Probe now, before any request waits for it (a server's startup); True if the capabilities
-        are known. A failed probe is left to the first request, which probes again and reports."""
-        if not self.needs_probe:
-            return self.capabilities is not None
+    async def _probe(self, meter: Meter) -> EndpointError | None:
+        """Probe the target once (later callers wait for the first); the failure if it failed."""
         async with self._lock:
             if self.capabilities is None:
                 try:
                     self.capabilities = await cached_probe(self.target, meter)
-                except EndpointError:
-                    return False
-        return True
+                except EndpointError as exc:
+                    return exc
+        return None
 
     async def resolve(self, chat: bool, meter: Meter, *, context_chars: int = 0, greedy: bool = True) -> Path:
         if chat in self.refused:
@@ -121,15 +119,12 @@ class PathResolver:
             return self._build(self.verification, chat)
         # Auto needs the probe to choose; chat fan-out needs it to know how the target continues an
         # assistant message (vLLM's flags, or llama.cpp's echoed prefix).
-        async with self._lock:
-            if self.capabilities is None:
-                try:
-                    self.capabilities = await cached_probe(self.target, meter)
-                except EndpointError as exc:
-                    # Probing hit transient failures: use the common path now, probe again next time.
-                    default = self.verification if self.verification != "auto" else ("prompt-logprobs" if chat else "echo")
-                    path = self._build(default, chat)
-                    return replace(path, raw_logprobs=None, note=f"probe failed ({exc}); tried {default}")
+        failure = await self._probe(meter)
+        if failure is not None:
+            # Probing hit transient failures: use the common path now, probe again next time.
+            default = self.verification if self.verification != "auto" else ("prompt-logprobs" if chat else "echo")
+            path = self._build(default, chat)
+            return replace(path, raw_logprobs=None, note=f"probe failed ({failure}); tried {default}")
         if self.verification != "auto":
             return self._build(self.verification, chat)
         name = choose_verification(self.capabilities, chat=chat)

@@ -42,7 +42,7 @@ class PolicyState:
     #: request's rounds by that drafter.
     last_drafter: str = ""
     last_drafter_rounds: tuple[tuple[bool, ...], ...] = ()
-    #: At a request's first round, with other requests in flight: how long a step of the client's event
+    #: At a request's first round, with earlier requests in flight: how long a step of the client's event
     #: loop waited for its turn (`load.queue_delay`, measured for a policy whose `watches_queue` is
     #: true); 0 otherwise. Each call of a round waits about as long again, the target alone's stream once.
     queue_delay_s: float = 0.0
