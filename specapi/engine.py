@@ -546,10 +546,12 @@ class Engine:
         )
         chunks = 0
         started = self.clock()
+        last: float | None = None  # when the previous batch with text arrived
         finished = False
         async with contextlib.aclosing(batches) as stream:
             async for batch in stream:
                 new = []
+                before = chunks
                 for text, finish_reason in batch:
                     if text:
                         chunks += 1
@@ -562,6 +564,11 @@ class Engine:
                         finished = True
                         # What the target alone costs is what the policy compares speculation with.
                         self.policy.observe_plain(remaining if finish_reason == "length" and remaining else chunks, self.clock() - started)
+                if chunks > before:
+                    now = self.clock()
+                    if last is not None:  # the gap after the first token: the pace the target writes at now
+                        self.target.load.pace((now - last) / (chunks - before))
+                    last = now
                 if new:
                     yield new
         if not finished:

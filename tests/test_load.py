@@ -8,7 +8,7 @@ import random
 import pytest
 
 from specapi.load import LoadCurve, current_request
-from specapi.policy import LOAD_DRAFT_LENGTH, LOAD_TARGET_ALONE, AdaptiveDraftLength, PolicyState
+from specapi.policy import LOAD_DRAFT_LENGTH, LOAD_STREAM_FASTER, LOAD_TARGET_ALONE, TARGET_ALONE, AdaptiveDraftLength, PolicyState
 from specapi.stats import RoundRecord, SpeculativeStats
 
 REMAINING = 200
@@ -407,3 +407,104 @@ async def test_the_client_measures_its_queue_before_a_first_round_only_with_othe
     assert len(first) == 4 and later
     assert max(s.queue_delay_s for s in first) >= 0.0045, [s.queue_delay_s for s in first]
     assert all(s.queue_delay_s == 0.0 for s in later)
+
+
+def test_the_pace_of_streams_is_the_running_mean_of_the_gaps_between_their_tokens():
+    curve = LoadCurve()
+    for _ in range(LoadCurve.PACE_MIN_GAPS - 1):
+        curve.pace(0.025)
+    assert curve.stream_pace is None  # too few gaps to read
+    curve.pace(0.025)
+    assert curve.stream_pace == pytest.approx(0.025)
+    for _ in range(400):  # streams slow down: the pace follows
+        curve.pace(0.100)
+    assert curve.stream_pace == pytest.approx(0.100, rel=0.01)
+
+
+def _burst_curve(*, stream_pace: float | None) -> LoadCurve:
+    """100 requests in flight on a server whose calls are about 6.7 times slower than alone (31 ms at
+    one request, 221 ms at 100), with its streams' tokens coming `stream_pace` apart."""
+    curve = curve_from(lambda c: 0.031 + 0.0019 * c, range(1, 101), in_flight=100)
+    for _ in range(LoadCurve.PACE_MIN_GAPS if stream_pace is not None else 0):
+        curve.pace(stream_pace)
+    return curve
+
+
+def test_under_load_a_stream_that_keeps_its_pace_takes_the_rest_from_rounds_of_calls_that_queue():
+    """A server that queues new requests (each call waits 6.7 times as long as alone) while the streams
+    it is writing keep their pace (25 ms a token, as alone): a round of calls pays the queue twice, the
+    target alone's stream once, for its first token. Even the earliest request in flight, which costs
+    nobody ahead of it anything, is faster with the target alone, and says why. Where the streams slow
+    down as much as the calls, nothing changes: the rounds and the stream are compared as at one request."""
+    steady = _burst_curve(stream_pace=0.025)
+    policy = learnt_lan_policy()
+    alone = policy.predicted_target_rate(REMAINING)
+    assert policy.predicted_target_rate_now(REMAINING) == alone  # no curve: as at one request
+    policy.watch_load(steady, steady)
+    alone_now = policy.predicted_target_rate_now(REMAINING)
+    assert alone is not None and alone_now is not None and alone_now > 3 * alone
+    assert decide(learnt_lan_policy(), steady, 1) == (0, LOAD_STREAM_FASTER)
+    assert decide(learnt_lan_policy(), steady, 1, rounds_so_far=3) == (0, LOAD_STREAM_FASTER)  # admitted, too
+    policy = learnt_lan_policy()
+    decide(policy, steady, 1)
+    assert "stream writes faster" in policy.reason and not policy._off  # a word on this load, not a verdict
+
+    slowed = _burst_curve(stream_pace=0.025 * steady.inflation())  # the streams slowed down like the calls
+    k, reason = decide(learnt_lan_policy(), slowed, 1)
+    assert k > 0 and reason is None
+    unmeasured = _burst_curve(stream_pace=None)  # no stream measured yet: as before
+    assert decide(learnt_lan_policy(), unmeasured, 1) == decide(learnt_lan_policy(), slowed, 1)
+    one = curve_from(lambda c: 0.031 + 0.0019 * c, range(1, 101), in_flight=1)  # one request: nothing changes
+    for _ in range(LoadCurve.PACE_MIN_GAPS):
+        one.pace(0.025)
+    assert decide(learnt_lan_policy(), one, 1) == decide(learnt_lan_policy(), None, 1)
+
+
+def test_free_drafts_under_load_are_judged_against_the_stream_as_it_writes_now():
+    """For the earliest request in flight (no cost to others): drafts from the suffix index with every
+    token kept beat even the stream that keeps its pace; drafts with one token in two kept do not, once
+    the calls queue and the streams do not (they did while the streams slowed down like the calls)."""
+    policy = learnt_lan_policy()
+    steady, slowed = _burst_curve(stream_pace=0.025), _burst_curve(stream_pace=0.025 * 6.7)
+    token = current_request.set(1)
+    try:
+        policy.watch_load(steady, steady)
+        assert policy.free_drafts_pay(10.0, 10, REMAINING, queue_delay_s=0.0) is True
+        assert policy.free_drafts_pay(1.0, 10, REMAINING, queue_delay_s=0.0) is False
+        policy.watch_load(slowed, slowed)
+        assert policy.free_drafts_pay(1.0, 10, REMAINING, queue_delay_s=0.0) is True
+    finally:
+        current_request.reset(token)
+
+
+class _TargetAlone(_RecordsItsRequest):
+    """Hands every request to the target alone, and keeps the curve the client gives it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.curve: LoadCurve | None = None
+
+    def start_request(self) -> str:
+        return TARGET_ALONE
+
+    def watch_load(self, target: LoadCurve | None, draft: LoadCurve | None = None) -> None:
+        self.curve = target
+
+
+async def test_the_target_alones_streams_teach_the_curve_their_pace_without_their_first_token():
+    """A simulated target that answers its first token after 200 ms and then one every 10 ms: the pace
+    the client measures is the gaps after the first token (the first one's wait is a call's)."""
+    from specapi import AsyncSpeculativeOpenAI
+    from specapi.sim import SimProvider, simulated_endpoints
+    from specapi.sim.latency import LatencyProfile, ModelTiming
+
+    profile = LatencyProfile(name="paced", target=ModelTiming(ttft_base_s=0.2, tpot_s=0.010), draft=ModelTiming())
+    target, draft = simulated_endpoints(provider=SimProvider(capabilities="vllm", latency=profile, seed=0))
+    policy = _TargetAlone()
+    async with AsyncSpeculativeOpenAI(target=target, draft=draft, drafter="model", policy=policy) as client:
+        stream = await client.completions.create(model=target.model, prompt="def add(a, b):\n", max_tokens=40, temperature=0, stream=True)
+        text = "".join([chunk.choices[0].text async for chunk in stream])
+        assert stream.speculative is not None and not stream.speculative.speculated
+    assert text and policy.curve is not None
+    pace = policy.curve.stream_pace
+    assert pace is not None and 0.009 <= pace < 0.1, pace
