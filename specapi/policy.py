@@ -405,10 +405,6 @@ class AdaptiveDraftLength:
     def start_request(self) -> str:
         self._requests += 1
         self.load_reason = None
-        import os
-        if os.environ.get("XX_ALONE"):
-            self.reason = "xx"
-            return TARGET_ALONE
         if not self._off:
             return SPECULATE
         self.reason = "adaptive policy: speculation predicted slower than the target alone"
