@@ -323,15 +323,23 @@ class AdaptiveDraftLength:
         acceptance = self.acceptance() if acceptance is None else acceptance
         return expected_tokens(acceptance, k) / round_s if round_s > 0 else float("inf")
 
-    def predicted_target_rate(self, remaining: int, delay_s: float = 0.0) -> float | None:
-        """Tokens per second of the target writing `remaining` tokens alone; `delay_s`: added once."""
+    def predicted_target_rate(self, remaining: int) -> float | None:
+        """Tokens per second of the target writing `remaining` tokens alone, as at one request in flight."""
         if not self._target.has_slope:
             return None
-        seconds = self._target.predict(remaining) + delay_s
+        seconds = self._target.predict(remaining)
         return remaining / seconds if seconds > 0 else None
 
     def predicted_target_rate_now(self, remaining: int, delay_s: float = 0.0) -> float | None:
-        """`predicted_target_rate` under the load now, in the same one-stream seconds as the rounds.
+        """`predicted_target_rate` under the load now (`_target_seconds_now`); `delay_s`: added once."""
+        if not self._target.has_slope:
+            return None
+        seconds = self._target_seconds_now(remaining) + delay_s
+        return remaining / seconds if seconds > 0 else None
+
+    def _target_seconds_now(self, remaining: int) -> float:
+        """The target alone's `remaining` tokens under the load now, in the same one-stream seconds as the
+        rounds (its line must have a slope).
 
         Rounds are calls, and a call under load is slower by the measured inflation: the rounds'
         latencies are learnt with it divided out. The target alone's stream pays it on its first token
@@ -339,18 +347,16 @@ class AdaptiveDraftLength:
         a server queueing new requests stays near its pace alone. So its per-token cost, in one-stream
         seconds, is that pace divided by the inflation, where that is less than the line's (never more:
         a server whose streams slow down with the load as much as its calls leaves the line as it is)."""
-        if not self._target.has_slope:
-            return None
         seconds = self._target.predict(remaining)
         load = self._target_load
         pace = load.stream_pace if load is not None else None
+        if pace is None or remaining <= 0:
+            return seconds
         inflation = self._inflation(load)
-        if pace is not None and inflation > 1.0 and remaining > 0:
-            fixed = self._target.predict(0)
-            per_token = (seconds - fixed) / remaining
-            seconds = fixed + min(per_token, pace / inflation) * remaining
-        seconds += delay_s
-        return remaining / seconds if seconds > 0 else None
+        if inflation <= 1.0:
+            return seconds
+        fixed = self._target.predict(0)
+        return fixed + min((seconds - fixed) / remaining, pace / inflation) * remaining
 
     def best_length(
         self, remaining: int, load_s: float = 0.0, acceptance: Sequence[float] | None = None, *, free: bool = False
@@ -398,8 +404,7 @@ class AdaptiveDraftLength:
             others = self._target_load.cost_to_others(rank) if self._target_load is not None else 0.0
             waited = queue_delay_s / inflation
             added = others / inflation + waited
-        alone = self.predicted_target_rate_now(remaining, waited)
-        return alone is not None and rounds * (self._verify.predict(k) + added) * self.margin < remaining / alone
+        return rounds * (self._verify.predict(k) + added) * self.margin < self._target_seconds_now(remaining) + waited
 
     # -- the strategy interface ---------------------------------------------------------------
     def start_request(self) -> str:
@@ -453,21 +458,20 @@ class AdaptiveDraftLength:
                 return 0
             judged_rate = rate if judged_on_its_own or not own_rounds else self.best_length(state.remaining_tokens, load_s, client)[1]
             alone = self.predicted_target_rate_now(state.remaining_tokens, waited)
-            # Under load the target alone's stream may write faster than rounds of calls, for the
-            # earliest request in flight too (no cost to others): its calls wait in the server's queue
-            # each time, the stream once.
-            stream_faster = alone is not None and alone > baseline
-            stepping_aside_pays = (load_s > 0 or stream_faster) and alone is not None and judged_rate < alone * (1.0 / self.margin if admitted else self.margin)
-            if stepping_aside_pays and load_s <= 0:
+            stepping_aside_pays = alone is not None and judged_rate < alone * (1.0 / self.margin if admitted else self.margin)
+            if stepping_aside_pays and load_s <= 0 and alone > baseline:
+                # No cost to others (the earliest request in flight, or a flat curve), but under load the
+                # target alone's stream writes faster than rounds of calls: they wait in the server's
+                # queue each time, the stream once.
                 return self._stream_faster()
-            if stepping_aside_pays:
+            if stepping_aside_pays and load_s > 0:
                 # Admission, judged again every round: a burst of requests starts before the curve has
                 # seen that load, so the later ones in start order step aside as soon as the calls made
                 # meanwhile measure it. Not a verdict on speculation, which stays on; this request
                 # steps aside for the others (the target writes its rest alone). A request drafting
                 # free (no draft call) is judged by `_choose_free`. Without a load cost (the first
                 # request in flight, or a flat curve) there is no one to step aside for: the verdict
-                # above decides alone.
+                # above decides, and a stream faster now (just above).
                 self.reason = "adaptive policy: " + LOAD_TARGET_ALONE
                 if waited:
                     self.reason += f" (this client's event loop was busy: a step waited {state.queue_delay_s * 1000:.1f} ms for its turn)"

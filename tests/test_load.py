@@ -465,7 +465,8 @@ def test_free_drafts_under_load_are_judged_against_the_stream_as_it_writes_now()
     token kept beat even the stream that keeps its pace; drafts with one token in two kept do not, once
     the calls queue and the streams do not (they did while the streams slowed down like the calls)."""
     policy = learnt_lan_policy()
-    steady, slowed = _burst_curve(stream_pace=0.025), _burst_curve(stream_pace=0.025 * 6.7)
+    steady = _burst_curve(stream_pace=0.025)
+    slowed = _burst_curve(stream_pace=0.025 * steady.inflation())
     token = current_request.set(1)
     try:
         policy.watch_load(steady, steady)
