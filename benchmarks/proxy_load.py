@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import json
 import os
 import shutil
@@ -365,6 +366,11 @@ def _report(title: str, wall: float, outcomes: list[Outcome]) -> dict:
 def _arm(title: str, base_url: str, api_key: str, work: list[tuple[str, str]], args: argparse.Namespace,
          expected: dict[tuple[str, str], str], processes: dict[str, subprocess.Popen]) -> dict:
     """One load run against `base_url`, reported, with the CPU seconds each of `processes` spent on it."""
+    # This process reads every stream: a full pass of its garbage collector during a burst (passes of 41-43 ms
+    # were logged in it, over what earlier arms left) delays whichever arm it falls in. Collected now, and
+    # what is left frozen, so that every arm starts with the same nearly empty heap.
+    gc.collect()
+    gc.freeze()
     before = {name: _cpu_seconds(process) for name, process in processes.items()}
     own = time.process_time()
     wall, outcomes = asyncio.run(_load(base_url + "/v1", api_key, "sim-target", work, args, expected))

@@ -4,6 +4,7 @@ metric labels). Sizes only, no timing: `benchmarks/soak.py` shows the resident m
 
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass
 
 import httpx2
@@ -15,6 +16,7 @@ from specapi.server.metrics import ProxyMetrics
 from specapi.sim import SimProvider, simulated_endpoints
 from specapi.sim.latency import PrefixCache
 from specapi.sim.provider import CallList
+from specapi.sim.server import serving_provider
 from specapi.stats import RoundRecord, SpeculativeStats
 from test_server_support import metric
 
@@ -27,6 +29,23 @@ async def test_the_simulator_keeps_only_its_latest_calls():
     assert len(provider.calls) == 5
     assert [c.body["prompt"] for c in provider.calls] == [f"def f{i}(x):" for i in range(35, 40)]
     assert provider.usage["sim-target"].requests == 40  # the counters still count every request
+
+
+async def test_a_served_simulator_records_no_calls_and_its_models_stay_out_of_the_collectors_passes():
+    try:
+        provider = serving_provider(latency="instant")
+        model = provider.model("sim-target")  # built by the warm-up, before the freeze
+        assert not any(o is model for o in gc.get_objects())  # frozen: no pass of the collector walks it
+        for i in range(3):
+            body = {"model": "sim-target", "prompt": f"def f{i}(x):", "max_tokens": 2, "stream": i == 2}
+            response = await provider.handle("POST", "/v1/completions", body)
+            assert response.status == 200
+            if response.stream is not None:
+                assert [chunk async for chunk in response.stream]
+        assert list(provider.calls) == []
+        assert provider.usage["sim-target"].requests == 3 and provider.usage["sim-target"].completion_tokens == 6
+    finally:
+        gc.unfreeze()
 
 
 def test_call_list_bound_and_the_default():

@@ -12,8 +12,8 @@ flavour accepts and how it shapes answers), the ``LatencyProfile`` (how long it 
 the ``Faults`` (what goes wrong). Time is injected too (``sleep``, ``clock``), so tests run instantly.
 
 Every request is recorded in ``calls`` (a ``Call`` each: path, body, status, response or chunks, usage,
-simulated timing; the latest ``max_calls`` of them, so that a long-running ``specapi simulate`` keeps a
-bounded memory: a call with echoed logprobs holds ~20 KB), and ``usage`` holds per-model counters of requests and billed tokens, for comparison
+simulated timing; the latest ``max_calls`` of them, so that a long-running provider keeps a bounded
+memory: a call with echoed logprobs holds ~20 KB; ``specapi simulate`` keeps none), and ``usage`` holds per-model counters of requests and billed tokens, for comparison
 with what a client reports. For streams, completion tokens are counted as chunks are delivered, so a client
 that stops reading early is billed for what it received.
 
