@@ -13,9 +13,10 @@ the ``Faults`` (what goes wrong). Time is injected too (``sleep``, ``clock``), s
 
 Every request is recorded in ``calls`` (a ``Call`` each: path, body, status, response or chunks, usage,
 simulated timing; the latest ``max_calls`` of them, so that a long-running provider keeps a bounded
-memory: a call with echoed logprobs holds ~20 KB; ``specapi simulate`` keeps none), and ``usage`` holds per-model counters of requests and billed tokens, for comparison
-with what a client reports. For streams, completion tokens are counted as chunks are delivered, so a client
-that stops reading early is billed for what it received.
+memory: a call with echoed logprobs holds ~20 KB; ``specapi simulate`` keeps none), and ``usage`` holds
+per-model counters of requests and billed tokens, for comparison with what a client reports. For
+streams, completion tokens are counted as chunks are delivered, so a client that stops reading early is
+billed for what it received.
 
 Randomness comes from ``seed``: jitter and fault draws from their own generators, sampling from the
 request's ``seed`` when it gives one (the same request and seed give the same text) or else from the
