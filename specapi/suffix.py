@@ -515,7 +515,7 @@ class FreeDraftGate:
 
     def _pays_under_load(self, state: Any) -> bool:
         """Free rounds beat the target alone with the load counted as it is now (the verify calls' cost
-        to the requests ahead, the wait for the event loop); no while the costs are unmeasured."""
+        to the requests ahead, the wait for the event loop); False while the costs are unmeasured."""
         if self.expected < self.min_tokens:
             return False
         measured = getattr(self.inner, "free_drafts_pay", None)

@@ -105,7 +105,7 @@ def serving_provider(
 
     * Once its models are built, garbage is collected and what is left frozen (``gc.freeze()``), so that
       the collector's full passes no longer walk the models' tables. Without it such a pass stopped the
-      event loop, and every stream in flight, for 53-100 ms now and then; in twelve bursts of 100
+      event loop, and every stream in flight, for 53-107 ms now and then (two logs); in twelve bursts of 100
       streams on the LAN profile one after another, the wall time of a burst over the next one's ranged
       0.87-1.13, against 0.98-1.02 with the heap frozen.
     * It records no calls (``max_calls=0``): nothing reads them over HTTP, and the latest 1,000, each
