@@ -89,6 +89,11 @@ def capture_target_response() -> Iterator[TargetResponse]:
         _capture.reset(token)
 
 
+#: The jitter of every backoff without an `rng` of its own: one generator, not one seeded from the
+#: system's entropy for each call (made for every stream opened, and as costly as a streamed chunk).
+_JITTER = random.Random()
+
+
 class wait_retry_after:
     """Wait what the server asked for (Retry-After), else back off exponentially with full jitter."""
 
@@ -96,7 +101,7 @@ class wait_retry_after:
         self._offset = offset
         self._initial = initial
         self._maximum = maximum
-        self._rng = rng or random.Random()
+        self._rng = rng or _JITTER
 
     def __call__(self, retry_state: RetryCallState) -> float:
         exc = retry_state.outcome.exception() if retry_state.outcome else None
@@ -441,10 +446,17 @@ class RoleClient:
         payload = self._body(body)
         payload["stream"] = True
         data = dumps(payload)
+        attempts = 1 + self.endpoint.max_retries
         try:
-            async for attempt in self._retrying(1 + self.endpoint.max_retries):
-                with attempt:
-                    reply, started = await self._open_stream(path, data, meter, options)
+            try:
+                reply, started = await self._open_stream(path, data, meter, options)  # no retry machinery, as in `post`
+            except BaseException as exc:
+                if attempts <= 1 or not is_transient(exc):
+                    raise
+                await self.sleep(wait_retry_after().first(exc))
+                async for attempt in self._retrying(attempts - 1, offset=1):
+                    with attempt:
+                        reply, started = await self._open_stream(path, data, meter, options)
         except openai.APIStatusError as exc:
             raise self.error(f"HTTP {exc.status_code}: {exc.message}", status_code=exc.status_code, cause=exc) from exc
         except openai.APIError as exc:

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from dataclasses import replace
-import uuid
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Coroutine, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Dict, List, Literal, Optional, TypeVar, Union, overload
@@ -615,7 +615,7 @@ class _Resource:
             return SpeculativeStream(completion_chunks(events, model, include_usage), parse_completion)
         text, finished = await self._collect(engine, request)
         data = {
-            "id": f"{'chatcmpl' if self.chat else 'cmpl'}-spec-{uuid.uuid4().hex[:24]}",
+            "id": f"{'chatcmpl' if self.chat else 'cmpl'}-spec-{os.urandom(12).hex()}",
             "object": "chat.completion" if self.chat else "text_completion",
             "created": int(time.time()),
             "model": model,

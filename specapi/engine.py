@@ -161,7 +161,6 @@ class _Run:
     """Everything one request's rounds share."""
 
     request: GenerationRequest
-    rng: random.Random
     seeded: bool
     target_meter: Meter
     draft_meter: Meter | None
@@ -176,6 +175,15 @@ class _Run:
     #: How long a step of the event loop waited for its turn before the first round (0 with no other
     #: request in flight): `PolicyState.queue_delay_s` of the first round.
     queue_delay_s: float = 0.0
+    _rng: random.Random | None = None
+
+    @property
+    def rng(self) -> random.Random:
+        """The request's random draws, seeded with its seed. Made at the first draw: most requests (greedy,
+        unseeded) never draw, and seeding one from the system's entropy costs as much as a JSON chunk."""
+        if self._rng is None:
+            self._rng = random.Random(self.request.context.seed)
+        return self._rng
 
     def seed(self) -> int | None:
         """A seed for the next call, drawn from the request's seed so that runs repeat. Sampled calls
@@ -277,7 +285,6 @@ class Engine:
         started = self.clock()
         run = _Run(
             request=request,
-            rng=random.Random(request.context.seed),
             seeded=request.context.seed is not None,
             target_meter=Meter(self.target.endpoint),
             draft_meter=Meter(self.draft_client.endpoint) if self.draft_client else None,

@@ -8,7 +8,7 @@ last chunk carries them too (as an extra field OpenAI clients ignore).
 from __future__ import annotations
 
 import time
-import uuid
+import os
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Generic, TypeVar
 
@@ -73,7 +73,7 @@ def _usage(finished: Finished) -> dict[str, int]:
 
 
 async def completion_chunks(events: AsyncIterator[Piece | Finished], model: str, include_usage: bool) -> AsyncIterator[dict[str, Any]]:
-    ident, created = f"cmpl-spec-{uuid.uuid4().hex[:24]}", int(time.time())
+    ident, created = f"cmpl-spec-{os.urandom(12).hex()}", int(time.time())
 
     def chunk(text: str, finish: str | None) -> dict[str, Any]:
         return {
@@ -100,7 +100,7 @@ async def completion_chunks(events: AsyncIterator[Piece | Finished], model: str,
 
 
 async def chat_chunks(events: AsyncIterator[Piece | Finished], model: str, include_usage: bool) -> AsyncIterator[dict[str, Any]]:
-    ident, created = f"chatcmpl-spec-{uuid.uuid4().hex[:24]}", int(time.time())
+    ident, created = f"chatcmpl-spec-{os.urandom(12).hex()}", int(time.time())
 
     def chunk(delta: dict[str, Any], finish: str | None) -> dict[str, Any]:
         return {

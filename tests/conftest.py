@@ -28,10 +28,11 @@ def curl_installed() -> None:
     assert shutil.which("curl"), "the curl command is missing (apt-get install curl)"
 
 
-@pytest.fixture
+@pytest.fixture(autouse=True)
 def fresh_probe_cache():
-    """Simulated endpoints of one flavour share a label: probe results must not leak between tests
-    (used by a module with `pytestmark = pytest.mark.usefixtures("fresh_probe_cache")`)."""
+    """Simulated endpoints of one flavour share a label: probe results must not leak between tests.
+    For every test: one that passed only after another had probed the same label (its own request
+    then made no probe) hid what its first request does."""
     import specapi.probe
 
     specapi.probe._CACHE.clear()

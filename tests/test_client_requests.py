@@ -58,7 +58,12 @@ async def test_transport_options_reach_every_upstream_request_and_speculation_st
             prompt=CODE, max_tokens=20, temperature=0, extra_headers={"x-trace": "abc"}, extra_query={"tenant": "t1"}, timeout=30.0
         )
     assert resp.speculative.speculated and resp.speculative.draft.requests > 0
-    for call in provider.calls:
+    # The capability probe (once per endpoint, shared by the requests after it, on a prompt of its own)
+    # goes with the endpoint's settings, not with one request's: every call that carries the request's
+    # prompt carries its options.
+    calls = [call for call in provider.calls if "def fibonacci" in str(call.body)]
+    assert len(calls) > 2
+    for call in calls:
         assert call.headers.get("x-trace") == "abc", f"{call.model} {call.path} lacks the caller's header"
         assert "tenant=t1" in call.path, f"{call.model} {call.path} lacks the caller's query"
     expected, _ = await target_alone(provider, prompt=CODE, max_tokens=20)

@@ -224,6 +224,34 @@ async def test_a_stream_that_fails_to_open_is_retried_like_a_post():
     assert len(received) == 1 and sleep.calls == [1.5]
 
 
+async def test_a_stream_that_never_opens_stops_after_its_retries_with_backoff_and_names_the_role():
+    sleep = Sleeps()
+    down = WireReply(503, {"error": {"message": "overloaded"}})
+    async with WireServer(_script(down)) as server:
+        role = _role(server.base_url, sleep, max_retries=2)
+        meter = Meter(role.endpoint)
+        with pytest.raises(openai.APIStatusError) as caught:
+            async for _ in role.stream("/completions", {"prompt": "a"}, meter):
+                pass
+        await role.aclose()
+    assert len(server.requests) == 3 and meter.failed_requests == 3
+    # Exponential backoff with full jitter, from 0.2 s: the first wait in [0.1, 0.2], the second in [0.2, 0.4].
+    assert len(sleep.calls) == 2 and 0.1 <= sleep.calls[0] <= 0.2 and 0.2 <= sleep.calls[1] <= 0.4
+    assert isinstance(caught.value, TargetError) and caught.value.status_code == 503 and "target" in str(caught.value)
+
+
+async def test_a_stream_refused_for_good_is_not_retried():
+    sleep = Sleeps()
+    refused = WireReply(400, {"error": {"message": "bad prompt"}})
+    async with WireServer(_script(refused)) as server:
+        role = _role(server.base_url, sleep, max_retries=2)
+        with pytest.raises(openai.BadRequestError):
+            async for _ in role.stream("/completions", {"prompt": "a"}, Meter(role.endpoint)):
+                pass
+        await role.aclose()
+    assert len(server.requests) == 1 and sleep.calls == []
+
+
 async def test_the_client_end_to_end_over_aiohttp_streams_and_gives_raw_headers_and_closes_cleanly():
     def handler(request):
         body = request.json()

@@ -41,6 +41,9 @@ def _same(left: object, right: object) -> bool:
         '{"a": 1, "a": 2}',
         '{"x": [1.0, 1e-05, -0.0, 0.1, 2]}',
         '{"id": "cmpl-1234567890123456789012", "n": 1733059200}',  # a long digit run inside a string
+        '{"a":[0,12345678901234567890123,{"b":-98765432109876543210}]}',  # no space after the separators
+        "\n\t -12345678901234567890",  # a bare number after whitespace
+        '{"a": 1234567890123456789, "b": "\u4e2d\u6587 中文 😀"}',  # 19 digits, and text that is not ASCII
     ],
 )
 def test_loads_gives_what_json_loads_gives(text: str) -> None:

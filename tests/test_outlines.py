@@ -18,7 +18,8 @@ MAX_TOKENS = 24
 
 
 def _posts(calls, model: str) -> list:  # type: ignore[no-untyped-def]
-    return [call.body for call in calls if call.method == "POST" and (call.body or {}).get("model") == model]
+    """The requests to `model` about the question (not the capability probe's, on a prompt of its own)."""
+    return [call.body for call in calls if call.method == "POST" and (call.body or {}).get("model") == model and QUESTION in str(call.body)]
 
 
 def _speculated(calls) -> bool:  # type: ignore[no-untyped-def]

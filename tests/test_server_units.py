@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from decimal import Decimal
 
@@ -15,6 +16,7 @@ from specapi import ConfigurationError, Endpoint, RoleUsage, RoundRecord, Specul
 from specapi._exceptions import DraftError
 from specapi.server.arguments import chat_arguments, completion_arguments, parse_json_object
 from specapi.server.config import ServerConfig
+from specapi.server.disconnect import ClientDisconnected, run_unless_disconnected
 from specapi.server.errors import ProxyError, error_from_exception, guess_param, redact
 from specapi.server.headers import header_value, stats_headers
 from specapi.server.metrics import ProxyMetrics, fallback_category
@@ -229,3 +231,80 @@ def test_configuration_is_immutable_and_knows_its_secrets():
         config.client_options["policy"] = "adaptive"  # type: ignore[index]
     assert set(config.secrets) == {"sk-proxy", "sk-target-secret", "sk-draft-secret"}
     assert "sk-proxy" not in repr(config)
+
+
+# ----------------------------------------------------------------------------- racing work against a disconnect
+
+
+class _Connection:
+    """An ASGI `receive` whose client leaves when `leave()` is called."""
+
+    def __init__(self) -> None:
+        self._left = asyncio.Event()
+
+    def leave(self) -> None:
+        self._left.set()
+
+    async def receive(self) -> dict[str, str]:
+        await self._left.wait()
+        return {"type": "http.disconnect"}
+
+
+async def test_the_raced_work_starts_before_the_steps_already_waiting_and_gives_its_result():
+    order: list[str] = []
+
+    async def other() -> None:
+        order.append("a step that was waiting")
+
+    async def work() -> str:
+        order.append("the work")
+        await asyncio.sleep(0)
+        return "done"
+
+    waiting = asyncio.ensure_future(other())
+    assert await run_unless_disconnected(work(), _Connection().receive) == "done"
+    await waiting
+    assert order == ["the work", "a step that was waiting"]
+    assert {t for t in asyncio.all_tasks() if t is not asyncio.current_task()} == set()  # no watcher left behind
+
+
+async def test_a_client_that_leaves_cancels_the_work_which_unwinds_before_the_error():
+    connection = _Connection()
+    unwound: list[str] = []
+
+    async def work() -> str:
+        try:
+            await asyncio.sleep(30)
+        finally:
+            unwound.append("closed its upstream calls")
+        return "never"
+
+    asyncio.get_running_loop().call_later(0.01, connection.leave)
+    with pytest.raises(ClientDisconnected):
+        await run_unless_disconnected(work(), connection.receive)
+    assert unwound == ["closed its upstream calls"]
+    assert await asyncio.sleep(0, "the task goes on") == "the task goes on"  # its cancellation was handled, not left pending
+
+
+async def test_a_cancellation_from_elsewhere_stays_a_cancellation():
+    connection = _Connection()
+    started = asyncio.Event()
+
+    async def work() -> None:
+        started.set()
+        await asyncio.sleep(30)
+
+    racing = asyncio.ensure_future(run_unless_disconnected(work(), connection.receive))
+    await started.wait()
+    racing.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await racing
+    assert racing.cancelled()
+
+
+async def test_an_error_in_the_work_is_raised_as_it_is():
+    async def work() -> None:
+        raise TargetError("HTTP 500: boom", role="target", endpoint="http://127.0.0.1:9/v1", status_code=500)
+
+    with pytest.raises(TargetError, match="boom"):
+        await run_unless_disconnected(work(), _Connection().receive)

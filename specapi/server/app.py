@@ -18,10 +18,11 @@ import contextlib
 import gc
 import hashlib
 import hmac
+import functools
 import logging
-from collections import OrderedDict
+import os
 import re
-import uuid
+from collections import OrderedDict
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -82,6 +83,8 @@ class _Proxy:
         self.metrics = ProxyMetrics(model=config.target.model)
         self.metrics.ready.set(0)
         self.secrets = config.secrets
+        #: `redact` with this proxy's secrets, remembered: the same few reasons go out with every response.
+        self.scrub: Callable[[str], str] = functools.lru_cache(maxsize=256)(lambda text: redact(text, self.secrets))
         self.readiness: Readiness | None = None
         self._tenants: OrderedDict[str, AsyncSpeculativeOpenAI] = OrderedDict()
         self._client: AsyncSpeculativeOpenAI | None = self._build_client()  # validates the configuration now
@@ -163,9 +166,6 @@ class _Proxy:
         if exc.role == "target" and (exc.status_code is None or exc.status_code >= 500):
             self.readiness.suspect(self.scrub(f"a request failed on the target: {exc}")[:300])
 
-    def scrub(self, text: str) -> str:
-        return redact(text, self.secrets)
-
     def summary(self, stats: SpeculativeStats) -> dict[str, Any]:
         summary = stats.to_dict()
         for name in ("fallback_reason", "exact_reason"):
@@ -177,7 +177,7 @@ class _Proxy:
 
     def _request_id(self, request: Request) -> str:
         given = request.headers.get("x-request-id", "")
-        return given if _REQUEST_ID.match(given) else f"req_{uuid.uuid4().hex}"
+        return given if _REQUEST_ID.match(given) else f"req_{os.urandom(16).hex()}"
 
     def _authenticate(self, request: Request) -> None:
         expected = self.config.api_key
@@ -236,7 +236,7 @@ class _Proxy:
                 return response
             result = await run_unless_disconnected(create(**kwargs), request.receive)
         except (ClientDisconnected, ClientDisconnect):
-            self.metrics.disconnects.labels(route=route).inc()
+            self.metrics.child(self.metrics.disconnects, route).inc()
             self.metrics.request(route, CLIENT_CLOSED_REQUEST)
             return Response(status_code=CLIENT_CLOSED_REQUEST)  # nobody reads it; the server drops it
         except Exception as exc:
@@ -249,9 +249,9 @@ class _Proxy:
         data["speculative"] = self.summary(stats)
         elapsed = self.config.clock() - started
         self.metrics.request(route, 200)
-        self.metrics.duration.labels(route=route).observe(elapsed)
+        self.metrics.child(self.metrics.duration, route).observe(elapsed)
         if stats.ttft_s is not None:
-            self.metrics.ttft.labels(route=route).observe(elapsed - stats.wall_s + stats.ttft_s)
+            self.metrics.child(self.metrics.ttft, route).observe(elapsed - stats.wall_s + stats.ttft_s)
         self.metrics.observe(route, stats)
         return JSONResponse(data, headers={**stats_headers(stats, self.scrub), "x-request-id": request_id})
 
@@ -280,12 +280,12 @@ class _Proxy:
         except BaseException:
             await stream.close()
             raise
-        self.metrics.ttft.labels(route=route).observe(self.config.clock() - started)
+        self.metrics.child(self.metrics.ttft, route).observe(self.config.clock() - started)
 
         async def close(disconnected: bool) -> None:
             await stream.close()  # cancels whatever upstream call is still in flight
             if disconnected:
-                self.metrics.disconnects.labels(route=route).inc()
+                self.metrics.child(self.metrics.disconnects, route).inc()
             self.metrics.request(route, 200)  # the status line went out before the first chunk
             self.metrics.in_flight.dec()
 
@@ -308,12 +308,12 @@ class _Proxy:
                 yield encode_event(data)
                 data = await stream.next_data()
             yield DONE_EVENT
-            self.metrics.duration.labels(route=route).observe(self.config.clock() - started)
+            self.metrics.child(self.metrics.duration, route).observe(self.config.clock() - started)
         except Exception as exc:  # after the headers: the error travels as an event (the SDK raises it)
             self._watch_failure(exc)
             error = error_from_exception(exc, secrets=self.secrets)
             logger.warning("stream %s on %s failed: %s", request_id, route, self.scrub(str(exc)))
-            self.metrics.stream_errors.labels(route=route).inc()
+            self.metrics.child(self.metrics.stream_errors, route).inc()
             yield encode_event(error.body())
 
     # -- other routes

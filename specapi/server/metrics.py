@@ -161,7 +161,18 @@ class ProxyMetrics:
             registry=registry,
         )
         self._reasons: set[str] = set()
+        self._children: dict[tuple[Any, ...], Any] = {}
         self._view = self._exported()
+
+    def child(self, metric: Any, *labels: str) -> Any:
+        """`metric.labels(*labels)`, kept: prometheus-client checks and hashes the labels at every call,
+        about 17 times per request. The label sets are bounded (routes, statuses, roles, positions,
+        reasons), and so is this."""
+        key = (id(metric), *labels)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*labels)
+        return found
 
     def _exported(self) -> _WithoutCreated:
         directory = multiprocess_dir()
@@ -172,37 +183,46 @@ class ProxyMetrics:
         return _WithoutCreated(merged)
 
     def request(self, route: str, status: int) -> None:
-        self.requests.labels(route=route, status=str(status)).inc()
+        self.child(self.requests, route, str(status)).inc()
 
     def observe(self, route: str, stats: SpeculativeStats) -> None:
         """Add one finished generation's statistics."""
-        self.responses.labels(route=route, speculated=str(stats.speculated).lower(), exact=str(stats.exact).lower()).inc()
-        self.rounds.inc(stats.num_rounds)
-        self.drafted.inc(stats.drafted_tokens)
-        self.accepted.inc(stats.accepted_tokens)
-        self.generated.inc(stats.generated_tokens)
+        self.child(self.responses, route, "true" if stats.speculated else "false", "true" if stats.exact else "false").inc()
+        for counter, amount in (
+            (self.rounds, stats.num_rounds),
+            (self.drafted, stats.drafted_tokens),
+            (self.accepted, stats.accepted_tokens),
+            (self.generated, stats.generated_tokens),
+        ):
+            if amount:
+                counter.inc(amount)
         self._observe_positions(stats)
         for role, usage in (("target", stats.target), ("draft", stats.draft)):
             self.upstream(role, usage)
         category = fallback_category(stats.fallback_reason)
         if category is not None:
-            self.fallbacks.labels(reason=category).inc()
+            self.child(self.fallbacks, category).inc()
         reason = getattr(stats, "load_reason", None)  # set by the load-aware policy when it holds speculation back
         if reason:
             label = str(reason)[:_MAX_REASON_LENGTH]
             if label not in self._reasons and len(self._reasons) >= _MAX_REASONS:
                 label = "other"
             self._reasons.add(label)
-            self.reduced.labels(model_name=self.model, reason=label).inc()
+            self.child(self.reduced, self.model, label).inc()
 
     def upstream(self, role: str, usage: RoleUsage) -> None:
         """Add upstream calls: a generation's, or the startup probe's (which no response carries)."""
-        self.upstream_requests.labels(role=role).inc(usage.requests)
-        self.upstream_failed.labels(role=role).inc(usage.failed_requests)
-        self.upstream_tokens.labels(role=role, kind="prompt").inc(usage.prompt_tokens)
-        self.upstream_tokens.labels(role=role, kind="completion").inc(usage.completion_tokens)
+        for counter, labels, amount in (
+            (self.upstream_requests, (role,), usage.requests),
+            (self.upstream_failed, (role,), usage.failed_requests),
+            (self.upstream_tokens, (role, "prompt"), usage.prompt_tokens),
+            (self.upstream_tokens, (role, "completion"), usage.completion_tokens),
+        ):
+            child = self.child(counter, *labels)  # the series exists (at 0) from the first request on
+            if amount:
+                child.inc(amount)
         if usage.cost_usd is not None:
-            self.cost.labels(role=role).inc(float(usage.cost_usd))
+            self.child(self.cost, role).inc(float(usage.cost_usd))
 
     def _observe_positions(self, stats: SpeculativeStats) -> None:
         drafted: dict[int, int] = {}
@@ -215,13 +235,18 @@ class ProxyMetrics:
                 drafted[slot] = drafted.get(slot, 0) + 1
                 accepted[slot] = accepted.get(slot, 0) + ok
         for slot, count in drafted.items():
-            self.drafted_by_position.labels(position=str(slot)).inc(count)
+            self.child(self.drafted_by_position, str(slot)).inc(count)
             if accepted[slot]:
-                self.accepted_by_position.labels(position=str(slot)).inc(accepted[slot])
-                self.num_accepted_tokens_per_pos.labels(model_name=self.model, position=_vllm_position(slot)).inc(accepted[slot])
-        self.num_drafts.labels(model_name=self.model).inc(drafts)
-        self.num_draft_tokens.labels(model_name=self.model).inc(stats.drafted_tokens)
-        self.num_accepted_tokens.labels(model_name=self.model).inc(stats.accepted_tokens)
+                self.child(self.accepted_by_position, str(slot)).inc(accepted[slot])
+                self.child(self.num_accepted_tokens_per_pos, self.model, _vllm_position(slot)).inc(accepted[slot])
+        for counter, amount in (
+            (self.num_drafts, drafts),
+            (self.num_draft_tokens, stats.drafted_tokens),
+            (self.num_accepted_tokens, stats.accepted_tokens),
+        ):
+            child = self.child(counter, self.model)
+            if amount:
+                child.inc(amount)
 
     def retire(self) -> None:
         """This process stops serving: under several processes, its live gauges leave the sums."""

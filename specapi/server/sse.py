@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from typing import Any
 
@@ -14,7 +13,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from .._json import dumps
-from .disconnect import wait_for_disconnect
+from .disconnect import ClientDisconnected, run_unless_disconnected
 
 __all__ = ["encode_event", "DONE_EVENT", "EventStreamResponse"]
 
@@ -53,17 +52,13 @@ class EventStreamResponse(StreamingResponse):
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        pump = asyncio.ensure_future(self._pump(send))
-        watcher = asyncio.ensure_future(wait_for_disconnect(receive))
+        left = False
         try:
-            await asyncio.wait((pump, watcher), return_when=asyncio.FIRST_COMPLETED)
+            # In this task, from now: the first chunk is ready, and goes out before the steps already waiting.
+            await run_unless_disconnected(self._pump(send), receive)
+        except ClientDisconnected:
+            left = True
         finally:
-            left_early = not pump.done()
-            pump.cancel()
-            watcher.cancel()
-            await asyncio.gather(pump, watcher, return_exceptions=True)
             await self._events.aclose()
             if self._on_close is not None:
-                await self._on_close(left_early and watcher.done() and not watcher.cancelled())
-        if not pump.cancelled() and pump.exception() is not None:
-            raise pump.exception()  # type: ignore[misc]
+                await self._on_close(left)
