@@ -509,3 +509,55 @@ async def test_the_target_alones_streams_teach_the_curve_their_pace_without_thei
     assert text and policy.curve is not None
     pace = policy.curve.stream_pace
     assert pace is not None and 0.009 <= pace < 0.1, pace
+
+
+class _FirstRoundsInTurn(_RecordsItsRequest):
+    """Watches the queue; the first rounds, in the order requests reach them, speculate or not as `plan` says."""
+
+    watches_queue = True
+
+    def __init__(self, plan: list[int]) -> None:
+        super().__init__()
+        self.plan = list(plan)
+
+    def choose(self, state: PolicyState) -> int:
+        if state.rounds_so_far == 0:
+            return self.plan.pop(0)
+        return 2
+
+
+async def test_under_load_a_first_round_lets_the_stream_decided_right_after_it_go_out_first():
+    """Five streams started together, their first rounds chosen in turn: the earliest speculates (nothing
+    queued ahead of it), then speculate, target alone, speculate, target alone. Each of the two later
+    speculating rounds makes its first call after the stream of the request whose turn came right
+    after its own has reached the server: the long jobs first, as a burst ends when its last stream
+    does. (Without the extra turn, each round's first call went out before that stream.)"""
+    import asyncio
+
+    from simclient import target_alone
+    from specapi import AsyncSpeculativeOpenAI
+    from specapi.sim import SimProvider, simulated_endpoints
+
+    provider = SimProvider(capabilities="vllm", latency="instant", seed=0)
+    target, draft = simulated_endpoints(provider=provider)
+    policy = _FirstRoundsInTurn([3, 3, 0, 3, 0])
+    prompts = ["def add(a, b):\n", "import os\n", "class A:\n", "for i in x:\n", "while True:\n"]
+    async with AsyncSpeculativeOpenAI(target=target, draft=draft, drafter="model", policy=policy) as client:
+
+        async def one(prompt: str) -> str:
+            stream = await client.completions.create(model=target.model, prompt=prompt, max_tokens=12, temperature=0, stream=True)
+            return "".join([chunk.choices[0].text async for chunk in stream])
+
+        texts = await asyncio.gather(*(one(p) for p in prompts))
+    calls = [c for c in provider.calls if c.method == "POST"]
+    streams = [i for i, c in enumerate(calls) if c.model == "sim-target" and (c.body or {}).get("stream")]
+    first_draft: dict[str, int] = {}
+    for i, c in enumerate(calls):
+        if c.model == "sim-draft":
+            first_draft.setdefault(next(p for p in prompts if p in str(c.body.get("prompt"))), i)
+    assert len(streams) >= 2 and len(first_draft) == 3
+    earliest, *later = sorted(first_draft.values())
+    assert earliest < min(streams)  # the earliest request in flight waits for nobody
+    assert later[0] > streams[0] and later[1] > streams[1], (streams, first_draft)
+    for prompt, text in zip(prompts, texts):
+        assert text == (await target_alone(provider, prompt=prompt, max_tokens=12))[0]
