@@ -276,3 +276,49 @@ def test_the_gate_speculates_with_free_drafts_only_where_they_pay():
         assert gate.reason == "the target alone is faster"
     unmeasured = FreeDraftGate(Alone(pays=None), 12.0, lambda: None, max_length=16, remaining=96)
     assert unmeasured.start_request() == SPECULATE  # costs unknown: a confident index is enough
+
+
+# ----------------------------------------------------------------------------- long texts: what a query encodes, what is learnt
+
+LONG_TEXTS = {  # long, and not one block repeated (a repeated prompt is rightly continued with itself)
+    "code": "".join(f"def handle_{i}(request):\n    user = request.users[{i * 7}]\n    return render(request, 'p{i}.html')\n" for i in range(40)),
+    "chinese": "".join(f"第{i}条：推测解码在第{i * 3}轮接受了{i % 7}个词元，目标模型验证草稿。" for i in range(90)),
+    "japanese": "".join(f"第{i}回：投機的デコーディングでは{i * 3}個の下書きを大きなモデルが検証します。" for i in range(80)),
+    "emoji and combining marks": "".join(f"Cafe\u0301 n°{i} 👩‍💻 naïve résumé {i * 11} 🇯🇵 e\u0301\u0301; " for i in range(90)),
+    "runs of spaces": "".join(f"x{i}" + " " * 300 for i in range(12)),  # tokens of many characters: the wider window is read
+}
+
+
+@pytest.mark.parametrize("name", sorted(LONG_TEXTS))
+async def test_a_long_prompt_seen_before_is_continued_with_the_answer_it_had(name: str) -> None:
+    """A query encodes only the end of a long text (its first 512 characters, or 2,048 where the
+    tokens are long): the end of the learnt prompt is still found, and leads into the learnt answer."""
+    text = LONG_TEXTS[name]
+    assert len(text) > 2048
+    index = SuffixIndex()
+    output = "    return response  # 完了 ✅\n"
+    learn(index, Context(prompt=text, sampling=GREEDY), output)
+    draft = await SuffixDrafter(index, min_confidence=0.0).draft(Context(prompt=text, sampling=GREEDY), 8, meter(), None)
+    assert len(draft.tokens) >= 4 and output.startswith(draft.text), draft.text
+
+
+@pytest.mark.parametrize("name", sorted(LONG_TEXTS))
+def test_a_long_prompt_teaches_the_index_its_last_tokens_and_the_whole_output(name: str) -> None:
+    from specapi.suffix import PROMPT_TAIL_TOKENS, encode
+
+    index = SuffixIndex()
+    output = "推测解码是一种加速方法。" * 5
+    learn(index, Context(prompt=LONG_TEXTS[name], sampling=GREEDY), output)
+    answer = len(encode(output))
+    assert answer + 4 <= index.tokens <= answer + PROMPT_TAIL_TOKENS  # Chinese: 256 tokens, not the ~1,000 of 1,024 characters
+
+
+async def test_where_the_texts_end_has_few_tokens_the_query_reads_further_back() -> None:
+    """Two prompts that differ only before their last 600 characters, all spaces (a handful of
+    tokens): the query reaches back to what tells them apart, and each gets its own answer."""
+    index = SuffixIndex()
+    for name, answer in (("alpha", " = 1\n"), ("beta", " = 2\n")):
+        learn(index, Context(prompt=f"settings for {name}:" + " " * 600, sampling=GREEDY), f"{name}{answer}")
+    for name, answer in (("alpha", " = 1\n"), ("beta", " = 2\n")):
+        draft = await SuffixDrafter(index).draft(Context(prompt=f"settings for {name}:" + " " * 600, sampling=GREEDY), 8, meter(), None)
+        assert draft.text and f"{name}{answer}".startswith(draft.text), (name, draft.text)
