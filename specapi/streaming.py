@@ -7,8 +7,8 @@ last chunk carries them too (as an extra field OpenAI clients ignore).
 
 from __future__ import annotations
 
-import time
 import os
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Generic, TypeVar
 

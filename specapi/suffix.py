@@ -258,16 +258,17 @@ class SuffixIndex:
 
 #: How much of the current text a query encodes: the last `_QUERY_FIRST_CHARS` characters, which hold
 #: `max_match` tokens and more in all but unusual text (a token of English is about four characters,
-#: one of Chinese one or two), else the last `_QUERY_CHARS`. Encoding is most of a query's cost, and it
-#: is paid at every round: 0.2 ms for 2,048 characters of code, 0.35 ms for 2,000 of Chinese.
+#: one of Chinese one or two), else the last `_QUERY_CHARS`. Encoding is most of a query's cost, paid at
+#: every round: on 4,000-character prompts a round's draft cost 206 µs (code) and 342 µs (Chinese) of CPU
+#: with 2,048 characters encoded, 87 and 126 µs with 512 (`benchmarks/suffix_cost.py`).
 _QUERY_FIRST_CHARS = 512
 _QUERY_CHARS = 2048
 #: What a chat request's text has between the messages and the answer (`context_text`).
 _ANSWER_HEADER = "<|assistant|>\n"
 _SHORT_ANSWER_CHARS = 64  # an answer this long is taken to have min_match tokens (true but for long runs of one character)
 #: How much of a finished request's prompt the index learns: its last `PROMPT_TAIL_TOKENS` tokens, read
-#: from its last `PROMPT_TAIL_CHARS` characters (a quarter as many tokens in English; in Chinese the
-#: token cap is what holds, where 1,024 characters were about a thousand tokens to insert).
+#: from its last `PROMPT_TAIL_CHARS` characters (about a quarter as many tokens in English; in Chinese
+#: the token cap is what holds, where 1,024 characters were 1,024 to 1,117 tokens to insert).
 PROMPT_TAIL_CHARS = 1024
 PROMPT_TAIL_TOKENS = 256
 

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import hashlib
 import hmac
-import functools
 import logging
 import os
 import re

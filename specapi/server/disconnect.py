@@ -37,8 +37,8 @@ async def run_unless_disconnected(work: Awaitable[T], receive: Receive) -> T:
     The work runs in the calling task, from now: only the watcher is a task of its own. Given a task
     of its own, the work would start behind every step already waiting for the event loop, and in a
     burst of 100 streams through the proxy each request's first upstream call then waited for all the
-    others' handlers (a cold burst ran at 0.82x the target alone's throughput, 0.92x with the work
-    started at once: `benchmarks/README.md`)."""
+    others' handlers (cold bursts ran at 0.82x the target alone's throughput, 0.90x with the work
+    started at once, medians of five: `benchmarks/README.md`)."""
     running = asyncio.current_task()
     assert running is not None, "run_unless_disconnected runs in a task"
     left = False
