@@ -20,7 +20,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlencode
 
 import httpx2
@@ -39,6 +39,7 @@ __all__ = ["Meter", "RoleClient", "is_transient", "Sleep", "Clock", "TargetRespo
 
 Sleep = Callable[[float], Awaitable[None]]
 Clock = Callable[[], float]
+T = TypeVar("T")
 
 _TRANSIENT_STATUS = {408, 409, 429, 500, 502, 503, 504}
 
@@ -318,6 +319,24 @@ class RoleClient:
             reraise=True,
         )
 
+    async def _attempts(self, once: Callable[[], Awaitable[T]], attempts: int) -> T:
+        """`once()`, tried up to `attempts` times while it fails transiently, waiting what the server asks
+        or backing off with jitter. The first try runs without tenacity's loop (the common case: in a
+        profile of the proxy on one-token streams its machinery was 6% of the CPU), which takes over
+        after a transient failure."""
+        try:
+            return await once()
+        except BaseException as exc:
+            if attempts <= 1 or not is_transient(exc):
+                raise
+            wait = wait_retry_after().first(exc)
+        await self.sleep(wait)
+        result: T
+        async for attempt in self._retrying(attempts - 1, offset=1):
+            with attempt:
+                result = await once()
+        return result
+
     async def post(
         self,
         path: str,
@@ -335,15 +354,7 @@ class RoleClient:
         data = dumps(self._body(body))
         attempts = 1 + (self.endpoint.max_retries if retries is None else retries)
         try:
-            try:
-                result = await self._post_once(path, data, meter, options)  # the common case: no retry machinery
-            except BaseException as exc:
-                if attempts <= 1 or not is_transient(exc):
-                    raise
-                await self.sleep(wait_retry_after().first(exc))
-                async for attempt in self._retrying(attempts - 1, offset=1):
-                    with attempt:
-                        result = await self._post_once(path, data, meter, options)
+            result = await self._attempts(lambda: self._post_once(path, data, meter, options), attempts)
         except openai.APIStatusError as exc:
             raise self.error(f"HTTP {exc.status_code}: {exc.message}", status_code=exc.status_code, cause=exc) from exc
         except openai.APIError as exc:
@@ -446,17 +457,8 @@ class RoleClient:
         payload = self._body(body)
         payload["stream"] = True
         data = dumps(payload)
-        attempts = 1 + self.endpoint.max_retries
         try:
-            try:
-                reply, started = await self._open_stream(path, data, meter, options)  # no retry machinery, as in `post`
-            except BaseException as exc:
-                if attempts <= 1 or not is_transient(exc):
-                    raise
-                await self.sleep(wait_retry_after().first(exc))
-                async for attempt in self._retrying(attempts - 1, offset=1):
-                    with attempt:
-                        reply, started = await self._open_stream(path, data, meter, options)
+            reply, started = await self._attempts(lambda: self._open_stream(path, data, meter, options), 1 + self.endpoint.max_retries)
         except openai.APIStatusError as exc:
             raise self.error(f"HTTP {exc.status_code}: {exc.message}", status_code=exc.status_code, cause=exc) from exc
         except openai.APIError as exc:
