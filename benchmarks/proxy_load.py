@@ -57,6 +57,7 @@ import aiohttp
 import httpx2
 import openai
 import orjson
+import specapi
 
 PROXY_KEY = "sk-bench-proxy"
 UPSTREAM_KEY = "sk-bench-upstream"
@@ -127,11 +128,18 @@ def _proxy_workers(url: str) -> int:
     return 0
 
 
+#: Where the `specapi` this process imported lives. The servers start in it: `python -c` puts its working
+#: directory first on `sys.path`, so started from a checkout they ran that checkout's code, even where
+#: `PYTHONPATH` named another (a worktree under test) for the load generator.
+_SPECAPI_HOME = os.path.dirname(os.path.dirname(os.path.abspath(specapi.__file__)))
+
+
 @contextlib.contextmanager
 def _process(args: list[str], env: dict[str, str], health_url: str, name: str) -> Iterator[subprocess.Popen]:
-    """A server subprocess, logging to a temporary file (a pipe nobody reads would fill up and block it)."""
+    """A server subprocess, logging to a temporary file (a pipe nobody reads would fill up and block it),
+    running the same `specapi` as this process."""
     with tempfile.TemporaryFile("w+") as log:
-        process = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=log, text=True)
+        process = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=log, text=True, cwd=_SPECAPI_HOME)
         try:
             _wait_healthy(health_url, process)
             yield process
