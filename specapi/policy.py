@@ -420,6 +420,12 @@ class AdaptiveDraftLength:
         rank = self._rank()
         if self._rounds_seen < self.min_rounds or not self._verify.known:
             return self._unmeasured_under_load() if rank > 1 else self.start_length
+        if rank > 1 and state.rounds_so_far == 0 and not self._target.has_slope:
+            # The target's own speed is not measured yet: nothing to weigh the added calls against,
+            # and every load check below needs it. As with speculation unmeasured, the earliest request
+            # goes on (it measures the target on its last tokens) and a later one starts with the
+            # target alone (which measures it too); one already speculating goes on.
+            return self._unmeasured_under_load()
         if not self._target.has_slope and self._measure_target_now(state):
             self._measuring = True
             self.reason = "adaptive policy: the target wrote the rest alone once, to measure its own speed"
@@ -521,10 +527,11 @@ class AdaptiveDraftLength:
         return 0
 
     def _unmeasured_under_load(self) -> int:
-        """Requests in flight ahead of this one while speculation is not measured yet (a burst on a cold
-        client): nothing says the added calls pay, so the earliest request speculates (and measures
-        speculation) and later ones let the target generate alone (which measures the target); from
-        then on the measured costs decide. At one request in flight this never applies."""
+        """Requests in flight ahead of this one while speculation, or the target's own speed, is not
+        measured yet (a burst on a cold client, or on a worker whose warm-up did not measure the target):
+        nothing says the added calls pay, so the earliest request speculates (and measures) and later
+        ones let the target generate alone (which measures the target); from then on the measured costs
+        decide. At one request in flight this never applies."""
         self.reason = "adaptive policy: " + LOAD_TARGET_ALONE + " (not measured yet)"
         self.load_reason = LOAD_TARGET_ALONE
         return 0

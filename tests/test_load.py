@@ -561,3 +561,23 @@ async def test_under_load_a_first_round_lets_the_stream_decided_right_after_it_g
     assert later[0] > streams[0] and later[1] > streams[1], (streams, first_draft)
     for prompt, text in zip(prompts, texts):
         assert text == (await target_alone(provider, prompt=prompt, max_tokens=12))[0]
+
+
+def test_a_burst_on_a_policy_that_never_measured_the_target_starts_later_requests_with_the_target_alone():
+    """Speculation measured (rounds seen), the target's own speed not (no plain step yet), 8 requests in
+    flight on a steep curve: no load check can weigh the added calls, so the earliest request speculates
+    and the later ones start with the target alone; a request already speculating goes on."""
+    policy = AdaptiveDraftLength()
+    policy.start_request()
+    for _ in range(8):
+        policy.observe(RoundRecord(drafted=4, accepted=3, emitted=4, draft_latency_s=0.02, verify_latency_s=0.031,
+                                   drafter="draft-model", accepted_by_position=(True, True, True, False)))
+    steep = curve_from(lambda c: 0.031 + 0.006 * c, range(1, 9), in_flight=8)
+    k, reason = decide(policy, steep, 1)
+    assert k > 0 and reason is None
+    assert all(decide(policy, steep, rank) == (0, LOAD_TARGET_ALONE) for rank in range(2, 9))
+    assert "not measured yet" in policy.reason
+    assert decide(policy, steep, 5, rounds_so_far=2)[0] > 0
+    policy.observe_plain(32, 0.03 + 0.025 * 32)  # measured: from here the measured costs decide
+    decide(policy, steep, 2)
+    assert "not measured yet" not in policy.reason
