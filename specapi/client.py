@@ -16,7 +16,7 @@ import os
 import time
 from dataclasses import replace
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Coroutine, Iterable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Dict, List, Literal, Optional, TypeVar, Union, overload
 
 import httpx2
@@ -222,6 +222,7 @@ class _Runtime:
         self.drafter = _build_drafter(drafter, self.draft, self.suffix_index)
         # Learning costs a little CPU per request: only where something drafts from it (or may, later).
         self.learning = suffix_index is not None or bool(indexes(self.drafter))
+        self.on_learn: Callable[[str, list[int]], None] | None = None
         self.policy = policy
         self.pipeline = pipeline
         self.verification = verification
@@ -269,9 +270,12 @@ class _Runtime:
         return self._suffix_by_model[model]
 
     def learn(self, context: Context, text: str, model: str) -> None:
-        """A request finished with `text`: the suffix index of its model remembers it."""
+        """A request finished with `text`: the suffix index of its model remembers it (and
+        `on_learn`, when set, hears which tokens it took: the proxy tells its other workers)."""
         if self.learning:
-            learn(self.suffix_for(model), context, text)
+            tokens = learn(self.suffix_for(model), context, text)
+            if self.on_learn is not None:
+                self.on_learn(model, tokens)
 
     def engine(
         self, chat: bool, prediction: str | None = None, model: str | None = None, context: Context | None = None, max_tokens: int = 0

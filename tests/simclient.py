@@ -1,4 +1,4 @@
-"""Test helpers around the simulator: the target's own answer, and a response's answer (not a test module)."""
+"""Test helpers around the simulator: the target's own answer, a response's answer, a completion through a proxy app (not a test module)."""
 
 from __future__ import annotations
 
@@ -25,3 +25,15 @@ def answer(resp) -> tuple[str, str]:  # type: ignore[no-untyped-def]
     """(text, finish_reason) of a completion or chat completion."""
     choice = resp.choices[0]
     return (choice.message.content if hasattr(choice, "message") else choice.text), choice.finish_reason
+
+
+async def proxy_completion(app, key: str, prompt: str, max_tokens: int = 30) -> dict:  # type: ignore[no-untyped-def]
+    """A greedy completion through a proxy app (in process), with the client key `key`: the response's JSON."""
+    async with httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app), base_url="http://proxy") as http:
+        response = await http.post(
+            "/v1/completions",
+            json={"model": "sim-target", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0},
+            headers={"authorization": f"Bearer {key}"},
+        )
+    assert response.status_code == 200, response.text
+    return response.json()

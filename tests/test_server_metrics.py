@@ -18,6 +18,7 @@ from prometheus_client.mmap_dict import MmapedDict
 
 from specapi.server import BackgroundServer
 from specapi.server.metrics import MULTIPROCESS_DIR_VARIABLE, ProxyMetrics
+from specapi.server.peers import PEERS_DIR_VARIABLE
 from specapi.sim import SimProvider
 from specapi.sim import create_app as create_sim_app
 from specapi.stats import RoundRecord, SpeculativeStats
@@ -131,10 +132,20 @@ def _counts_by_process(directory, name: str) -> dict[str, float]:
     return totals
 
 
-def test_specapi_serve_with_two_workers_adds_up_and_drains_on_sigterm(tmp_path):
+def _served_by(directory, before: dict[str, float]) -> str:
+    """The worker whose request count grew since `before` (one request sent in between)."""
+    after = _counts_by_process(directory, "specapi_requests_total")
+    (pid,) = [pid for pid, count in after.items() if count > before.get(pid, 0.0)]
+    return pid
+
+
+def test_specapi_serve_with_two_workers_adds_up_shares_what_it_learns_and_drains_on_sigterm(tmp_path):
+    peers = tmp_path / "peers"
+    peers.mkdir()
     with BackgroundServer(create_sim_app(SimProvider(latency="lan")), shutdown_timeout=1) as target:
         port = _free_port()
         env = {
+            PEERS_DIR_VARIABLE: str(peers),
             **os.environ,
             "SPECAPI_TARGET_BASE_URL": target.url + "/v1", "SPECAPI_TARGET_MODEL": "sim-target",
             "SPECAPI_DRAFT_BASE_URL": target.url + "/v1", "SPECAPI_DRAFT_MODEL": "sim-draft",
@@ -173,6 +184,25 @@ def test_specapi_serve_with_two_workers_adds_up_and_drains_on_sigterm(tmp_path):
             assert sum(by_process.values()) == 6 == metric(text, "specapi_requests_total", route="/v1/completions", status="200")
             drafts = metric(text, "specapi_spec_decode_num_drafts_total", model_name="sim-target")
             assert drafts == sum(_counts_by_process(tmp_path, "specapi_spec_decode_num_drafts_total").values()) > 0
+            # A prompt one worker answered is drafted from by the other: each has a socket in the peers'
+            # directory, and what one learns reaches the other.
+            assert len(list(peers.glob("*.sock"))) == 2
+            taught = {**body, "prompt": "从前有座山, 山里有座庙 🙂; once upon a time", "max_tokens": 30}
+            before = _counts_by_process(tmp_path, "specapi_requests_total")
+            assert httpx2.post(url + "/v1/completions", json=taught, timeout=30).status_code == 200
+            teacher = _served_by(tmp_path, before)
+            time.sleep(0.3)
+            for _ in range(40):  # new connections until the other worker takes one
+                before = _counts_by_process(tmp_path, "specapi_requests_total")
+                response = httpx2.post(url + "/v1/completions", json=taught, timeout=30).json()
+                if _served_by(tmp_path, before) != teacher:
+                    break
+            else:
+                pytest.fail("the kernel never gave the second worker a connection")
+            # Most of its answer drafted from what it learnt, none by the draft model (the adaptive policy may
+            # still let the target write the last tokens alone, to measure the target's speed).
+            assert response["speculative"]["accepted_tokens"] >= 15  # of 30
+            assert response["speculative"]["draft"]["requests"] == 0
             # A long stream in flight when SIGTERM comes: it finishes before its worker exits.
             with httpx2.Client(timeout=60) as client, client.stream(
                 "POST", url + "/v1/completions", json={**body, "max_tokens": 60, "stream": True}
@@ -183,6 +213,7 @@ def test_specapi_serve_with_two_workers_adds_up_and_drains_on_sigterm(tmp_path):
                 rest = [line for line in lines if line.startswith("data: ")]
             assert first and rest[-1] == "data: [DONE]"
             assert process.wait(timeout=30) == 0
+            assert list(peers.iterdir()) == []  # each worker removed its socket
         finally:
             if process.poll() is None:
                 os.killpg(process.pid, signal.SIGKILL)  # the supervisor and its workers

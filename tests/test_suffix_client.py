@@ -4,7 +4,6 @@ drafts, and the proxy keeps tenants' indexes apart when asked to."""
 
 from __future__ import annotations
 
-import httpx2
 import pytest
 
 from specapi import AsyncSpeculativeOpenAI
@@ -16,7 +15,7 @@ from specapi.server import ServerConfig, create_app
 from specapi.sim import SimProvider, simulated_endpoints
 from specapi.stats import RoundRecord
 from specapi.suffix import SuffixDrafter, SuffixIndex, learn
-from simclient import answer, target_alone
+from simclient import answer, proxy_completion, target_alone
 
 GREEDY = SamplingParams(temperature=0.0)
 PREAMBLE = "You are a coding agent. Answer with one tool call as JSON, then the code.\n"
@@ -157,14 +156,7 @@ async def test_predicted_outputs_carry_a_confident_suffix_draft_and_no_model_cal
 
 
 async def proxy_post(app, key: str, prompt: str) -> dict:  # type: ignore[no-untyped-def]
-    async with httpx2.AsyncClient(transport=httpx2.ASGITransport(app=app), base_url="http://proxy") as http:
-        response = await http.post(
-            "/v1/completions",
-            json={"model": "sim-target", "prompt": prompt, "max_tokens": 30, "temperature": 0},
-            headers={"authorization": f"Bearer {key}"},
-        )
-    assert response.status_code == 200, response.text
-    return response.json()["speculative"]
+    return (await proxy_completion(app, key, prompt))["speculative"]
 
 
 @pytest.mark.parametrize("scope", ["model", "api-key"])

@@ -44,6 +44,7 @@ from .disconnect import ClientDisconnected, run_unless_disconnected
 from .errors import ProxyError, error_from_exception, redact
 from .headers import stats_headers
 from .metrics import CONTENT_TYPE, ProxyMetrics
+from .peers import Peers
 from .readiness import Readiness, target_check
 from .sse import DONE_EVENT, EventStreamResponse, encode_event
 
@@ -86,12 +87,16 @@ class _Proxy:
         #: `redact` with this proxy's secrets, remembered: the same few reasons go out with every response.
         self.scrub: Callable[[str], str] = functools.lru_cache(maxsize=256)(lambda text: redact(text, self.secrets))
         self.readiness: Readiness | None = None
+        #: The other processes serving this port, told what this one's suffix indexes learn (`peers.py`).
+        self.peers: Peers | None = None
         self._tenants: OrderedDict[str, AsyncSpeculativeOpenAI] = OrderedDict()
         self._client: AsyncSpeculativeOpenAI | None = self._build_client()  # validates the configuration now
 
     def _build_client(self) -> AsyncSpeculativeOpenAI:
         self._tenants.clear()
-        return build_client(self.config)
+        client = build_client(self.config)
+        client._runtime.on_learn = functools.partial(self._tell_peers, "")
+        return client
 
     @property
     def client(self) -> AsyncSpeculativeOpenAI:
@@ -102,19 +107,37 @@ class _Proxy:
     def client_for(self, request: Request) -> AsyncSpeculativeOpenAI:
         """The client serving `request`: the shared one, or (suffix scope "api-key") a copy with the
         suffix index of the key the request presented. Copies share connections and the policy."""
-        shared = self.client
         if self.config.suffix_scope != "api-key":
-            return shared
+            return self.client
         _, _, given = request.headers.get("authorization", "").partition(" ")
-        tenant = hashlib.sha256(given.strip().encode()).hexdigest()
+        return self._tenant(hashlib.sha256(given.strip().encode()).hexdigest())
+
+    def _tenant(self, tenant: str) -> AsyncSpeculativeOpenAI:
+        """The client of one API key (by its hash), made on first use; the least recently used go."""
         client = self._tenants.get(tenant)
         if client is None:
-            client = shared.with_options(suffix_index=SuffixIndex(max_tokens=self.config.suffix_max_tokens))
+            client = self.client.with_options(suffix_index=SuffixIndex(max_tokens=self.config.suffix_max_tokens))
+            client._runtime.on_learn = functools.partial(self._tell_peers, tenant)
             self._tenants[tenant] = client
             while len(self._tenants) > self.config.max_tenants:
                 self._tenants.popitem(last=False)
         self._tenants.move_to_end(tenant)
         return client
+
+    # -- sharing what the suffix indexes learn with the other processes (`peers.py`)
+
+    def _tell_peers(self, tenant: str, model: str, tokens: list[int]) -> None:
+        if self.peers is not None:
+            self.peers.publish(f"{tenant}\n{model}", tokens)
+
+    def _learnt_by_peer(self, scope: str, tokens: list[int]) -> None:
+        tenant, _, model = scope.partition("\n")
+        if bool(tenant) != (self.config.suffix_scope == "api-key"):
+            return  # a process configured otherwise: its scopes are not this one's
+        client = self._tenant(tenant) if tenant else self.client
+        runtime = client._runtime
+        if runtime.learning:
+            runtime.suffix_for(model).add(tokens)
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
@@ -127,6 +150,10 @@ class _Proxy:
         )
         watcher = asyncio.ensure_future(self.readiness.run())
         await self.client._warm()  # not in the middle of the first requests' streams
+        if self.config.peers_dir is not None:
+            self.peers = Peers(self.config.peers_dir, self._learnt_by_peer)
+            self.peers.start()
+        app.state.peers = self.peers
         # The target's capabilities too: otherwise a burst's first requests all wait for the first one's
         # probe (each worker's, under --workers N). Not for long if the target does not answer: the
         # probe then goes on in the background, or the first request probes again.
@@ -153,6 +180,9 @@ class _Proxy:
             if release is not None:
                 await release()
             self.readiness = None
+            if self.peers is not None:
+                self.peers.close()
+                self.peers = None
             self.metrics.ready.set(0)
             self.metrics.retire()
             client, self._client = self._client, None

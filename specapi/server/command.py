@@ -14,8 +14,10 @@ keys: command lines are visible to other users of the machine (`ps`).
 `--workers N` (N > 1) runs N processes on one port (uvicorn's workers: a supervisor that binds the socket and
 spawns them). Each worker builds its own app from the same settings; Prometheus metrics go through
 prometheus-client's multiprocess mode (a fresh temporary directory, or `PROMETHEUS_MULTIPROC_DIR` if set),
-so `/metrics` on any worker adds up all of them. SIGTERM to the supervisor reaches every worker, and each
-drains its in-flight requests for up to `--shutdown-timeout` seconds.
+so `/metrics` on any worker adds up all of them. The workers tell each other what their suffix indexes
+learn (`peers.py`: sockets in a fresh private directory, or `SPECAPI_PEERS_DIR` if set; separate `specapi
+serve` processes given the same `SPECAPI_PEERS_DIR` share it too). SIGTERM to the supervisor reaches every
+worker, and each drains its in-flight requests for up to `--shutdown-timeout` seconds.
 
 The draft endpoint is optional with `--drafter lookup` (prompt lookup drafts from the request itself)
 or `--verification none`.
@@ -48,6 +50,7 @@ from .app import build_client, create_app
 from .config import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_TOKENS_LIMIT, SUFFIX_SCOPES, ServerConfig
 from .errors import redact
 from .metrics import MULTIPROCESS_DIR_VARIABLE
+from .peers import PEERS_DIR_VARIABLE
 
 __all__ = ["add_arguments", "run", "serve", "serve_workers", "worker_app", "resolve_settings", "Settings", "SettingsError", "OPTIONS"]
 
@@ -234,8 +237,9 @@ def _ignore_signal(signum: int, frame: object) -> None:
 
 def proxy_app(settings: Settings) -> Starlette:
     """The app of a process that is the proxy (`specapi serve`, each of its workers): once started, it
-    keeps what startup loaded out of the garbage collector's full passes (`ServerConfig.freeze_gc`)."""
-    return create_app(replace(settings.config, freeze_gc=True))
+    keeps what startup loaded out of the garbage collector's full passes (`ServerConfig.freeze_gc`),
+    and shares what it learns with the processes of `SPECAPI_PEERS_DIR` when that is set."""
+    return create_app(replace(settings.config, freeze_gc=True, peers_dir=os.environ.get(PEERS_DIR_VARIABLE) or None))
 
 
 def worker_app() -> Starlette:
@@ -247,10 +251,13 @@ def worker_app() -> Starlette:
 
 def serve_workers(settings: Settings, args: argparse.Namespace) -> int:
     """Run `settings.workers` processes on one port until SIGINT/SIGTERM; each drains like `serve` does."""
-    created = None
+    created = []
     if not os.environ.get(MULTIPROCESS_DIR_VARIABLE):
-        created = tempfile.mkdtemp(prefix="specapi-metrics-")
-        os.environ[MULTIPROCESS_DIR_VARIABLE] = created  # read by prometheus-client when each worker imports it
+        created.append((MULTIPROCESS_DIR_VARIABLE, tempfile.mkdtemp(prefix="specapi-metrics-")))
+    if not os.environ.get(PEERS_DIR_VARIABLE):
+        created.append((PEERS_DIR_VARIABLE, tempfile.mkdtemp(prefix="specapi-peers-")))  # mode 0700
+    for variable, directory in created:
+        os.environ[variable] = directory  # read by each worker (prometheus-client: when it imports it)
     os.environ[_WORKER_OPTIONS_VARIABLE] = json.dumps({o.dest: getattr(args, o.dest, None) for o in OPTIONS})
     config = _uvicorn_config(f"{__name__}:worker_app", settings, factory=True, workers=settings.workers)
     _announce(settings)
@@ -264,9 +271,9 @@ def serve_workers(settings: Settings, args: argparse.Namespace) -> int:
     finally:
         socket.close()
         os.environ.pop(_WORKER_OPTIONS_VARIABLE, None)
-        if created is not None:
-            os.environ.pop(MULTIPROCESS_DIR_VARIABLE, None)
-            shutil.rmtree(created, ignore_errors=True)
+        for variable, directory in created:
+            os.environ.pop(variable, None)
+            shutil.rmtree(directory, ignore_errors=True)
     return 0
 
 

@@ -57,6 +57,10 @@ class ServerConfig:
             without it, one such pass stopped the proxy's event loop for 40–70 ms now and then under
             load (every stream in flight waits). For a process that is the proxy (`specapi serve` sets
             it); an app mounted in another program leaves that program's collector alone by default.
+        peers_dir: a directory the processes serving one port share (`specapi serve --workers N` makes
+            one): each process tells the others, through a socket there, every sequence its suffix
+            indexes learn, so that a prompt one worker answered is known to all (`peers.py`). The
+            processes must share `suffix_scope`. None (default): this process learns alone.
     """
 
     target: Endpoint
@@ -74,6 +78,7 @@ class ServerConfig:
     readiness_check: Callable[[], Awaitable[str | None]] | None = field(default=None, repr=False, compare=False)
     clock: Callable[[], float] = field(default=time.perf_counter, repr=False, compare=False)
     freeze_gc: bool = False
+    peers_dir: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.target, Endpoint):
