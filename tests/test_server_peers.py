@@ -92,7 +92,7 @@ async def test_a_peer_that_does_not_read_holds_back_no_one_and_what_waits_for_it
     listener.start()
     try:
         record = list(range(4000))  # 16 KB a record: four to a message
-        for turn in range(40):
+        for _ in range(40):
             for _ in range(4):
                 sender.publish(SCOPES[0], record)
             await asyncio.sleep(0)
@@ -100,7 +100,7 @@ async def test_a_peer_that_does_not_read_holds_back_no_one_and_what_waits_for_it
         waiting = sender._waiting[tmp_path / "deaf.sock"]
         assert 0 < sum(map(len, waiting)) <= MAX_PENDING_BYTES
         assert sender.dropped > 0
-        # Once it reads again, what waited is sent, oldest first, on the next tries.
+        # Once it reads again, what waited for it is sent on the next tries.
         received = []
         async def drain() -> bool:
             while True:

@@ -139,6 +139,9 @@ class Peers:
         return self._socket is not None
 
     def start(self) -> None:
+        if not hasattr(socket, "AF_UNIX"):
+            logger.warning("workers do not share what they learn: this system has no Unix sockets")
+            return
         if len(os.fsencode(self.path)) > _UNIX_PATH_MAX:
             logger.warning("workers do not share what they learn: the socket path %s is too long", self.path)
             return
