@@ -27,11 +27,11 @@ def test_records_survive_the_round_trip_in_order():
     assert unpack(messages[0]) == records
 
 
-def test_records_too_many_for_one_message_are_split_and_one_too_large_is_left_out():
+def test_records_too_many_for_one_message_are_split_and_ones_that_cannot_go_are_left_out():
     record = (SCOPES[0], list(range(1000)))  # about 4 KB
     huge = (SCOPES[1], [7] * (MAX_MESSAGE_BYTES // 4))
-    messages, left_out = pack([record] * 40 + [huge] + [record] * 3)
-    assert left_out == 1
+    messages, left_out = pack([record] * 40 + [huge, (SCOPES[0], [-1]), (SCOPES[0], [2**32])] + [record] * 3)
+    assert left_out == 3
     assert all(len(m) <= MAX_MESSAGE_BYTES for m in messages) and len(messages) == 3
     assert [r for m in messages for r in unpack(m)] == [record] * 43
 

@@ -41,7 +41,7 @@ logger = logging.getLogger("specapi.server")
 PEERS_DIR_VARIABLE = "SPECAPI_PEERS_DIR"
 #: The largest message sent (a datagram: well under the socket's send buffer, 208 KiB here).
 MAX_MESSAGE_BYTES = 64 * 1024
-#: What waits for one peer that has no room, at most (about 50 sequences of 300 tokens).
+#: What waits for one peer that has no room, at most (about 200 sequences of 300 tokens).
 MAX_PENDING_BYTES = 256 * 1024
 #: How long a worker waits before trying a full peer again.
 RETRY_S = 0.02
@@ -71,7 +71,12 @@ def pack(records: Sequence[tuple[str, Sequence[int]]]) -> tuple[list[bytes], int
         if len(_MAGIC) + _RECORD.size + len(key) + 4 * len(tokens) > MAX_MESSAGE_BYTES:
             left_out += 1
             continue
-        record = _RECORD.pack(len(key), len(tokens)) + key + _ids(tokens)
+        try:
+            ids = _ids(tokens)
+        except OverflowError:  # not token ids of any tokenizer (negative, or over 32 bits)
+            left_out += 1
+            continue
+        record = _RECORD.pack(len(key), len(tokens)) + key + ids
         if len(current) + len(record) > MAX_MESSAGE_BYTES:
             messages.append(bytes(current))
             current = bytearray(_MAGIC)
