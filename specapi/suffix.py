@@ -50,6 +50,7 @@ from typing import Any
 from ._calls import Meter
 from .alignment import ScoredToken
 from .context import Context
+from .drafters import _encoding as _drafters_encoding
 
 __all__ = [
     "DEFAULT_MAX_TOKENS",
@@ -276,9 +277,8 @@ PROMPT_TAIL_TOKENS = 256
 
 
 def _encoding() -> Any:
-    from .drafters import _encoding as shared
-
-    return shared()
+    """The drafters' tokenizer (loaded once, shared)."""
+    return _drafters_encoding()
 
 
 def load_tokenizer() -> None:
@@ -287,7 +287,8 @@ def load_tokenizer() -> None:
 
 
 def encode(text: str) -> list[int]:
-    return _encoding().encode(text, disallowed_special=())
+    """`text`'s token ids, special tokens' text taken as ordinary text."""
+    return _encoding().encode_ordinary(text)
 
 
 def _tail_tokens(text: str, chars: int) -> list[int]:
