@@ -62,7 +62,7 @@ def _ids(tokens: Sequence[int]) -> bytes:
 
 def pack(records: Sequence[tuple[str, Sequence[int]]]) -> tuple[list[bytes], int]:
     """`(scope, token ids)` records as messages of at most `MAX_MESSAGE_BYTES`, in order, and how many
-    were left out (a record larger than a message alone)."""
+    were left out (a record larger than a message alone, or with ids outside 0 to 2**32 - 1)."""
     messages: list[bytes] = []
     left_out = 0
     current = bytearray(_MAGIC)
