@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import time
 from dataclasses import replace
 from collections import OrderedDict
@@ -47,7 +46,7 @@ from .engine import Engine, Finished, GenerationRequest, Piece
 from .load import current_request, new_request_id
 from .policy import AdaptiveDraftLength, DraftLengthPolicy, FixedDraftLength
 from .stats import RoleUsage, SpeculativeStats
-from .streaming import SpeculativeStream, chat_chunks, completion_chunks, parse_chat_chunk, parse_completion
+from .streaming import SpeculativeStream, chat_chunks, completion_chunks, parse_chat_chunk, parse_completion, response_id
 from .types import SpeculativeChatCompletion, SpeculativeCompletion
 from .paths import PathResolver
 from .pricing import call_cost
@@ -619,7 +618,7 @@ class _Resource:
             return SpeculativeStream(completion_chunks(events, model, include_usage), parse_completion)
         text, finished = await self._collect(engine, request)
         data = {
-            "id": f"{'chatcmpl' if self.chat else 'cmpl'}-spec-{os.urandom(12).hex()}",
+            "id": response_id(self.chat),
             "object": "chat.completion" if self.chat else "text_completion",
             "created": int(time.time()),
             "model": model,

@@ -18,7 +18,7 @@ from openai.types.chat import ChatCompletionChunk
 from .engine import Finished, Piece
 from .stats import SpeculativeStats
 
-__all__ = ["SpeculativeStream", "completion_chunks", "chat_chunks"]
+__all__ = ["SpeculativeStream", "completion_chunks", "chat_chunks", "response_id"]
 
 T = TypeVar("T")
 
@@ -67,13 +67,18 @@ class SpeculativeStream(Generic[T]):
         await self.close()
 
 
+def response_id(chat: bool) -> str:
+    """A fresh id for one response, in OpenAI's shape (`chatcmpl-...` or `cmpl-...`)."""
+    return f"{'chatcmpl' if chat else 'cmpl'}-spec-{os.urandom(12).hex()}"
+
+
 def _usage(finished: Finished) -> dict[str, int]:
     prompt = finished.prompt_tokens or 0
     return {"prompt_tokens": prompt, "completion_tokens": finished.completion_tokens, "total_tokens": prompt + finished.completion_tokens}
 
 
 async def completion_chunks(events: AsyncIterator[Piece | Finished], model: str, include_usage: bool) -> AsyncIterator[dict[str, Any]]:
-    ident, created = f"cmpl-spec-{os.urandom(12).hex()}", int(time.time())
+    ident, created = response_id(chat=False), int(time.time())
 
     def chunk(text: str, finish: str | None) -> dict[str, Any]:
         return {
@@ -100,7 +105,7 @@ async def completion_chunks(events: AsyncIterator[Piece | Finished], model: str,
 
 
 async def chat_chunks(events: AsyncIterator[Piece | Finished], model: str, include_usage: bool) -> AsyncIterator[dict[str, Any]]:
-    ident, created = f"chatcmpl-spec-{os.urandom(12).hex()}", int(time.time())
+    ident, created = response_id(chat=True), int(time.time())
 
     def chunk(delta: dict[str, Any], finish: str | None) -> dict[str, Any]:
         return {

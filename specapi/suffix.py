@@ -50,7 +50,7 @@ from typing import Any
 from ._calls import Meter
 from .alignment import ScoredToken
 from .context import Context
-from .drafters import _encoding as _drafters_encoding
+from .drafters import _encoding  # the drafters' tokenizer, loaded once and shared
 
 __all__ = [
     "DEFAULT_MAX_TOKENS",
@@ -274,11 +274,6 @@ _SHORT_ANSWER_CHARS = 64  # an answer this long is taken to have min_match token
 #: the token cap is what holds, where 1,024 characters were 1,024 to 1,117 tokens to insert).
 PROMPT_TAIL_CHARS = 1024
 PROMPT_TAIL_TOKENS = 256
-
-
-def _encoding() -> Any:
-    """The drafters' tokenizer (loaded once, shared)."""
-    return _drafters_encoding()
 
 
 def load_tokenizer() -> None:

@@ -49,7 +49,6 @@ RETRY_S = 0.02
 _MAGIC = b"spk1"
 _RECORD = struct.Struct("<HI")  # the scope's length in bytes, the number of token ids
 _SOCKET_SUFFIX = ".sock"
-_UNIX_PATH_MAX = 107  # sun_path is 108 bytes on Linux, a terminating NUL included
 _LITTLE = sys.byteorder == "little"
 
 
@@ -118,8 +117,9 @@ class Peers:
     """This process's end of the sharing: `publish` what the index learnt, `deliver` what others did.
 
     `deliver(scope, tokens)` is called on the event loop for every record another process sent.
-    `start()` binds the socket (on the running loop); `close()` removes it. A directory whose socket
-    paths would be too long for the system turns sharing off, with a warning.
+    `start()` binds the socket (on the running loop); `close()` removes it. Where it cannot bind (a
+    directory whose socket paths are too long for the system, 107 bytes on Linux), sharing is off,
+    with a warning that says why.
     """
 
     def __init__(self, directory: str | os.PathLike[str], deliver: Callable[[str, list[int]], None]) -> None:
@@ -146,9 +146,6 @@ class Peers:
     def start(self) -> None:
         if not hasattr(socket, "AF_UNIX"):
             logger.warning("workers do not share what they learn: this system has no Unix sockets")
-            return
-        if len(os.fsencode(self.path)) > _UNIX_PATH_MAX:
-            logger.warning("workers do not share what they learn: the socket path %s is too long", self.path)
             return
         self._loop = asyncio.get_running_loop()
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
