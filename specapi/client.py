@@ -218,7 +218,7 @@ class _Runtime:
         # What finished requests taught: shared per target model (another `model=` gets its own).
         self.suffix_index = suffix_index if suffix_index is not None else SuffixIndex()
         self._suffix_by_model: OrderedDict[str, SuffixIndex] = OrderedDict()
-        self.drafter = _build_drafter(drafter, self.draft, self.suffix_index)
+        self.drafter = _build_drafter(drafter, self.draft, self.suffix_index, paid_max_length=getattr(policy, "max_length", None))
         # Learning costs a little CPU per request: only where something drafts from it (or may, later).
         self.learning = suffix_index is not None or bool(indexes(self.drafter))
         self.on_learn: Callable[[str, list[int]], None] | None = None
@@ -311,7 +311,7 @@ class _Runtime:
         )
 
 
-def _build_drafter(choice: str | Drafter, draft: RoleClient | None, index: SuffixIndex) -> Drafter | None:
+def _build_drafter(choice: str | Drafter, draft: RoleClient | None, index: SuffixIndex, *, paid_max_length: int | None = None) -> Drafter | None:
     if not isinstance(choice, str):
         return choice
     if choice == "model":
@@ -324,7 +324,7 @@ def _build_drafter(choice: str | Drafter, draft: RoleClient | None, index: Suffi
         return SuffixDrafter(index)
     if choice == "auto":
         free: list[Drafter] = [SuffixDrafter(index), LookupDrafter()]
-        return CombinedDrafter([*free, ModelDrafter(draft)] if draft is not None else free)
+        return CombinedDrafter([*free, ModelDrafter(draft)] if draft is not None else free, paid_max_length=paid_max_length)
     raise ConfigurationError(f"drafter must be 'auto', 'model', 'lookup', 'suffix' or a drafter object, got {choice!r}")
 
 
@@ -342,7 +342,7 @@ def _build_policy(choice: str | DraftLengthPolicy, k: int) -> DraftLengthPolicy:
     if choice == "fixed":
         return fixed
     if choice == "adaptive":
-        return AdaptiveDraftLength(start_length=k, max_length=max(10, k))
+        return AdaptiveDraftLength(start_length=k, max_length=max(10, k), free_max_length=max(32, k))
     raise ConfigurationError(f"policy must be 'adaptive', 'fixed' or a policy object, got {choice!r}")
 
 

@@ -256,6 +256,10 @@ class CombinedDrafter:
 
     drafters: Sequence[Drafter]
     name: str = "combined"
+    #: The longest draft asked of a drafter that makes a call (the draft model); None: as long as asked.
+    #: A round sized for free drafts (up to the policy's `free_max_length`) that the draft model wins
+    #: asks the model for no more than the policy would have asked it for (`max_length`).
+    paid_max_length: int | None = None
 
     def __post_init__(self) -> None:
         self._learnt = {d.name: _Learnt() for d in self.drafters}
@@ -325,16 +329,17 @@ class CombinedDrafter:
             considered.append((drafter.name, rate))
             if rate > best_rate:
                 best, best_name, best_rate = proposal, drafter.name, rate
+        paid_k = k if self.paid_max_length is None else min(k, self.paid_max_length)
         for drafter in paid:
             learnt = self._learnt[drafter.name]
             cost = learnt.latency_s if learnt.latency_s is not None else verify
-            rate = (1.0 + _geometric(learnt.acceptance, k)) / (verify + cost)
+            rate = (1.0 + _geometric(learnt.acceptance, paid_k)) / (verify + cost)
             considered.append((drafter.name, rate))
             if rate > best_rate:
                 best, best_rate, chosen = None, rate, drafter
         self.last_choice = considered
         if chosen is not None:
-            proposal = await chosen.draft(context, k, meter, seed)
+            proposal = await chosen.draft(context, paid_k, meter, seed)
             learnt = self._learnt[chosen.name]
             learnt.latency_s = proposal.latency_s if learnt.latency_s is None else 0.8 * learnt.latency_s + 0.2 * proposal.latency_s
             return proposal

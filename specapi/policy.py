@@ -205,7 +205,11 @@ class AdaptiveDraftLength:
     grew with each request's place, to about 40 ms; with 16 requests on one client it stayed under 3 ms.
 
     Args:
-        max_length: the longest draft considered.
+        max_length: the longest draft considered for the draft model.
+        free_max_length: the longest draft considered for drafters that make no call (the suffix index,
+            prompt lookup). Their drafts cost no draft call, and a verify call costs about the same for
+            10 tokens as for 32, while every round sends the whole text again: a suffix index repeating
+            a known answer covers it in fewer, longer rounds.
         start_length: the length used before anything is measured.
         margin: start speculating only if it is predicted faster than the target alone by this factor;
             once speculating, stop only when predicted slower by this factor. The band between keeps
@@ -230,6 +234,7 @@ class AdaptiveDraftLength:
         self,
         *,
         max_length: int = 10,
+        free_max_length: int = 32,
         start_length: int = 4,
         margin: float = 1.05,
         recheck_every: int = 20,
@@ -238,11 +243,15 @@ class AdaptiveDraftLength:
     ) -> None:
         if max_length < 1 or start_length < 1 or start_length > max_length:
             raise ConfigurationError("need 1 <= start_length <= max_length")
+        if free_max_length < 1:
+            raise ConfigurationError("need free_max_length >= 1")
         if margin <= 0 or recheck_every < 1:
             raise ConfigurationError("margin must be > 0 and recheck_every >= 1")
         if calibration_tokens < 2:
             raise ConfigurationError("calibration_tokens must be >= 2")
         self.max_length = max_length
+        self.free_max_length = free_max_length
+        self._positions = max(max_length, free_max_length)  # the acceptance tables' length
         self.start_length = start_length
         self.margin = margin
         self.recheck_every = recheck_every
@@ -292,7 +301,7 @@ class AdaptiveDraftLength:
         estimates: list[float] = []
         if drafter is None:
             drafter = MODEL_DRAFTER if MODEL_DRAFTER in self._tables else self._last_drafter
-        accepted_by, seen_by = self._tables.get(drafter) or ([0.0] * self.max_length, [0.0] * self.max_length)
+        accepted_by, seen_by = self._tables.get(drafter) or ([0.0] * self._positions, [0.0] * self._positions)
         for accepted, seen in zip(accepted_by, seen_by):
             prior = estimates[-1] if estimates else 0.5
             estimates.append((accepted + self._PRIOR_SEEN * prior) / (seen + self._PRIOR_SEEN))
@@ -303,7 +312,7 @@ class AdaptiveDraftLength:
         what the estimates are worth, in draft positions (`_OWN_PRIOR_SEEN` by default)."""
         accepted_own = expected_own = 0.0
         for flags in own:
-            for i, ok in enumerate(flags[: self.max_length]):
+            for i, ok in enumerate(flags[: len(estimates)]):
                 expected_own += estimates[i]
                 accepted_own += ok
                 if not ok:
@@ -361,10 +370,18 @@ class AdaptiveDraftLength:
     def best_length(
         self, remaining: int, load_s: float = 0.0, acceptance: Sequence[float] | None = None, *, free: bool = False
     ) -> tuple[int, float]:
+        """The draft length with the highest `predicted_speculative_rate` (up to `free_max_length` for
+        drafts without a call, `max_length` otherwise, and short of `remaining`), and that rate."""
         acceptance = self.acceptance() if acceptance is None else acceptance
+        longest = self.free_max_length if free else self.max_length
+        drafting = self._draft.known and not free
         best_k, best_rate = 1, 0.0
-        for k in range(1, min(self.max_length, max(1, remaining - 1)) + 1):
-            rate = self.predicted_speculative_rate(k, load_s, acceptance, free=free)
+        total = survive = 1.0  # `expected_tokens(acceptance, k)`, carried from one k to the next
+        for k in range(1, min(longest, max(1, remaining - 1)) + 1):
+            survive *= acceptance[k - 1] if k <= len(acceptance) else (acceptance[-1] if acceptance else 0.0)
+            total += survive
+            round_s = (self._draft.predict(k) if drafting else 0.0) + self._verify.predict(k) + load_s
+            rate = total / round_s if round_s > 0 else float("inf")
             if rate > best_rate:
                 best_k, best_rate = k, rate
         return best_k, best_rate
@@ -548,9 +565,9 @@ class AdaptiveDraftLength:
         drafter = drafter_of(record)
         self._last_drafter = drafter
         if drafter not in self._tables:
-            self._tables[drafter] = ([0.0] * self.max_length, [0.0] * self.max_length)
+            self._tables[drafter] = ([0.0] * self._positions, [0.0] * self._positions)
         accepted, seen = self._tables[drafter]  # by position, of this drafter's drafts (see `acceptance`)
-        for i, ok in enumerate(record.accepted_by_position[: self.max_length]):
+        for i, ok in enumerate(record.accepted_by_position[: self._positions]):
             accepted[i] = accepted[i] * decay + ok
             seen[i] = seen[i] * decay + 1
             if not ok:

@@ -599,7 +599,8 @@ def gate_free_drafts(drafter: Any, policy: Any, context: Context, index: SuffixI
     with_drafters = getattr(drafter, "with_drafters", None)
     if with_drafters is not None:
         drafter = with_drafters(list(drafter.drafters))
-    max_length = int(getattr(policy, "max_length", getattr(policy, "k", 16)))
+    # Free rounds: as long as the policy lets drafts without a call be (`free_max_length`).
+    max_length = int(getattr(policy, "free_max_length", getattr(policy, "max_length", getattr(policy, "k", 16))))
 
     every = list(getattr(drafter, "drafters", ()))
 

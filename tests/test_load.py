@@ -179,7 +179,7 @@ def test_long_drafts_made_under_load_do_not_become_a_cost_per_drafted_token():
     assert policy._verify.predict(1) > 0.1  # the level follows the loaded calls
     assert policy.predicted_target_rate(REMAINING) < target_rate  # slower under load, not faster
     # The request drafting from the suffix index goes on at full length, and speculation stays on.
-    assert decide(policy, busy, 1, rounds_so_far=1, free=True) == (policy.max_length, None) and not policy._off
+    assert decide(policy, busy, 1, rounds_so_far=1, free=True) == (policy.free_max_length, None) and not policy._off
     # Alone again, calls of different lengths measure the per-token cost anew.
     alone = curve_from(lambda c: 0.031, range(1, 2), in_flight=1)
     policy.watch_load(alone, alone)

@@ -81,10 +81,28 @@ def test_fixed_draft_length_always_drafts_k():
 
 
 @pytest.mark.parametrize("options", [dict(start_length=0), dict(max_length=0), dict(start_length=5, max_length=4),
-                                     dict(margin=0), dict(recheck_every=0)])
+                                     dict(margin=0), dict(recheck_every=0), dict(free_max_length=0)])
 def test_adaptive_policy_validates_its_options(options):
     with pytest.raises(ConfigurationError):
         AdaptiveDraftLength(**options)
+
+
+@pytest.mark.parametrize("seed", range(20))
+@pytest.mark.parametrize("free", [False, True])
+def test_the_best_length_is_the_length_with_the_highest_predicted_rate(seed, free):
+    """`best_length` carries the expected tokens from one length to the next: it picks what trying
+    every length with `predicted_speculative_rate` picks, up to `free_max_length` for drafts without a
+    call and `max_length` for the model, and short of the tokens that remain."""
+    rng = random.Random(seed)
+    policy = AdaptiveDraftLength(max_length=rng.randint(1, 12), free_max_length=rng.randint(1, 40), start_length=1)
+    for record in rounds(rng, 12, acceptance=rng.uniform(0.2, 1.0), lengths=[2, 5, 9], draft_s=(0.004, 0.004), verify_s=0.03):
+        policy.observe(record)
+    acceptance = [rng.uniform(0.0, 1.0) for _ in range(rng.randint(1, 45))]
+    remaining, load_s = rng.randint(1, 60), rng.choice([0.0, 0.01])
+    longest = min(policy.free_max_length if free else policy.max_length, max(1, remaining - 1))
+    rates = {k: policy.predicted_speculative_rate(k, load_s, acceptance, free=free) for k in range(1, longest + 1)}
+    k, rate = policy.best_length(remaining, load_s, acceptance, free=free)
+    assert rate == pytest.approx(max(rates.values())) and rates[k] == pytest.approx(rate)
 
 
 # ----------------------------------------------------------------------------- adaptive length

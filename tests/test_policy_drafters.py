@@ -93,7 +93,7 @@ def test_a_request_drafting_from_the_index_goes_on_whatever_the_verdict_on_the_d
     policy = measured(0.1)
     assert policy.choose(PolicyState(REMAINING, 4, accepted_by_position=((False,),) * 4)) == 0 and policy._off
     suffix_rounds(policy, 10)
-    assert policy.choose(free_state(((True,) * 10,) * 2)) == policy.max_length
+    assert policy.choose(free_state(((True,) * 10,) * 2)) == policy.free_max_length > policy.max_length
     assert policy._off
 
 
@@ -105,7 +105,7 @@ def test_a_request_whose_free_drafts_fail_drafts_shorter_then_lets_the_target_fi
     suffix_rounds(policy, 30)
     good = policy.choose(free_state(((True,) * 10,)))
     once = policy.choose(free_state(((False,),)))
-    assert good == policy.max_length > once > 0
+    assert good == policy.free_max_length > once > 0
     assert policy.choose(free_state(((False,),) * 8)) == 0
     assert "suffix drafts" in policy.reason and not policy._off
 

@@ -75,6 +75,44 @@ async def test_one_request_mixes_suffix_drafts_and_the_draft_model():
     assert "suffix" in used and "draft-model" in used
 
 
+async def test_an_answer_the_index_knows_comes_in_long_free_rounds_and_the_model_drafts_as_before():
+    """The default policy lets drafts without a call run to `free_max_length` (32), the draft model to
+    `max_length` (10): a repeated request is verified in fewer, longer rounds than with free drafts held
+    to 10, and its output is the target's own either way. Chinese, Japanese and an emoji in the prompt."""
+    from specapi.policy import AdaptiveDraftLength
+    from specapi.sim import LatencyProfile, ModelTiming
+
+    # Short real latencies, so that the policy measures speculation paying (on "instant" nothing does).
+    latency = LatencyProfile(name="fast-lan", target=ModelTiming(ttft_base_s=0.004, tpot_s=0.004), draft=ModelTiming(ttft_base_s=0.001, tpot_s=0.001))
+    provider = SimProvider(capabilities="vllm", latency=latency, seed=0)
+    prompt = step(3) + "\n# 注释: 日本語のテスト 🙂\n"
+    expected = await target_alone(provider, prompt=prompt, max_tokens=60)
+    calls = {}
+    for label, policy in (("default", "adaptive"), ("held to 10", AdaptiveDraftLength(start_length=4, max_length=10, free_max_length=10))):
+        target, draft = simulated_endpoints(provider=provider)  # a client closes its endpoints' connections
+        async with AsyncSpeculativeOpenAI(target=target, draft=draft, policy=policy) as client:
+            assert answer(await client.completions.create(prompt=prompt, max_tokens=60, temperature=0)) == expected
+            again = await client.completions.create(prompt=prompt, max_tokens=60, temperature=0)
+        assert answer(again) == expected and again.speculative.exact, label
+        rounds = again.speculative.rounds
+        assert rounds and all(r.drafter.startswith("suffix") for r in rounds), label
+        assert max(r.drafted for r in rounds) == (32 if label == "default" else 10), label
+        calls[label] = again.speculative.target.requests
+    assert calls["default"] < calls["held to 10"]
+
+
+async def test_a_round_sized_for_free_drafts_asks_the_draft_model_for_no_more_than_its_own_length():
+    provider, _, draft = sim()
+    role = RoleClient("draft", draft)
+    try:
+        combined = CombinedDrafter([Fixed("lookup", []), ModelDrafter(role)], paid_max_length=10)
+        drafted = await combined.draft(Context(prompt="def fibonacci(n):\n", sampling=GREEDY), 32, Meter(draft), None)
+        assert drafted.drafter == "draft-model" and len(drafted.tokens) == 10
+        assert provider.calls.for_model("sim-draft")[-1].body["max_tokens"] == 10
+    finally:
+        await role.sdk.close()
+
+
 # ------------------------------------------------------------------------ the combined drafter's choice
 
 
