@@ -342,7 +342,7 @@ def _build_policy(choice: str | DraftLengthPolicy, k: int) -> DraftLengthPolicy:
     if choice == "fixed":
         return fixed
     if choice == "adaptive":
-        return AdaptiveDraftLength(start_length=k, max_length=max(10, k), free_max_length=max(32, k))
+        return AdaptiveDraftLength(start_length=k, max_length=max(10, k))  # free drafts: up to max(32, k)
     raise ConfigurationError(f"policy must be 'adaptive', 'fixed' or a policy object, got {choice!r}")
 
 

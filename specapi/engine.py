@@ -409,8 +409,10 @@ class Engine:
                     if draft.tokens:
                         model = _model_drafter(self.drafter, draft)
                         if self.pipeline and model is not None and run.draft_meter is not None and pipeline_pays(self.policy, len(draft.tokens)):
-                            # Guess that every draft token is kept, and draft the next round meanwhile.
-                            prefetch = _Prefetch.start(model, context.advanced(draft.text), k + 1, run)
+                            # Guess that every draft token is kept, and draft the next round meanwhile
+                            # (no longer than the model is asked for in a round sized for free drafts).
+                            paid = getattr(self.drafter, "paid_max_length", None)
+                            prefetch = _Prefetch.start(model, context.advanced(draft.text), (k if paid is None else min(k, paid)) + 1, run)
                         outcome = await self._round(context, draft, run, out)
                         if outcome is None:
                             speculate = False

@@ -207,9 +207,10 @@ class AdaptiveDraftLength:
     Args:
         max_length: the longest draft considered for the draft model.
         free_max_length: the longest draft considered for drafters that make no call (the suffix index,
-            prompt lookup). Their drafts cost no draft call, and a verify call costs about the same for
-            10 tokens as for 32, while every round sends the whole text again: a suffix index repeating
-            a known answer covers it in fewer, longer rounds.
+            prompt lookup, a prediction); default: 32, or `max_length` if longer. Their drafts cost no
+            draft call, and every round sends the whole text again: a suffix index repeating a known
+            answer covers it in fewer, longer rounds (the rate each length is predicted to give decides,
+            as for the model).
         start_length: the length used before anything is measured.
         margin: start speculating only if it is predicted faster than the target alone by this factor;
             once speculating, stop only when predicted slower by this factor. The band between keeps
@@ -234,7 +235,7 @@ class AdaptiveDraftLength:
         self,
         *,
         max_length: int = 10,
-        free_max_length: int = 32,
+        free_max_length: int | None = None,
         start_length: int = 4,
         margin: float = 1.05,
         recheck_every: int = 20,
@@ -243,6 +244,8 @@ class AdaptiveDraftLength:
     ) -> None:
         if max_length < 1 or start_length < 1 or start_length > max_length:
             raise ConfigurationError("need 1 <= start_length <= max_length")
+        if free_max_length is None:
+            free_max_length = max(32, max_length)
         if free_max_length < 1:
             raise ConfigurationError("need free_max_length >= 1")
         if margin <= 0 or recheck_every < 1:

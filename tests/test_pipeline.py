@@ -83,6 +83,39 @@ async def test_without_pipelining_no_round_is_prefetched(profile):
     assert len(drafts) == sum(r.speculative.num_rounds for r in responses)
 
 
+class FreeSized:
+    """A policy that sizes every round for free drafts (32 tokens) while the draft model's own length is 10."""
+
+    name = "free-sized"
+    max_length = 10
+    free_max_length = 32
+
+    def start_request(self) -> str:
+        return "speculate"
+
+    def choose(self, state) -> int:  # type: ignore[no-untyped-def]
+        return 32
+
+    def observe(self, record) -> None:  # type: ignore[no-untyped-def]
+        pass
+
+    def observe_plain(self, tokens: int, latency_s: float) -> None:
+        pass
+
+
+async def test_a_round_sized_for_free_drafts_drafts_and_prefetches_no_more_than_the_models_length():
+    """The draft model wins rounds sized for free drafts (nothing else proposes): it is asked for its
+    own length, and the next round's prefetch for one more, not for the round's 32 (33)."""
+    provider = SimProvider(capabilities="vllm", latency="instant", seed=0)
+    target, draft = simulated_endpoints(provider=provider)
+    async with AsyncSpeculativeOpenAI(target=target, draft=draft, drafter="auto", policy=FreeSized(), pipeline=True) as client:
+        responses = await run_all(provider, client)
+    assert sum(map(pipelined_rounds, responses)) > 0, "no round used a prefetched draft"
+    asked = [c.body["max_tokens"] for c in provider.calls if c.model == "sim-draft" and "max_tokens" in c.body]
+    assert asked and max(asked) == 11
+    assert all(r.drafted <= 11 for resp in responses for r in resp.speculative.rounds if r.drafter.startswith("draft-model"))
+
+
 # ----------------------------------------------------------------------------- nothing left running
 
 # Real (short) waits, so that a prefetch is really in flight while the target verifies.

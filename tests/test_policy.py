@@ -87,6 +87,12 @@ def test_adaptive_policy_validates_its_options(options):
         AdaptiveDraftLength(**options)
 
 
+def test_free_drafts_are_allowed_at_least_as_long_as_the_models():
+    assert (AdaptiveDraftLength().free_max_length, AdaptiveDraftLength().max_length) == (32, 10)
+    assert AdaptiveDraftLength(max_length=64).free_max_length == 64
+    assert AdaptiveDraftLength(max_length=12, free_max_length=5).free_max_length == 5  # as asked
+
+
 @pytest.mark.parametrize("seed", range(20))
 @pytest.mark.parametrize("free", [False, True])
 def test_the_best_length_is_the_length_with_the_highest_predicted_rate(seed, free):
