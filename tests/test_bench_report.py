@@ -110,6 +110,30 @@ def test_summary_figures_add_up():
     assert "faster than the target alone" in s["explanation"]
 
 
+def test_rounds_with_and_without_a_draft_call_are_predicted_apart():
+    """Model rounds (4 drafted, 3.5 tokens expected, 55 ms) and suffix rounds (16 drafted, every token
+    kept, 35 ms: no draft call) are predicted each on its own length and acceptance and weighed by their
+    share of the rounds, 4 to 2: 8 tokens per 48.3 ms round. One length and one table for both (the most
+    common length, 4, and acceptance that lets the 16-token drafts look like the model's) predicted 3.4x."""
+    free = RoundRecord(drafted=16, accepted=16, emitted=17, verify_latency_s=0.035, drafter="suffix", accepted_by_position=(True,) * 16)
+    run = _run()
+    run.speculative = [
+        dataclasses.replace(sample, stats=dataclasses.replace(sample.stats, rounds=_rounds(4) + (free, free)))  # type: ignore[arg-type]
+        for sample in run.speculative
+    ]
+    s = summarize(run)
+    parts = {p["drafter"]: p for p in s["prediction_by_drafter"]}
+    assert parts["model"]["draft_length"] == 4 and parts["model"]["expected_tokens_per_round"] == pytest.approx(3.5)
+    assert parts["model"]["round_s"] == pytest.approx(0.055) and parts["model"]["share_of_rounds"] == pytest.approx(4 / 6, abs=1e-4)
+    assert parts["free"]["draft_length"] == 16 and parts["free"]["expected_tokens_per_round"] == pytest.approx(17.0)
+    assert parts["free"]["round_s"] == pytest.approx(0.035)
+    per_round_tokens, per_round_s = (4 * 3.5 + 2 * 17) / 6, (4 * 0.055 + 2 * 0.035) / 6
+    assert s["predicted_speedup"] == pytest.approx(0.530 / ((20 / per_round_tokens + 0.5) * per_round_s), rel=1e-3)
+    assert "drafted without a call" in s["explanation"] and "by the draft model" in s["explanation"]
+    # Rounds of one kind keep the single prediction and its sentence.
+    assert summarize(_run())["prediction_by_drafter"] is None
+
+
 def test_a_different_output_is_reported_loudly():
     s = summarize(_run(spec_texts=("alpha", "bets")))
     assert s["exact_outputs"] is False

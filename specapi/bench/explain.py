@@ -143,19 +143,34 @@ def explain(summary: dict[str, Any], *, note: str = "") -> str:
     if spec.get("num_rounds") == 0:
         reasons = "; ".join(spec.get("fallback_reasons") or []) or "no rounds were run"
         sentences.append(f"No measured request speculated: {reasons}.")
+    parts = summary.get("prediction_by_drafter")
+    if model and prediction and parts:
+        described = []
+        for part in parts:
+            who = "without a call (suffix index, prompt lookup, a prediction)" if part["drafter"] == "free" else "by the draft model"
+            described.append(
+                f"{part['share_of_rounds']:.0%} of the rounds were drafted {who}: drafting {part['draft_length']} tokens, "
+                f"a round yields {part['expected_tokens_per_round']:.2f} tokens and costs {_ms(part['round_s'])}"
+            )
+        sentences.append(
+            "; ".join(described)
+            + f" (measured acceptance {_acceptance(summary)}; the prediction weighs the two by their share of the rounds), "
+            f"against the target's {_ms(model['target_per_token_s'])} per token alone (plus {_ms(model['target_fixed_s'])} once per request)."
+        )
     if model and prediction:
         k = prediction["draft_length"]
         draft_s = (model["draft_fixed_s"] + k * model["draft_per_token_s"]) * model["draft_share"]
         verify_s = model["verify_fixed_s"] + k * model["verify_per_token_s"]
         per_token = prediction["round_s"] / prediction["expected_tokens_per_round"]
-        sentences.append(
-            f"A round drafting {k} tokens yields {prediction['expected_tokens_per_round']:.2f} tokens "
-            f"(measured acceptance {_acceptance(summary)}) and costs "
-            f"{_ms(prediction['round_s'])} (draft {_ms(draft_s)}, verify {_ms(verify_s)}"
-            + (", part of the draft overlapped with verification" if model["pipelined"] else "")
-            + f"): {_ms(per_token)} per token against the target's {_ms(model['target_per_token_s'])} per token alone "
-            f"(plus {_ms(model['target_fixed_s'])} once per request)."
-        )
+        if not parts:  # rounds of one kind (with both, the sentence above describes them)
+            sentences.append(
+                f"A round drafting {k} tokens yields {prediction['expected_tokens_per_round']:.2f} tokens "
+                f"(measured acceptance {_acceptance(summary)}) and costs "
+                f"{_ms(prediction['round_s'])} (draft {_ms(draft_s)}, verify {_ms(verify_s)}"
+                + (", part of the draft overlapped with verification" if model["pipelined"] else "")
+                + f"): {_ms(per_token)} per token against the target's {_ms(model['target_per_token_s'])} per token alone "
+                f"(plus {_ms(model['target_fixed_s'])} once per request)."
+            )
         if "prefill-fanout" in spec.get("verification", []) and spec.get("num_rounds"):
             calls = spec["by_role"]["target"]["requests"] / spec["num_rounds"]
             sentences.append(

@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -193,6 +194,38 @@ def latency_model(
     return model, sources
 
 
+def _by_drafter(
+    model: arithmetic.LatencyModel, rounds: Sequence[RoundRecord], n_tokens: float, *, pipelined: bool
+) -> tuple[float, list[dict[str, Any]]] | None:
+    """Rounds drafted without a call and rounds drafted by the model, predicted apart and weighed by
+    their share of the rounds: the speculative speedup and each part. None unless both kinds ran.
+
+    Each part drafts its own most common length with its own acceptance by position; a free round costs
+    its verify call only, a model round its draft call too (pipelined as measured). One length and one
+    acceptance table for both would describe neither: a suffix index repeating an answer drafts long and
+    keeps every token, the model drafts a few tokens on new text and loses some."""
+    parts: list[dict[str, Any]] = []
+    tokens_per_round = seconds_per_round = 0.0
+    for name, share in (("free", 0.0), ("model", 1.0)):
+        group = [r for r in rounds if _is_model_draft(r) == bool(share)]
+        k = Counter(r.drafted for r in group).most_common(1)[0][0] if group else 0
+        if k <= 0:
+            return None
+        conditional = arithmetic.conditional_acceptance([r.accepted_by_position for r in group])
+        own = dataclasses.replace(model, draft_share=share)
+        tokens = arithmetic.expected_tokens_by_position(conditional, k)
+        seconds = arithmetic.round_time(own, k, conditional, pipelined=pipelined and bool(share))
+        weight = len(group) / len(rounds)
+        tokens_per_round += weight * tokens
+        seconds_per_round += weight * seconds
+        parts.append(
+            {"drafter": name, "share_of_rounds": round(weight, 4), "draft_length": k,
+             "expected_tokens_per_round": round(tokens, 4), "round_s": round(seconds, 6)}
+        )
+    speculative = (n_tokens / tokens_per_round + arithmetic.END_OF_REQUEST_ROUNDS) * seconds_per_round
+    return (model.baseline_s(n_tokens) / speculative if speculative > 0 else float("inf")), parts
+
+
 def _first_difference(a: str, b: str) -> int:
     for i, (x, y) in enumerate(zip(a, b)):
         if x != y:
@@ -268,10 +301,13 @@ def summarize(run: ScenarioRun) -> dict[str, Any]:
     pipelined = any(_is_pipelined(r) for r in rounds)
     k_used = Counter(r.drafted for r in rounds).most_common(1)[0][0] if rounds else scenario.draft_length
     n_tokens = _mean(s.generated_tokens for s in run.baseline if s.error is None) or float(scenario.max_tokens)
+    mixed: tuple[float, list[dict[str, Any]]] | None = None
     if fitted is not None and rounds and k_used > 0 and n_tokens > 0:
         prediction = arithmetic.predict(fitted[0], conditional, k_used, n_tokens, pipelined=pipelined)
+        mixed = _by_drafter(fitted[0], rounds, n_tokens, pipelined=pipelined)
+        speculating = mixed[0] if mixed is not None else prediction.speedup
         # Tokens the target generated alone (adaptive fallback) go at the target's own speed.
-        predicted_speedup = 1.0 / (speculated_share / prediction.speedup + (1.0 - speculated_share))
+        predicted_speedup = 1.0 / (speculated_share / speculating + (1.0 - speculated_share))
     elif fitted is not None and not rounds:
         predicted_speedup = 1.0  # nothing speculated: the target alone, through specapi
 
@@ -357,6 +393,8 @@ def summarize(run: ScenarioRun) -> dict[str, Any]:
         "best_draft_length": prediction.best_draft_length if prediction else None,
         "break_even_acceptance": _round(prediction.break_even_acceptance, 4) if prediction else None,
         "prediction": prediction.to_dict() if prediction else None,
+        # Rounds with and without a draft call predicted apart, when both ran (see `_by_drafter`).
+        "prediction_by_drafter": mixed[1] if mixed is not None else None,
         "latency_model": (
             {
                 "target_fixed_s": round(fitted[0].target_fixed_s, 6),
