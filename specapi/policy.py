@@ -330,10 +330,14 @@ class AdaptiveDraftLength:
         """Tokens per second of rounds drafting `k`; `load_s`: seconds each round costs others;
         `acceptance`: by position (the draft model's client-wide estimate if None); `free`: drafts
         without a call."""
-        draft_s = self._draft.predict(k) if self._draft.known and not free else 0.0
-        round_s = draft_s + self._verify.predict(k) + load_s
+        round_s = self._round_s(k, load_s, free)
         acceptance = self.acceptance() if acceptance is None else acceptance
         return expected_tokens(acceptance, k) / round_s if round_s > 0 else float("inf")
+
+    def _round_s(self, k: int, load_s: float, free: bool) -> float:
+        """Seconds of a round drafting `k`: its draft call (none for `free` drafts), its verify call, `load_s`."""
+        draft_s = self._draft.predict(k) if self._draft.known and not free else 0.0
+        return draft_s + self._verify.predict(k) + load_s
 
     def predicted_target_rate(self, remaining: int) -> float | None:
         """Tokens per second of the target writing `remaining` tokens alone, as at one request in flight."""
@@ -377,13 +381,12 @@ class AdaptiveDraftLength:
         drafts without a call, `max_length` otherwise, and short of `remaining`), and that rate."""
         acceptance = self.acceptance() if acceptance is None else acceptance
         longest = self.free_max_length if free else self.max_length
-        drafting = self._draft.known and not free
         best_k, best_rate = 1, 0.0
         total = survive = 1.0  # `expected_tokens(acceptance, k)`, carried from one k to the next
         for k in range(1, min(longest, max(1, remaining - 1)) + 1):
             survive *= acceptance[k - 1] if k <= len(acceptance) else (acceptance[-1] if acceptance else 0.0)
             total += survive
-            round_s = (self._draft.predict(k) if drafting else 0.0) + self._verify.predict(k) + load_s
+            round_s = self._round_s(k, load_s, free)
             rate = total / round_s if round_s > 0 else float("inf")
             if rate > best_rate:
                 best_k, best_rate = k, rate

@@ -27,6 +27,10 @@ def _acceptance(summary: dict[str, Any]) -> str:
     return f"{rate:.2f}"
 
 
+def _against_the_target(model: dict[str, Any]) -> str:
+    return f"against the target's {_ms(model['target_per_token_s'])} per token alone (plus {_ms(model['target_fixed_s'])} once per request)."
+
+
 def verdict(speedup: float | None) -> str:
     """One phrase: faster, slower, or even."""
     if speedup is None:
@@ -155,7 +159,7 @@ def explain(summary: dict[str, Any], *, note: str = "") -> str:
         sentences.append(
             "; ".join(described)
             + f" (measured acceptance {_acceptance(summary)}; the prediction weighs the two by their share of the rounds), "
-            f"against the target's {_ms(model['target_per_token_s'])} per token alone (plus {_ms(model['target_fixed_s'])} once per request)."
+            + _against_the_target(model)
         )
     if model and prediction:
         k = prediction["draft_length"]
@@ -168,8 +172,8 @@ def explain(summary: dict[str, Any], *, note: str = "") -> str:
                 f"(measured acceptance {_acceptance(summary)}) and costs "
                 f"{_ms(prediction['round_s'])} (draft {_ms(draft_s)}, verify {_ms(verify_s)}"
                 + (", part of the draft overlapped with verification" if model["pipelined"] else "")
-                + f"): {_ms(per_token)} per token against the target's {_ms(model['target_per_token_s'])} per token alone "
-                f"(plus {_ms(model['target_fixed_s'])} once per request)."
+                + f"): {_ms(per_token)} per token "
+                + _against_the_target(model)
             )
         if "prefill-fanout" in spec.get("verification", []) and spec.get("num_rounds"):
             calls = spec["by_role"]["target"]["requests"] / spec["num_rounds"]

@@ -36,6 +36,7 @@ __all__ = [
     "fit_line",
     "predict",
     "predicted_speedup",
+    "speedup_of_rounds",
     "round_time",
     "survival",
 ]
@@ -173,7 +174,13 @@ def predicted_speedup(
     if n_tokens <= 0 or k < 1:
         raise ValueError("need n_tokens > 0 and k >= 1")
     per_round = round_time(model, k, conditional, pipelined=pipelined)
-    speculative = (n_tokens / expected_tokens_by_position(conditional, k) + END_OF_REQUEST_ROUNDS) * per_round
+    return speedup_of_rounds(model, expected_tokens_by_position(conditional, k), per_round, n_tokens)
+
+
+def speedup_of_rounds(model: LatencyModel, tokens_per_round: float, round_s: float, n_tokens: float) -> float:
+    """Target-alone time over speculative time for n_tokens, in rounds that yield `tokens_per_round`
+    in `round_s` each (on average, for rounds of several kinds), plus the half round lost at the end."""
+    speculative = (n_tokens / tokens_per_round + END_OF_REQUEST_ROUNDS) * round_s
     if speculative <= 0.0:
         return math.inf
     return model.baseline_s(n_tokens) / speculative

@@ -222,8 +222,7 @@ def _by_drafter(
             {"drafter": name, "share_of_rounds": round(weight, 4), "draft_length": k,
              "expected_tokens_per_round": round(tokens, 4), "round_s": round(seconds, 6)}
         )
-    speculative = (n_tokens / tokens_per_round + arithmetic.END_OF_REQUEST_ROUNDS) * seconds_per_round
-    return (model.baseline_s(n_tokens) / speculative if speculative > 0 else float("inf")), parts
+    return arithmetic.speedup_of_rounds(model, tokens_per_round, seconds_per_round, n_tokens), parts
 
 
 def _first_difference(a: str, b: str) -> int:
