@@ -398,7 +398,7 @@ def _compare(summary: dict, key: str, level: int, label: str, direct: dict, arm:
     if arm["requests_per_s"] and direct["requests_per_s"]:
         summary[key] = round(arm["requests_per_s"] / direct["requests_per_s"], 3)
         print(f"  => {level} concurrent: {label} {arm['requests_per_s']} req/s, target alone {direct['requests_per_s']} req/s: "
-              f"{summary[key]:.2f}x the target alone's throughput")
+              f"{summary[key]:.3f}x the target alone's throughput")
 
 
 def _levels(text: str) -> list[int]:
@@ -470,9 +470,9 @@ def main(argv: list[str] | None = None) -> int:
             ratios = [r for r in ratios if r is not None]
             relay = [run[f"proxy@{level}"].get("relay_vs_target_alone") for run in runs]
             relay = [r for r in relay if r is not None]
-            floor = f"; byte relay {', '.join(f'{r:.2f}x' for r in relay)}" if relay else ""
-            median = f"median {statistics.median(ratios):.2f}x: " if ratios else ""
-            print(f"  {level:>4} concurrent: {median}{', '.join(f'{r:.2f}x' for r in ratios)}{floor}")
+            floor = f"; byte relay {', '.join(f'{r:.3f}x' for r in relay)}" if relay else ""
+            median = f"median {statistics.median(ratios):.3f}x: " if ratios else ""
+            print(f"  {level:>4} concurrent: {median}{', '.join(f'{r:.3f}x' for r in ratios)}{floor}")
     if args.json:
         print(json.dumps(runs[0] if args.repeat == 1 else runs, indent=2))
     return 1 if failed else 0

@@ -567,6 +567,7 @@ class _Resource:
         text: list[str] = []
         loads = [role.load for role in (engine.target, engine.draft_client) if role is not None]
         request_id = new_request_id()
+        finished = False
         for load in loads:
             load.enter(request_id)  # what the load-aware policy sees: requests in flight per upstream
         try:
@@ -586,20 +587,28 @@ class _Resource:
                 if isinstance(event, Piece):
                     text.append(event.text)
                 else:
-                    self._runtime.learn(request.context, "".join(text), engine.target.endpoint.model)
+                    finished = True
                 yield event
         finally:
-            for load in loads:
-                load.leave(request_id)
-            await events.aclose()
+            try:
+                if finished:
+                    # Learnt once the last event is out (whether the reader then asks for more or
+                    # closes): a stream's end does not wait for it, and a proxy that finishes many
+                    # streams at once does not hold each one's last bytes behind the others' learning.
+                    self._runtime.learn(request.context, "".join(text), engine.target.endpoint.model)
+            finally:
+                for load in loads:
+                    load.leave(request_id)
+                await events.aclose()
 
     async def _collect(self, engine: Engine, request: GenerationRequest) -> tuple[str, Finished]:
         text = []
-        async for event in self._events(engine, request):
-            if isinstance(event, Piece):
-                text.append(event.text)
-            else:
-                return "".join(text), event
+        async with contextlib.aclosing(self._events(engine, request)) as events:  # closed here: it learns then
+            async for event in events:
+                if isinstance(event, Piece):
+                    text.append(event.text)
+                else:
+                    return "".join(text), event
         raise RuntimeError("the engine ended without finishing")  # pragma: no cover
 
     async def _respond(

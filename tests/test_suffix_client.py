@@ -4,11 +4,15 @@ drafts, and the proxy keeps tenants' indexes apart when asked to."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+
 import pytest
 
 from specapi import AsyncSpeculativeOpenAI
 from specapi._calls import Meter, RoleClient
 from specapi.acceptance import SamplingParams
+from specapi.client import _Runtime
 from specapi.context import Context
 from specapi.drafters import CombinedDrafter, Draft, LookupDrafter, ModelDrafter
 from specapi.server import ServerConfig, create_app
@@ -62,6 +66,76 @@ async def test_streamed_requests_are_learnt_too_and_copies_share_the_index():
         other = client.with_options(suffix_index=SuffixIndex())
         response = await other.completions.create(prompt=step(2), max_tokens=20, temperature=0)
     assert response.speculative.accepted_tokens == 0  # its own, empty index
+
+
+async def test_a_stream_learns_once_its_last_chunk_is_out_whether_read_on_or_closed():
+    provider, target, _ = sim()
+    messages = [{"role": "user", "content": "東京の天気を日本語で教えて 🌧️ 简短一点"}]
+    expected = await target_alone(provider, messages=messages, max_tokens=24)
+    async with AsyncSpeculativeOpenAI(target=target, drafter="suffix", policy="fixed") as client:
+        index = client._runtime.suffix_index
+        for ending in ("read on", "closed"):
+            learnt_before = index.sequences
+            stream = await client.chat.completions.create(messages=messages, max_tokens=24, temperature=0, stream=True)
+            text = []
+            async for chunk in stream:
+                text.append(chunk.choices[0].delta.content or "" if chunk.choices else "")
+                if getattr(chunk, "speculative", None) is not None:  # the last chunk
+                    assert index.sequences == learnt_before  # it came out before the learning
+                    if ending == "closed":
+                        await stream.close()
+                        break
+            assert index.sequences == learnt_before + 1, ending
+            assert ("".join(text), stream.speculative.exact) == (expected[0], True)
+    assert stream.speculative.accepted_tokens > 0  # the second asking drafted from the first's answer
+
+
+async def test_a_proxy_streams_end_before_the_metrics_and_the_learning(monkeypatch):
+    """Many streams that end together do not hold each other's last bytes: the last chunk, `[DONE]` and
+    the end of the body go out in one write, then the proxy counts the response and the client learns
+    its text (both before the request's handling returns)."""
+    provider, target, _ = sim()
+    prompt = "東京の天気は、今日は 🌧️ "
+    expected = await target_alone(provider, prompt=prompt, max_tokens=20)
+    app = create_app(ServerConfig(target=target, client_options={"drafter": "suffix", "policy": "fixed"}, num_speculative_tokens=16))
+    log: list[object] = []
+    learn_text, observe = _Runtime.learn, app.state.metrics.observe
+    monkeypatch.setattr(_Runtime, "learn", lambda self, *args: (log.append("learn"), learn_text(self, *args))[1])
+    monkeypatch.setattr(app.state.metrics, "observe", lambda *args: (log.append("metrics"), observe(*args))[1])
+
+    async def stream_once() -> tuple[str, dict]:
+        log.clear()
+        body = json.dumps({"model": "sim-target", "prompt": prompt, "max_tokens": 20, "temperature": 0, "stream": True}).encode()
+        sent = [{"type": "http.request", "body": body, "more_body": False}]
+        scope = {
+            "type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+            "path": "/v1/completions", "raw_path": b"/v1/completions", "query_string": b"", "root_path": "",
+            "headers": [(b"content-type", b"application/json"), (b"host", b"proxy")],
+            "client": ("127.0.0.1", 1), "server": ("proxy", 80),
+        }
+
+        async def receive() -> dict:
+            if sent:
+                return sent.pop()
+            await asyncio.Event().wait()  # the client stays
+            raise AssertionError("unreachable")
+
+        async def send(message: dict) -> None:
+            if message["type"] == "http.response.body":
+                log.append((message["body"], message.get("more_body", False)))
+
+        await app(scope, receive, send)
+        bodies = [entry for entry in log if isinstance(entry, tuple)]
+        end = log.index(bodies[-1])
+        assert bodies[-1] == (b"data: [DONE]\n\n", False)  # [DONE] ends the body in the same write
+        assert "metrics" in log[end:] and "learn" in log[end:] and not {"metrics", "learn"} & set(log[:end])
+        events = [json.loads(line[6:]) for b, _ in bodies for line in b.decode().split("\n\n") if line.startswith("data: {")]
+        return "".join(e["choices"][0]["text"] for e in events if e["choices"]), events[-1]["speculative"]
+
+    first_text, first = await stream_once()
+    again_text, again = await stream_once()
+    assert first_text == again_text == expected[0]
+    assert first["accepted_tokens"] == 0 and again["accepted_tokens"] > 0  # learnt from the first stream
 
 
 async def test_one_request_mixes_suffix_drafts_and_the_draft_model():

@@ -313,32 +313,38 @@ class _Proxy:
         self.metrics.child(self.metrics.ttft, route).observe(self.config.clock() - started)
 
         async def close(disconnected: bool) -> None:
-            await stream.close()  # cancels whatever upstream call is still in flight
+            # After the response's last bytes: a stream's end does not wait for its bookkeeping.
+            if stream.speculative is not None:  # the generation finished: its calls count, whoever left
+                self.metrics.observe(route, stream.speculative)
+                if not disconnected:
+                    self.metrics.child(self.metrics.duration, route).observe(self.config.clock() - started)
             if disconnected:
                 self.metrics.child(self.metrics.disconnects, route).inc()
             self.metrics.request(route, 200)  # the status line went out before the first chunk
             self.metrics.in_flight.dec()
+            await stream.close()  # cancels whatever upstream call is still in flight; the client learns
 
-        events = self._events(route, stream, first, started, request_id)
+        events = self._events(route, stream, first, request_id)
         return EventStreamResponse(events, headers={"x-request-id": request_id}, on_close=close)
 
     async def _events(
-        self, route: str, stream: SpeculativeStream[Any], first: dict[str, Any] | None, started: float, request_id: str
+        self, route: str, stream: SpeculativeStream[Any], first: dict[str, Any] | None, request_id: str
     ) -> AsyncGenerator[bytes, None]:
         """The stream as SSE events; the last chunk gets `"speculative"`; errors become an error event.
-        Chunks go on as the JSON objects they are built from (no SDK object per chunk)."""
-        observed = False
+        Chunks go on as the JSON objects they are built from (no SDK object per chunk). The chunk that
+        carries the statistics is the last: `[DONE]` follows it at once, and what is left to do (the
+        metrics, the client's learning) waits for the stream's close."""
         try:
             data = first
             while data is not None:
-                if stream.speculative is not None and not observed:  # set by the last chunk, which carries them
+                last = stream.speculative is not None  # set by the last chunk, which carries them
+                if last:
                     data["speculative"] = self.summary(stream.speculative)
-                    self.metrics.observe(route, stream.speculative)
-                    observed = True
                 yield encode_event(data)
+                if last:
+                    break
                 data = await stream.next_data()
             yield DONE_EVENT
-            self.metrics.child(self.metrics.duration, route).observe(self.config.clock() - started)
         except Exception as exc:  # after the headers: the error travels as an event (the SDK raises it)
             self._watch_failure(exc)
             error = error_from_exception(exc, secrets=self.secrets)

@@ -48,8 +48,12 @@ class EventStreamResponse(StreamingResponse):
     async def _pump(self, send: Send) -> None:
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
         async for event in self._events:
+            if event == DONE_EVENT:  # the last event: it ends the body in the same write
+                break
             await send({"type": "http.response.body", "body": event, "more_body": True})
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        else:
+            event = b""
+        await send({"type": "http.response.body", "body": event, "more_body": False})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         left = False
