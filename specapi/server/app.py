@@ -314,15 +314,17 @@ class _Proxy:
 
         async def close(disconnected: bool) -> None:
             # After the response's last bytes: a stream's end does not wait for its bookkeeping.
-            if stream.speculative is not None:  # the generation finished: its calls count, whoever left
-                self.metrics.observe(route, stream.speculative)
-                if not disconnected:
-                    self.metrics.child(self.metrics.duration, route).observe(self.config.clock() - started)
-            if disconnected:
-                self.metrics.child(self.metrics.disconnects, route).inc()
-            self.metrics.request(route, 200)  # the status line went out before the first chunk
-            self.metrics.in_flight.dec()
-            await stream.close()  # cancels whatever upstream call is still in flight; the client learns
+            try:
+                if stream.speculative is not None:  # the generation finished: its calls count, whoever left
+                    self.metrics.observe(route, stream.speculative)
+                    if not disconnected:
+                        self.metrics.child(self.metrics.duration, route).observe(self.config.clock() - started)
+                if disconnected:
+                    self.metrics.child(self.metrics.disconnects, route).inc()
+                self.metrics.request(route, 200)  # the status line went out before the first chunk
+                self.metrics.in_flight.dec()
+            finally:
+                await stream.close()  # cancels whatever upstream call is still in flight; the client learns
 
         events = self._events(route, stream, first, request_id)
         return EventStreamResponse(events, headers={"x-request-id": request_id}, on_close=close)
