@@ -274,6 +274,10 @@ class CombinedDrafter:
             self._learnt.setdefault(d.name, _Learnt())
         return copy
 
+    def paid_length(self, k: int) -> int:
+        """How many tokens a round of `k` asks of a drafter that makes a call (see `paid_max_length`)."""
+        return k if self.paid_max_length is None else min(k, self.paid_max_length)
+
     def free_only(self) -> CombinedDrafter:
         """The drafters that make no call (for whole-answer paths, where a draft call adds its latency)."""
         return self.with_drafters([d for d in self.drafters if not isinstance(d, ModelDrafter)])
@@ -329,7 +333,7 @@ class CombinedDrafter:
             considered.append((drafter.name, rate))
             if rate > best_rate:
                 best, best_name, best_rate = proposal, drafter.name, rate
-        paid_k = k if self.paid_max_length is None else min(k, self.paid_max_length)
+        paid_k = self.paid_length(k)
         for drafter in paid:
             learnt = self._learnt[drafter.name]
             cost = learnt.latency_s if learnt.latency_s is not None else verify

@@ -411,8 +411,9 @@ class Engine:
                         if self.pipeline and model is not None and run.draft_meter is not None and pipeline_pays(self.policy, len(draft.tokens)):
                             # Guess that every draft token is kept, and draft the next round meanwhile
                             # (no longer than the model is asked for in a round sized for free drafts).
-                            paid = getattr(self.drafter, "paid_max_length", None)
-                            prefetch = _Prefetch.start(model, context.advanced(draft.text), (k if paid is None else min(k, paid)) + 1, run)
+                            paid_length = getattr(self.drafter, "paid_length", None)
+                            length = paid_length(k) if paid_length is not None else k
+                            prefetch = _Prefetch.start(model, context.advanced(draft.text), length + 1, run)
                         outcome = await self._round(context, draft, run, out)
                         if outcome is None:
                             speculate = False
