@@ -34,8 +34,8 @@ The draft's errors are built the same way on `DraftError` (`DraftRateLimitError`
 only where a draft failure is not absorbed. The classes are made on first use and cached per pair
 (`sdk_error_class(TargetError, openai.RateLimitError)` returns the same class every time). The
 instance carries the SDK error's fields (`status_code`, `response`, `request`, `body`, `code`,
-`request_id`) and specapi's (`role`, `endpoint`); `str(err)` names the role and endpoint, and
-`err.__cause__` is the SDK's original exception.
+`request_id`, and `message`: the SDK's own, unchanged) and specapi's (`role`, `endpoint`); `str(err)`
+names the role and endpoint, and `err.__cause__` is the SDK's original exception.
 
 Bad arguments to `create` (negative `max_tokens`, `temperature` out of range, ...) raise
 `InvalidRequestError`: a `ConfigurationError` (and `ValueError`) that is also an
@@ -142,7 +142,8 @@ def _init_from_sdk(self: Any, message: str, *, role: str, endpoint: str, cause: 
     self.role = role
     self.endpoint = endpoint
     self.status_code = getattr(cause, "status_code", None)
-    self.message = str(self)
+    # The SDK's own message, as the SDK alone would give it (`str(err)` adds the role and endpoint).
+    self.message = cause.message if isinstance(getattr(cause, "message", None), str) else str(self)
 
 
 def sdk_error_class(base: type[EndpointError], sdk_class: type[openai.APIError]) -> type[EndpointError]:

@@ -75,6 +75,10 @@ class _Books:
     divergent: int = 0
     logprob_gap: float = 0.0
     load_reason: str | None = None  # what the load on the upstreams changed (the policy's `load_reason`)
+    #: The target refused a verification request (HTTP 400): the shape's fault only if the plain request
+    #: that follows is accepted (else the caller's request is at fault, and its error is the answer).
+    refusal: str | None = None
+    refused_path: str | None = None  # the path this request's refusal wrote off (see `_learn_refusal`)
 
 
 @dataclass
@@ -360,8 +364,12 @@ class Engine:
                     raise
                 speculate = False
                 run.books.fallback_reason = f"the target would not tokenize the prompt, continued with the target alone: {exc}"
-                # A refusal writes the path off; an unreadable answer is a strike (three in a row do).
-                self.paths.refuse(self.chat, run.books.fallback_reason, definite=not unreadable)
+                # An unreadable answer is a strike (three in a row write the path off); a refusal counts
+                # once the plain request has been accepted (`_learn_refusal`).
+                if unreadable:
+                    self.paths.refuse(self.chat, run.books.fallback_reason, definite=False)
+                else:
+                    run.books.refusal = run.books.fallback_reason
             else:
                 request = replace(request, context=replace(request.context, token_ids=ids))
                 run.request = request
@@ -464,9 +472,18 @@ class Engine:
                     task.cancel()
                 await asyncio.gather(*run.stale, return_exceptions=True)
 
+        self._learn_refusal(run)
         if not request.stream and out.text:
             yield Piece(text=out.text)  # collected: handed out whole, once nothing can change it
         yield self._finished(run, started, out.finish_reason, out.produced)
+
+    def _learn_refusal(self, run: _Run) -> None:
+        """The request ended well after its verification was refused: the target accepted the plain
+        request, so the verification shape was at fault, not the caller's parameters. The path
+        resolver (one per target model) counts it, and writes the path off when it is confirmed."""
+        books = run.books
+        if books.refusal is not None and self.paths.refuse(self.chat, books.refusal, definite=True):
+            books.refused_path = getattr(self.verifier, "name", None) or "token-ids"
 
     def _choose(self, run: _Run, remaining: int | None, mode: str) -> int:
         """The policy's draft length for the next round (0: the target alone from here, with the reason
@@ -523,6 +540,7 @@ class Engine:
             divergent_tokens=books.divergent,
             logprob_gap=books.logprob_gap,
             load_reason=books.load_reason,
+            verification_refused=books.refused_path,
         )
         return Finished(finish_reason=finish_reason, stats=stats, prompt_tokens=books.prompt_tokens, completion_tokens=produced)
 
@@ -720,10 +738,11 @@ class Engine:
         except EndpointError as exc:
             if not exc.refused_shape:
                 raise
-            # The target refuses the verification request's shape (e.g. echo with logprobs): a plain
-            # request may still be fine, and if it is not, the plain step raises the real error.
+            # The target refuses the verification request: its shape (e.g. echo with logprobs), or the
+            # caller's own parameters. The plain request that follows tells which: refused too, it
+            # raises the caller's error; accepted, the shape is counted against (`_learn_refusal`).
             books.fallback_reason = f"target refused the verification request, continued with the target alone: {exc}"
-            self.paths.refuse(self.chat, books.fallback_reason, definite=True)
+            books.refusal = books.fallback_reason
             return None
         self.paths.succeeded(self.chat)
         if books.prompt_tokens is None and not context.accepted and verification.prompt_tokens is not None:

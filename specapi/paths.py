@@ -2,7 +2,9 @@
 
 A path is either round-based (a `Verifier`: echo, prompt-logprobs, prefill-fanout) or whole-answer
 (Predicted Outputs, prefix match: the target generates everything itself). Paths a target refused at
-run time are remembered, so later requests of the client go straight to something that works.
+run time are remembered, so later requests of the client go straight to something that works. A refusal
+counts only where the verification shape caused it: the same request's plain form was accepted (a
+caller's bad parameter is refused both ways, and is the caller's error alone), on two requests.
 """
 
 from __future__ import annotations
@@ -24,6 +26,10 @@ from .whole import PredictedOutputsPath, PrefixMatchPath
 __all__ = ["VERIFICATIONS", "Path", "PathResolver"]
 
 VERIFICATIONS = ("auto", "token-ids", "echo", "prompt-logprobs", "prefill-fanout", "predicted-outputs", "prefix-match", "none")
+
+#: Refusals of the verification shape (each on a request whose plain form the target accepted) that
+#: write a path off: one may be a fluke of one request (a prompt the shape cannot carry), two are not.
+REFUSALS_TO_LEARN = 2
 
 #: A prompt this long (in characters, about 1,000 tokens) is verified in token ids where the target
 #: offers both: one-token calls read the prefix cache, where echo's prompt logprobs re-prefill the whole
@@ -51,7 +57,8 @@ class PathResolver:
         self.verification = verification
         self.capabilities: Capabilities | None = None
         self.refused: dict[bool, str] = {}  # chat? -> reason
-        self._strikes: dict[bool, int] = {}
+        self._strikes: dict[bool, int] = {}  # unreadable answers in a row
+        self._refusals: dict[bool, int] = {}  # confirmed refusals of the shape since the last success
         self._lock = asyncio.Lock()
 
     def prefill(self) -> Prefill:
@@ -134,16 +141,27 @@ class PathResolver:
         path = self._build(name, chat)
         return replace(path, note=f"auto chose {path.name} from the target's capabilities")
 
-    def refuse(self, chat: bool, reason: str, *, definite: bool) -> None:
-        """Stop using the path after a definite refusal (HTTP 400), or after three unreadable answers
-        in a row (one may be a network glitch). A path guessed because probing failed is not written
-        off: the next request probes again and chooses properly."""
+    def refuse(self, chat: bool, reason: str, *, definite: bool) -> bool:
+        """Count a failure of the path; True when it is now written off.
+
+        `definite`: the target refused the verification request (HTTP 400) and then accepted the same
+        request in its plain form, so the shape is at fault, not the caller's parameters (the engine
+        calls this only after that plain request). Two of them write the path off. Otherwise an
+        unreadable answer: three in a row do (one may be a network glitch). A path guessed because
+        probing failed is not written off: the next request probes again and chooses properly."""
         if self.capabilities is None and self.verification == "auto":
-            return
-        strikes = self._strikes.get(chat, 0) + 1
-        self._strikes[chat] = strikes
-        if definite or strikes >= 3:
+            return False
+        if definite:
+            count = self._refusals[chat] = self._refusals.get(chat, 0) + 1
+            learnt = count >= REFUSALS_TO_LEARN
+        else:
+            count = self._strikes[chat] = self._strikes.get(chat, 0) + 1
+            learnt = count >= 3
+        if learnt and chat not in self.refused:
             self.refused[chat] = reason
+            return True
+        return False
 
     def succeeded(self, chat: bool) -> None:
         self._strikes[chat] = 0
+        self._refusals[chat] = 0

@@ -465,13 +465,19 @@ async def test_target_refusing_echo_falls_back_to_the_target_alone(provider, cli
     assert s.target.failed_requests == 1
 
 
-async def test_a_refused_echo_is_not_asked_again(provider, client):
+async def test_a_refused_echo_is_not_asked_again_once_confirmed(provider, client):
+    """A refusal whose plain request was accepted counts against the shape; the second such writes the
+    path off (one request's refusal may be that request's fault), and echo is never asked again."""
     provider.rewrite = _refuse_echo
-    await complete(client)
-    later = await complete(client, prompt="ab")
-    assert output(later) == expected("ab")
-    assert len(provider.sent("target", echo=True)) == 1
-    assert later.speculative.fallback_reason, "a response that did not speculate gives no reason"
+    first = await complete(client)
+    assert first.speculative.verification_refused is None
+    second = await complete(client, prompt="ab")
+    assert second.speculative.verification_refused == "echo"
+    later = await complete(client, prompt="fac")
+    assert output(later) == expected("fac")
+    assert len(provider.sent("target", echo=True)) == 2
+    assert "refused" in later.speculative.fallback_reason, "a response that did not speculate gives no reason"
+    assert later.speculative.verification_refused is None  # said once, by the response that learnt it
 
 
 # ----------------------------------------------------------------------------- requests speculation cannot serve

@@ -274,10 +274,14 @@ def test_upstream_rate_limit_is_passed_through_with_retry_after():
     assert response.headers["retry-after"] == "7"
 
 
-def test_upstream_refusal_of_the_request_is_a_400_naming_the_target(http):
-    # The toy tokenizer refuses "z": both models answer 400; the draft's is absorbed, the target's is the answer.
-    response = http.post("/v1/completions", json={"prompt": "xyz", "max_tokens": 5, "temperature": 0})
-    error = assert_openai_error(response, 400, code="target_rejected_request")
+def test_upstream_refusal_of_the_request_is_the_targets_own_400_naming_the_target(http, upstream):
+    # The toy tokenizer refuses "z": both models answer 400; the draft's is absorbed, the target's is the
+    # answer: its error object as the target alone sends it (not wrapped), plus the role that refused.
+    body = {"prompt": "xyz", "max_tokens": 5, "temperature": 0}
+    response = http.post("/v1/completions", json=body)
+    direct = httpx2.post(upstream.base_url + "/completions", json={**body, "model": "target"}, headers={"authorization": f"Bearer {UPSTREAM_KEY}"})
+    error = assert_openai_error(response, 400)
+    assert {k: error[k] for k in ("message", "type", "param", "code")} == direct.json()["error"]
     assert error["role"] == "target"
     assert_no_secrets(response)
 

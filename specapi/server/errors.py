@@ -4,13 +4,15 @@
 onto HTTP statuses:
 
     ConfigurationError, UnsupportedRequestError   400 invalid_request_error (param guessed from the message)
-    EndpointError with upstream 400/413/422/429   the same status (the request itself was refused upstream)
+    EndpointError with upstream 400/413/422/429   the same status (the request itself was refused upstream);
+                                                  for 400/413/422 the upstream's own error object, unchanged
     EndpointError timing out                      504 upstream_error
     any other EndpointError (5xx, 401, dropped)   502 upstream_error
     anything else                                 500 server_error (details only in the proxy's log)
 
-Endpoint errors name the role ("draft"/"target") and the endpoint, in the message and as extra fields
-`role` and `endpoint`. Every message passes through `redact`, so keys and URL credentials never leave.
+Endpoint errors name the role ("draft"/"target") and the endpoint as extra fields `role` and `endpoint`
+(and in the message, except where the upstream's own error object is passed on: a refused request is
+the caller's error, and reads as the target alone would have answered it). Every message passes through `redact`, so keys and URL credentials never leave.
 """
 
 from __future__ import annotations
@@ -88,10 +90,28 @@ def _retry_headers(exc: EndpointError) -> dict[str, str]:
     return {name: cause.response.headers[name] for name in ("retry-after", "retry-after-ms") if name in cause.response.headers}
 
 
+#: Upstream statuses that refuse the caller's request: the upstream's error object goes to the caller as it is.
+_CALLERS_ERRORS = frozenset({400, 413, 422})
+
+
+def _upstream_error(exc: EndpointError) -> dict[str, Any] | None:
+    """The error object the upstream answered with (`{"message", "type", "param", "code", ...}`), if it
+    sent one the SDK could read."""
+    error = getattr(exc, "body", None)  # the SDK's `body`: the object under "error", as the upstream sent it
+    if not isinstance(exc.__cause__, openai.APIStatusError) or not isinstance(error, dict):
+        return None
+    return error if isinstance(error.get("message"), str) and error["message"] else None
+
+
 def _endpoint_error(exc: EndpointError, secrets: Iterable[str]) -> ProxyError:
     message = redact(str(exc), secrets)
     extra = {"role": exc.role, "endpoint": redact(exc.endpoint, secrets)}
     status = exc.status_code
+    upstream = _upstream_error(exc) if status in _CALLERS_ERRORS else None
+    if upstream is not None:
+        fields = {name: upstream.get(name) for name in ("type", "param", "code")}
+        others = {name: value for name, value in upstream.items() if name not in ("message", "type", "param", "code")}
+        return ProxyError(status, redact(upstream["message"], secrets), **fields, extra={**others, **extra})
     if status in PASSED_THROUGH_STATUSES:
         kind = "rate_limit_error" if status == 429 else "invalid_request_error"
         code = "rate_limit_exceeded" if status == 429 else f"{exc.role}_rejected_request"

@@ -160,6 +160,13 @@ class ProxyMetrics:
             ["model_name", "position"],
             registry=registry,
         )
+        self.verification_refused = Counter(
+            "specapi_verification_refused",
+            "Verification paths written off because the target refused their request shape while it served the "
+            "same requests plain (confirmed twice); that model's later requests go to the target alone",
+            ["model_name", "verification"],
+            registry=registry,
+        )
         self._reasons: set[str] = set()
         self._children: dict[tuple[Any, ...], Any] = {}
         self._view = self._exported()
@@ -202,6 +209,8 @@ class ProxyMetrics:
         category = fallback_category(stats.fallback_reason)
         if category is not None:
             self.child(self.fallbacks, category).inc()
+        if stats.verification_refused:
+            self.child(self.verification_refused, self.model, stats.verification_refused).inc()
         reason = getattr(stats, "load_reason", None)  # set by the load-aware policy when it holds speculation back
         if reason:
             label = str(reason)[:_MAX_REASON_LENGTH]
