@@ -133,6 +133,8 @@ class Meter:
         self.cached_tokens = 0
         self.latency_s = 0.0
         self.cost_usd: Decimal | None = Decimal(0)
+        #: The usage object of the last call that reported one, as the server sent it (every field).
+        self.last_usage: Mapping[str, Any] | None = None
 
     def record_attempt(self, latency_s: float, *, failed: bool) -> None:
         self.requests += 1
@@ -140,6 +142,7 @@ class Meter:
         self.latency_s += latency_s
 
     def record_usage(self, usage: Mapping[str, Any] | None) -> None:
+        self.last_usage = usage
         if not usage:
             self.cost_usd = None  # billed, but by how much is unknown: never report it as free
             return

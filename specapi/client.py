@@ -20,6 +20,7 @@ from typing import Any, Dict, List, Literal, Optional, TypeVar, Union, overload
 
 import httpx2
 import openai
+from openai._models import construct_type
 from openai._types import Body, Headers, NotGiven, Omit, Query, SequenceNotStr, not_given, omit
 from openai.types import ChatModel, Completion, Metadata, ReasoningEffort
 from openai.types.chat import (
@@ -553,12 +554,13 @@ class _Resource:
         )
         return self._build(data, stats)
 
-    def _build(self, data: dict[str, Any], stats: SpeculativeStats) -> Any:
+    def _build(self, data: Any, stats: SpeculativeStats) -> Any:
+        """The response object, built as the SDK builds it: without validating the fields (a target's
+        echo puts null first in `token_logprobs`, which the SDK's types do not allow, and passes on)."""
+        if not isinstance(data, Mapping):
+            raise self._runtime.target.error(f"response is not a JSON object: {str(data)[:200]!r}", malformed=True)
         cls = SpeculativeChatCompletion if self.chat else SpeculativeCompletion
-        try:
-            response = cls.model_validate(data)
-        except Exception as exc:  # pydantic.ValidationError
-            raise self._runtime.target.error(f"response is not a valid OpenAI object ({exc})", malformed=True) from exc
+        response = construct_type(type_=cls, value=dict(data))
         response.speculative = stats
         return response
 
@@ -640,7 +642,9 @@ class _Resource:
     def _choice(text: str, finish_reason: str) -> dict[str, Any]:
         raise NotImplementedError
 
-    def _usage(self, finished: Finished) -> dict[str, int]:
+    def _usage(self, finished: Finished) -> dict[str, Any]:
+        if finished.usage is not None:
+            return dict(finished.usage)  # one target call wrote the answer: its usage, every field
         prompt = finished.prompt_tokens or 0
         return {"prompt_tokens": prompt, "completion_tokens": finished.completion_tokens, "total_tokens": prompt + finished.completion_tokens}
 
@@ -833,11 +837,15 @@ class AsyncCompletions(_Resource):
         runtime = self._runtime
         target = runtime.target.endpoint
         sampling = _validated_sampling(kwargs, target, runtime.draft.endpoint if runtime.draft else None)
-        limit = _validated_max_tokens(max_tokens, 16)
+        # max_tokens=0 with echo scores the prompt alone: the target answers as it does, 200 or its own 400.
+        scores_only = max_tokens == 0 and not isinstance(max_tokens, bool) and kwargs.get("echo") is True
+        limit = 0 if scores_only else _validated_max_tokens(max_tokens, 16)
         seed = _validated_seed(kwargs.get("seed"))
         stop = _stops(kwargs.get("stop"))
         stream, include_usage = _stream_options(kwargs)
         model = model or target.model
+        if scores_only:
+            return await self._passthrough("/completions", {"prompt": prompt, "model": model, "max_tokens": 0, **kwargs}, "max_tokens=0 with echo (the prompt scored) is served by the target alone", options)
         if not isinstance(prompt, str):
             if isinstance(prompt, list) and prompt:
                 return await self._passthrough("/completions", {"prompt": prompt, "model": model, "max_tokens": limit, **kwargs}, "a list prompt (batch or token ids) is served by the target alone", options)

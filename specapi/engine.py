@@ -53,6 +53,9 @@ class Finished:
     stats: SpeculativeStats
     prompt_tokens: int | None
     completion_tokens: int
+    #: The target's own usage object (every field it sent: cached tokens, details) when the whole answer
+    #: is one target call; None when the answer was assembled from several calls.
+    usage: Mapping[str, Any] | None = None
 
 
 @dataclass
@@ -79,6 +82,8 @@ class _Books:
     #: that follows is accepted (else the caller's request is at fault, and its error is the answer).
     refusal: str | None = None
     refused_path: str | None = None  # the path this request's refusal wrote off (see `_learn_refusal`)
+    plain_calls: int = 0  # target-alone calls whose text is in the answer
+    plain_usage: Mapping[str, Any] | None = None  # the usage the last of them reported
 
 
 @dataclass
@@ -542,7 +547,10 @@ class Engine:
             load_reason=books.load_reason,
             verification_refused=books.refused_path,
         )
-        return Finished(finish_reason=finish_reason, stats=stats, prompt_tokens=books.prompt_tokens, completion_tokens=produced)
+        # One target call wrote the whole answer: its usage is the answer's, as the target alone reports it.
+        alone = not books.rounds and books.plain_calls == 1 and not books.retokenized and isinstance(books.plain_usage, Mapping)
+        usage = books.plain_usage if alone else None
+        return Finished(finish_reason=finish_reason, stats=stats, prompt_tokens=books.prompt_tokens, completion_tokens=produced, usage=usage)
 
     async def _whole(self, path: Path, request: GenerationRequest, run: _Run, started: float) -> AsyncIterator[Piece | Finished]:
         """Whole-answer paths: one draft and one target call; the target's text is the answer."""
@@ -609,6 +617,8 @@ class Engine:
                     yield new
         if not finished:
             raise self.target.error("the stream ended without a finish_reason: the text may be incomplete", malformed=True)
+        run.books.plain_calls += 1
+        run.books.plain_usage = run.target_meter.last_usage
         prompt_tokens = usage.get("prompt_tokens")
         if not context.accepted and run.books.prompt_tokens is None and isinstance(prompt_tokens, int):
             run.books.prompt_tokens = prompt_tokens
@@ -634,6 +644,8 @@ class Engine:
             # character from a stream where a plain answer shows U+FFFD.
             last = remaining is not None and step_tokens is not None and step_tokens >= remaining
             step = await self._target_call(context, step_tokens, seed, run, streamed=run.request.stream and last, count_tokens=counting)
+            run.books.plain_calls += 1
+            run.books.plain_usage = run.target_meter.last_usage
             partial = step.finish_reason == "length" and (not step.text or step.text.endswith("\ufffd"))
             if not partial or step_tokens is None or last:
                 break
@@ -700,6 +712,7 @@ class Engine:
         already handed out (then the response stays marked approximate)."""
         request, books = run.request, run.books
         books.retokenized = False  # one attempt per request
+        books.plain_calls += 1  # the answer is now this call's and the earlier ones' (their usage is not its)
         step = await self._target_call(request.context, request.max_tokens, None, run, streamed=request.stream)
         text, finish = step.text, step.finish_reason
         kept = out.sent if request.stream else 0  # a collected response has handed out nothing yet

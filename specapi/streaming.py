@@ -72,7 +72,9 @@ def response_id(chat: bool) -> str:
     return f"{'chatcmpl' if chat else 'cmpl'}-spec-{os.urandom(12).hex()}"
 
 
-def _usage(finished: Finished) -> dict[str, int]:
+def _usage(finished: Finished) -> dict[str, Any]:
+    if finished.usage is not None:
+        return dict(finished.usage)  # one target call wrote the answer: its usage, every field
     prompt = finished.prompt_tokens or 0
     return {"prompt_tokens": prompt, "completion_tokens": finished.completion_tokens, "total_tokens": prompt + finished.completion_tokens}
 

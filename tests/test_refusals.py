@@ -53,7 +53,7 @@ class Toy:
         return httpx2.AsyncClient(transport=httpx2.MockTransport(self.handler))
 
     def endpoint(self, model: str) -> Endpoint:
-        return Endpoint(model=model, base_url="http://toy.test/v1", api_key="x", max_retries=0, http_client=self.http())
+        return Endpoint(model=model, base_url="http://toy.test/v1", api_key="sk-toy-key", max_retries=0, http_client=self.http())
 
     def echoes(self, model: str) -> int:
         return sum(1 for m, body in self.sent if m == model and body.get("echo"))
@@ -71,7 +71,7 @@ async def complete(client: AsyncSpeculativeOpenAI, prompt: str = PROMPT, **extra
 
 async def test_a_bad_request_is_the_callers_error_and_later_requests_still_speculate():
     toy = Toy()
-    async with client_for(toy) as client, openai.AsyncOpenAI(base_url="http://toy.test/v1", api_key="x", max_retries=0, http_client=toy.http()) as sdk:
+    async with client_for(toy) as client, openai.AsyncOpenAI(base_url="http://toy.test/v1", api_key="sk-toy-key", max_retries=0, http_client=toy.http()) as sdk:
         first = await complete(client)
         assert first.speculative.speculated and first.speculative.accepted_tokens > 0
         with pytest.raises(openai.BadRequestError) as alone:
