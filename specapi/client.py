@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import time
 from dataclasses import replace
 from collections import OrderedDict
@@ -23,6 +24,8 @@ import openai
 from openai._models import construct_type
 from openai._types import Body, Headers, NotGiven, Omit, Query, SequenceNotStr, not_given, omit
 from openai.types import ChatModel, Completion, Metadata, ReasoningEffort
+from openai.lib._parsing import ResponseFormatT
+from openai.lib.streaming.chat import AsyncChatCompletionStreamManager
 from openai.types.chat import (
     ChatCompletionAudioParam,
     ChatCompletionChunk,
@@ -36,7 +39,7 @@ from openai.types.chat import (
 
 from ._calls import Clock, Meter, RoleClient, Sleep
 from ._exceptions import ConfigurationError, InvalidRequestError
-from .raw import AsyncRawCreate
+from .raw import AsyncRawCreate, AsyncStreamingCreate
 from .models import AsyncModels
 from .acceptance import SamplingParams
 from .context import Context
@@ -48,7 +51,8 @@ from .load import current_request, new_request_id
 from .policy import AdaptiveDraftLength, DraftLengthPolicy, FixedDraftLength
 from .stats import RoleUsage, SpeculativeStats
 from .streaming import SpeculativeStream, chat_chunks, completion_chunks, parse_chat_chunk, parse_completion, response_id
-from .types import SpeculativeChatCompletion, SpeculativeCompletion
+from .structured import parse_params, parsed_completion, stream_params
+from .types import SpeculativeChatCompletion, SpeculativeCompletion, SpeculativeParsedChatCompletion
 from .paths import PathResolver
 from .pricing import call_cost
 from .suffix import SuffixDrafter, SuffixIndex, gate_free_drafts, indexes, learn, load_tokenizer, with_index, without_suffix
@@ -98,11 +102,13 @@ def _bad_request() -> Iterator[None]:
         raise InvalidRequestError(str(exc)) from None
 
 
-def _request_options(params: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+def _request_options(params: Mapping[str, Any], default_timeout: Any = not_given) -> tuple[dict[str, Any], dict[str, Any]]:
     """Split `extra_headers`, `extra_query` and `timeout` off the request's arguments: the remaining
     arguments, and the SDK request options sent with every upstream request (the draft's included;
-    speculation stays on)."""
+    speculation stays on). `default_timeout` is the client's (`with_options(timeout=)`)."""
     kwargs = dict(params)
+    if "timeout" not in kwargs and not isinstance(default_timeout, NotGiven):
+        kwargs["timeout"] = default_timeout
     headers = kwargs.pop("extra_headers", None)
     query = kwargs.pop("extra_query", None)
     options: dict[str, Any] = {}
@@ -228,6 +234,8 @@ class _Runtime:
         self.verification = verification
         self.clock = clock
         self.paths = PathResolver(self.target, verification, self.draft)
+        #: The timeout of every call that sets none (`with_options(timeout=)`): bounds the whole call.
+        self.request_timeout: Any = not_given
         # `model=` on a call names another model on the target's server: its own client view and
         # path memory, sharing the connection pool.
         self._by_model: OrderedDict[str, tuple[RoleClient, PathResolver]] = OrderedDict()
@@ -347,7 +355,7 @@ def _build_policy(choice: str | DraftLengthPolicy, k: int) -> DraftLengthPolicy:
     raise ConfigurationError(f"policy must be 'adaptive', 'fixed' or a policy object, got {choice!r}")
 
 
-class AsyncSpeculativeOpenAI:
+class AsyncSpeculativeOpenAI(openai.AsyncOpenAI):
     """An async client that speculates: `draft` proposes, `target` verifies, output is the target's.
 
     Args:
@@ -376,6 +384,11 @@ class AsyncSpeculativeOpenAI:
             `logprob_gap`); paths that show no target distribution (fan-out, Predicted Outputs,
             prefix match) decide exactly and say so in `speculative.acceptance_note`.
         sleep, clock: injectable for tests and the simulator.
+
+    It is an `openai.AsyncOpenAI` (libraries that check the type accept it: instructor, LiteLLM,
+    LangChain's `root_async_client`): `completions` and `chat.completions` speculate; the SDK's other
+    resources (`embeddings`, `files`, ...) and its low-level `post` go to the target as the SDK sends
+    them, with the target's URL and key (`post` to the two speculating paths goes through them).
     """
 
     def __init__(
@@ -413,7 +426,7 @@ class AsyncSpeculativeOpenAI:
             acceptance=_acceptance_rule(acceptance, acceptance_threshold, typical_epsilon, typical_delta),
         )
         self._owns_connections = True
-        self._options = {
+        self._specapi_options = {
             "target": target,
             "draft": draft,
             "num_speculative_tokens": num_speculative_tokens,
@@ -432,38 +445,78 @@ class AsyncSpeculativeOpenAI:
         self.target = target
         self.draft = draft
         self.num_speculative_tokens = num_speculative_tokens
-        self.completions = AsyncCompletions(self._runtime)
-        self.chat = _AsyncChat(self._runtime)
-        self.models = AsyncModels(self._runtime.target)
+        self._sdk_init()
+        self.completions = AsyncCompletions(self._runtime)  # type: ignore[assignment]
+        self.chat = _AsyncChat(self._runtime)  # type: ignore[assignment]
+        self.models = AsyncModels(self._runtime.target)  # type: ignore[assignment]
+        self.beta = _Beta(self.chat, lambda: openai.AsyncOpenAI.beta.func(self))  # type: ignore[assignment,attr-defined]
 
-    def with_options(self, **changes: Any) -> AsyncSpeculativeOpenAI:
+    def _sdk_init(self) -> None:
+        """The `openai.AsyncOpenAI` half: the target's URL, key, timeout and retries (the attributes
+        libraries read), on the target's own connection pool (no second one)."""
+        sdk = self._runtime.target.sdk
+        openai.AsyncOpenAI.__init__(
+            self,
+            api_key=sdk.api_key,
+            base_url=sdk.base_url,
+            timeout=self.target.timeout,
+            max_retries=self.target.max_retries,
+            http_client=sdk._client,
+        )
+
+    def with_options(self, **changes: Any) -> AsyncSpeculativeOpenAI:  # type: ignore[override]
         """A client with some options changed (as `openai.AsyncOpenAI.with_options`), e.g.
-        `client.with_options(policy="fixed", num_speculative_tokens=6).completions.create(...)`.
+        `client.with_options(policy="fixed", num_speculative_tokens=6).completions.create(...)`, or the
+        SDK's `timeout=` (the default of every call: it bounds the whole call, as `create(timeout=)`
+        does) and `max_retries=` (retries of each upstream request, the draft's too).
 
         It shares this client's connections to the endpoints; a policy object passed as a string is
         built anew (so a fixed-length copy does not disturb the adaptive policy's measurements).
         """
-        unknown = set(changes) - set(self._options)
+        timeout = changes.pop("timeout", not_given)
+        max_retries = changes.pop("max_retries", not_given)
+        unknown = set(changes) - set(self._specapi_options)
         if unknown:
-            raise ConfigurationError(f"with_options does not take {', '.join(sorted(unknown))}")
-        options = {**self._options, **changes}
+            raise ConfigurationError(
+                f"with_options does not take {', '.join(sorted(unknown))} (the target's URL, key and headers are its Endpoint's)"
+            )
+        options = {**self._specapi_options, **changes}
         if "policy" not in changes and "num_speculative_tokens" not in changes:
             options["policy"] = self._runtime.policy  # keep what the policy has learnt
+        same_endpoints = changes.keys().isdisjoint({"target", "draft"})
+        if not isinstance(max_retries, NotGiven):
+            if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
+                raise ConfigurationError(f"max_retries must be an integer >= 0, got {max_retries!r}")
+            for role in ("target", "draft"):
+                if options[role] is not None:
+                    options[role] = replace(options[role], max_retries=max_retries)
+        if not isinstance(timeout, NotGiven):
+            _seconds(timeout)  # checked now, not at the first call
         copy = AsyncSpeculativeOpenAI(**options)
-        if changes.keys().isdisjoint({"target", "draft"}):
+        if same_endpoints:
             copy._owns_connections = False  # closing the copy leaves this client's connections open
             copy._runtime.target.share_connections(self._runtime.target)
             if copy._runtime.draft is not None and self._runtime.draft is not None:
                 copy._runtime.draft.share_connections(self._runtime.draft)
             copy._runtime.paths.capabilities = self._runtime.paths.capabilities
+            copy._sdk_init()  # on the shared pool
+        copy._runtime.request_timeout = timeout if not isinstance(timeout, NotGiven) else self._runtime.request_timeout
+        if not isinstance(copy._runtime.request_timeout, NotGiven):
+            copy.timeout = copy._runtime.request_timeout
         return copy
 
-    copy = with_options
+    copy = with_options  # type: ignore[assignment]
 
-    @property
-    def base_url(self) -> httpx2.URL:
-        """The target's base URL, as `openai.AsyncOpenAI.base_url` (frameworks read it)."""
-        return self._runtime.target.sdk.base_url
+    async def post(self, path: str, *, cast_to: Any, body: Any = None, options: Any = None, stream: bool = False, **rest: Any) -> Any:  # type: ignore[override]
+        """The SDK's low-level POST (LiteLLM sends through it): `/completions` and `/chat/completions`
+        go through `create` and speculate; any other path goes to the target as the SDK sends it."""
+        resource = _resource_for(self, path)
+        if resource is None or not isinstance(body, Mapping) or rest.get("files"):
+            return await openai.AsyncOpenAI.post(self, path, cast_to=cast_to, body=body, options=options or {}, stream=stream, **rest)
+        params, raw = _sdk_request(resource, body, options)
+        if raw:
+            return await resource.with_raw_response.create(**params)
+        return await resource.create(**params)
 
     async def _warm(self) -> None:
         """What a long-running server does before its first request (see `_Runtime.warm`)."""
@@ -487,6 +540,56 @@ class AsyncSpeculativeOpenAI:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
+
+
+class _Beta:
+    """`client.beta`: `beta.chat.completions` is the speculating resource (LangChain streams structured
+    output through `beta.chat.completions.stream`); the SDK's other beta resources are the SDK's."""
+
+    def __init__(self, chat: Any, sdk_beta: Callable[[], Any]) -> None:
+        self.chat = chat
+        self._sdk_beta = sdk_beta
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sdk_beta(), name)
+
+
+#: The SDK's header asking for a raw response (what `with_raw_response` sends).
+_RAW_RESPONSE_HEADER = "X-Stainless-Raw-Response"
+
+
+def _resource_for(client: Any, path: str) -> Any:
+    """The speculating resource that serves `path` (a low-level SDK call), if one does."""
+    normalized = "/" + path.strip("/")
+    if normalized == "/completions":
+        return client.completions
+    if normalized == "/chat/completions":
+        return client.chat.completions
+    return None
+
+
+def _sdk_request(resource: Any, body: Mapping[str, Any], options: Any) -> tuple[dict[str, Any], bool]:
+    """`create`'s arguments for a low-level SDK POST of `body` with the SDK's request `options`, and
+    whether it asked for the raw response. Fields `create` does not name go as `extra_body`."""
+    names = set(inspect.signature(resource.create).parameters)
+    params = {k: v for k, v in body.items() if k in names and k not in ("extra_body", "extra_headers", "extra_query", "timeout")}
+    extra = {k: v for k, v in body.items() if k not in params}
+    options = dict(options or {})
+    if isinstance(options.get("extra_json"), Mapping):
+        extra.update(options["extra_json"])
+    if extra:
+        params["extra_body"] = extra
+    headers = {k: v for k, v in dict(options.get("headers") or {}).items() if isinstance(v, str)}
+    raw = any(k.lower() == _RAW_RESPONSE_HEADER.lower() and v.lower() in ("true", "raw") for k, v in headers.items())
+    headers = {k: v for k, v in headers.items() if not k.lower().startswith("x-stainless")}
+    if headers:
+        params["extra_headers"] = headers
+    if options.get("params"):
+        params["extra_query"] = dict(options["params"])
+    timeout = options.get("timeout")
+    if timeout is not None and not isinstance(timeout, NotGiven):
+        params["timeout"] = timeout
+    return params, raw
 
 
 class _AsyncChat:
@@ -531,7 +634,12 @@ class _Resource:
     @property
     def with_raw_response(self) -> AsyncRawCreate:
         """`.with_raw_response.create(...)`: the same call, returning a `RawResponse` (`.headers`, `.parse()`)."""
-        return AsyncRawCreate(self.create)  # type: ignore[attr-defined]
+        return AsyncRawCreate(self.create, getattr(self, "parse", None))  # type: ignore[attr-defined]
+
+    @property
+    def with_streaming_response(self) -> AsyncStreamingCreate:
+        """`async with .with_streaming_response.create(...) as response:` then `await response.parse()`."""
+        return AsyncStreamingCreate(self.create, getattr(self, "parse", None))  # type: ignore[attr-defined]
 
     async def _passthrough(self, path: str, kwargs: dict[str, Any], reason: str, options: Mapping[str, Any] | None = None) -> Any:
         runtime = self._runtime
@@ -824,7 +932,7 @@ class AsyncCompletions(_Resource):
 
     async def _create(self, params: dict[str, Any]) -> SpeculativeCompletion | SpeculativeStream[Completion]:
         with _bad_request():
-            kwargs, options = _request_options(params)
+            kwargs, options = _request_options(params, self._runtime.request_timeout)
             prompt = kwargs.pop("prompt")
             model = kwargs.pop("model", None)
             max_tokens = kwargs.pop("max_tokens", 16)
@@ -1015,7 +1123,7 @@ class AsyncChatCompletions(_Resource):
 
     async def _create(self, params: dict[str, Any]) -> SpeculativeChatCompletion | SpeculativeStream[ChatCompletionChunk]:
         with _bad_request():
-            kwargs, options = _request_options(params)
+            kwargs, options = _request_options(params, self._runtime.request_timeout)
             messages = kwargs.pop("messages")
             if isinstance(messages, Iterable) and not isinstance(messages, (str, bytes, Mapping, Sequence)):
                 messages = list(messages)  # the SDK takes any iterable of messages
@@ -1062,4 +1170,35 @@ class AsyncChatCompletions(_Resource):
     @staticmethod
     def _choice(text: str, finish_reason: str) -> dict[str, Any]:
         return {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": finish_reason}
+
+    async def parse(
+        self,
+        *,
+        messages: Iterable[ChatCompletionMessageParam],
+        model: Union[str, ChatModel] | None = None,
+        response_format: type[ResponseFormatT] | Omit = omit,
+        tools: Iterable[ChatCompletionToolUnionParam] | Omit = omit,
+        **params: Any,
+    ) -> SpeculativeParsedChatCompletion[ResponseFormatT]:
+        """The SDK's `chat.completions.parse`: `response_format` a pydantic model (sent as its JSON
+        schema), the answer parsed into it as `message.parsed` (strict function tools likewise); the
+        other arguments are `create`'s. See `specapi.structured`."""
+        request, rich_format, input_tools = parse_params(_given({**params, "messages": messages, "model": model, "response_format": response_format, "tools": tools}))
+        completion = await self._create(request)
+        return parsed_completion(completion, rich_format, input_tools)
+
+    def stream(
+        self,
+        *,
+        messages: Iterable[ChatCompletionMessageParam],
+        model: Union[str, ChatModel] | None = None,
+        response_format: Any = omit,
+        tools: Iterable[ChatCompletionToolUnionParam] | Omit = omit,
+        **params: Any,
+    ) -> AsyncChatCompletionStreamManager[Any]:
+        """The SDK's `chat.completions.stream`: `async with client.chat.completions.stream(...) as stream`
+        gives the SDK's events (`content.delta`, ...) and `get_final_completion()`, on a speculative
+        stream (or the target's alone, for a `response_format`). See `specapi.structured`."""
+        request, rich_format, input_tools = stream_params(_given({**params, "messages": messages, "model": model, "response_format": response_format, "tools": tools}))
+        return AsyncChatCompletionStreamManager(self._create(request), response_format=rich_format, input_tools=input_tools)
 

@@ -60,11 +60,28 @@ class SpeculativeStream(Generic[T]):
         """Stop generating: cancels the calls still in flight."""
         await self._chunks.aclose()  # type: ignore[attr-defined]
 
+    @property
+    def response(self) -> _StreamResponse:
+        """What the SDK's stream helpers (`chat.completions.stream`) close when they are done, as
+        `openai.AsyncStream.response`: closing it closes the stream."""
+        return _StreamResponse(self.close)
+
     async def __aenter__(self) -> SpeculativeStream[T]:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
+
+
+class _StreamResponse:
+    """A stream's `response`: only closing is offered (the upstream responses are specapi's)."""
+
+    def __init__(self, close: Callable[[], Any]) -> None:
+        self._close = close
+        self.headers: dict[str, str] = {}
+
+    async def aclose(self) -> None:
+        await self._close()
 
 
 def response_id(chat: bool) -> str:

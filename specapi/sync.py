@@ -7,11 +7,15 @@ running (notebooks, async frameworks calling sync code).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
-from collections.abc import Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping
 from typing import Any, Dict, Generic, List, Literal, Optional, TypeVar, Union, overload
 
 import httpx2
+import openai
+from openai.lib._parsing import ResponseFormatT
+from openai.lib.streaming.chat import ChatCompletionStreamManager
 from openai._types import Body, Headers, NotGiven, Omit, Query, SequenceNotStr, not_given, omit
 from openai.pagination import SyncPage
 from openai.types import ChatModel, Completion, Metadata, Model, ReasoningEffort
@@ -26,11 +30,12 @@ from openai.types.chat import (
     completion_create_params,
 )
 
-from .client import AsyncSpeculativeOpenAI
+from .client import AsyncSpeculativeOpenAI, _Beta, _resource_for, _sdk_request
 from .client import given_arguments as _given
 from .raw import RawResponse
 from .streaming import SpeculativeStream
-from .types import SpeculativeChatCompletion, SpeculativeCompletion
+from .structured import stream_params
+from .types import SpeculativeChatCompletion, SpeculativeCompletion, SpeculativeParsedChatCompletion
 
 __all__ = ["SpeculativeOpenAI", "SyncSpeculativeStream"]
 
@@ -63,18 +68,31 @@ class _LoopThread:
                 self._thread = None
 
 
-class SpeculativeOpenAI:
-    """Same arguments as `AsyncSpeculativeOpenAI`; `create(...)` calls return results directly."""
+class SpeculativeOpenAI(openai.OpenAI):
+    """Same arguments as `AsyncSpeculativeOpenAI`; `create(...)` calls return results directly.
+
+    It is an `openai.OpenAI` (see `AsyncSpeculativeOpenAI`): `completions` and `chat.completions`
+    speculate, the SDK's other resources go to the target as the SDK sends them."""
 
     def __init__(self, **options: Any) -> None:
         self._async = AsyncSpeculativeOpenAI(**options)
         self._loop = _LoopThread()
+        self._owns_http = True
+        self._sdk_init(None)
         self._resources()
 
+    def _sdk_init(self, http_client: httpx2.Client | None) -> None:
+        """The `openai.OpenAI` half, with the target's URL, key, timeout and retries."""
+        source = self._async
+        openai.OpenAI.__init__(
+            self, api_key=source.api_key, base_url=source.base_url, timeout=source.timeout, max_retries=source.max_retries, http_client=http_client
+        )
+
     def _resources(self) -> None:
-        self.completions = _Completions(self)
-        self.chat = _Chat(self)
-        self.models = _Models(self)
+        self.completions = _Completions(self)  # type: ignore[assignment]
+        self.chat = _Chat(self)  # type: ignore[assignment]
+        self.models = _Models(self)  # type: ignore[assignment]
+        self.beta = _Beta(self.chat, lambda: openai.OpenAI.beta.func(self))  # type: ignore[assignment,attr-defined]
 
     def _call(self, coro: Coroutine[Any, Any, Any]) -> Any:
         """Run `coro` on the loop thread; a stream comes back as a plain iterator."""
@@ -84,25 +102,36 @@ class SpeculativeOpenAI:
     def async_client(self) -> AsyncSpeculativeOpenAI:
         return self._async
 
-    def with_options(self, **changes: Any) -> SpeculativeOpenAI:
-        """A client with some options changed, sharing this one's connections and loop thread."""
+    def with_options(self, **changes: Any) -> SpeculativeOpenAI:  # type: ignore[override]
+        """A client with some options changed (as `AsyncSpeculativeOpenAI.with_options`, the SDK's
+        `timeout=` and `max_retries=` included), sharing this one's connections and loop thread."""
         copy = object.__new__(SpeculativeOpenAI)
         copy._async = self._async.with_options(**changes)
         copy._loop = self._loop
+        copy._owns_http = False
+        copy._sdk_init(self._client)
         copy._resources()
         return copy
 
-    copy = with_options
+    copy = with_options  # type: ignore[assignment]
 
-    @property
-    def base_url(self) -> Any:
-        """The target's base URL, as `openai.OpenAI.base_url` (frameworks read it)."""
-        return self._async.base_url
+    def post(self, path: str, *, cast_to: Any, body: Any = None, options: Any = None, stream: bool = False, **rest: Any) -> Any:  # type: ignore[override]
+        """The SDK's low-level POST (LiteLLM sends through it): `/completions` and `/chat/completions`
+        go through `create` and speculate; any other path goes to the target as the SDK sends it."""
+        resource = _resource_for(self, path)
+        if resource is None or not isinstance(body, Mapping) or rest.get("files"):
+            return openai.OpenAI.post(self, path, cast_to=cast_to, body=body, options=options or {}, stream=stream, **rest)
+        params, raw = _sdk_request(resource, body, options)
+        if raw:
+            return resource.with_raw_response.create(**params)
+        return resource.create(**params)
 
     def close(self) -> None:
         if self._loop._loop is not None:
             self._loop.run(self._async.close())
         self._loop.stop()
+        if self._owns_http:
+            openai.OpenAI.close(self)
 
     def __enter__(self) -> SpeculativeOpenAI:
         return self
@@ -134,11 +163,27 @@ class SyncSpeculativeStream(Generic[ChunkT]):
     def close(self) -> None:
         self._loop.run(self._stream.close())
 
+    @property
+    def response(self) -> _StreamResponse:
+        """What the SDK's stream helpers close when they are done (as `openai.Stream.response`)."""
+        return _StreamResponse(self.close)
+
     def __enter__(self) -> SyncSpeculativeStream[ChunkT]:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+class _StreamResponse:
+    """A stream's `response`: only closing is offered (the upstream responses are specapi's)."""
+
+    def __init__(self, close: Callable[[], None]) -> None:
+        self._close = close
+        self.headers: dict[str, str] = {}
+
+    def close(self) -> None:
+        self._close()
 
 
 def _wrap(result: Any, loop: _LoopThread) -> Any:
@@ -153,14 +198,58 @@ class _RawCreate:
         self._resource = resource
 
     def create(self, **params: Any) -> RawResponse[Any]:
-        raw = self._client._loop.run(self._resource.with_raw_response.create(**params))
+        return self._raw(self._resource.with_raw_response.create(**params))
+
+    def parse(self, **params: Any) -> RawResponse[Any]:
+        return self._raw(self._resource.with_raw_response.parse(**params))
+
+    def _raw(self, call: Coroutine[Any, Any, RawResponse[Any]]) -> RawResponse[Any]:
+        raw = self._client._loop.run(call)
         return RawResponse(_wrap(raw.parse(), self._client._loop), raw.headers, raw.http_response)
+
+
+class StreamedResponse(Generic[T]):
+    """What `with_streaming_response` yields on the sync client: headers at once, `parse()`."""
+
+    def __init__(self, raw: RawResponse[T]) -> None:
+        self._raw = raw
+        self.headers = raw.headers
+        self.http_response = raw.http_response
+        self.status_code = raw.status_code
+
+    def parse(self) -> T:
+        return self._raw.parse()
+
+
+class _StreamingCreate:
+    """`with_streaming_response` on the sync client: `with ....create(...) as response: response.parse()`."""
+
+    def __init__(self, raw: _RawCreate) -> None:
+        self._raw = raw
+
+    def create(self, **params: Any) -> contextlib.AbstractContextManager[StreamedResponse[Any]]:
+        return _streamed(lambda: self._raw.create(**params))
+
+    def parse(self, **params: Any) -> contextlib.AbstractContextManager[StreamedResponse[Any]]:
+        return _streamed(lambda: self._raw.parse(**params))
+
+
+@contextlib.contextmanager
+def _streamed(call: Callable[[], RawResponse[T]]) -> Iterator[StreamedResponse[T]]:
+    raw = call()
+    try:
+        yield StreamedResponse(raw)
+    finally:
+        parsed = raw.parse()
+        if isinstance(parsed, SyncSpeculativeStream):
+            parsed.close()  # a stream left unread ends with the block
 
 
 class _Completions:
     def __init__(self, client: SpeculativeOpenAI) -> None:
         self._client = client
         self.with_raw_response = _RawCreate(client, client._async.completions)
+        self.with_streaming_response = _StreamingCreate(self.with_raw_response)
 
     @overload
     def create(
@@ -258,6 +347,7 @@ class _ChatCompletions:
     def __init__(self, client: SpeculativeOpenAI) -> None:
         self._client = client
         self.with_raw_response = _RawCreate(client, client._async.chat.completions)
+        self.with_streaming_response = _StreamingCreate(self.with_raw_response)
 
     @overload
     def create(
@@ -402,6 +492,33 @@ class _ChatCompletions:
     ) -> SpeculativeChatCompletion | SyncSpeculativeStream[ChatCompletionChunk]:
         """As `AsyncSpeculativeOpenAI().chat.completions.create`, run on the client's loop thread."""
         return self._client._call(self._client._async.chat.completions.create(**_given(locals())))
+
+    def parse(
+        self,
+        *,
+        messages: Iterable[ChatCompletionMessageParam],
+        model: Union[str, ChatModel] | None = None,
+        response_format: type[ResponseFormatT] | Omit = omit,
+        tools: Iterable[ChatCompletionToolUnionParam] | Omit = omit,
+        **params: Any,
+    ) -> SpeculativeParsedChatCompletion[ResponseFormatT]:
+        """As `AsyncSpeculativeOpenAI().chat.completions.parse` (the SDK's `parse`), run on the loop thread."""
+        call = self._client._async.chat.completions.parse(messages=messages, model=model, response_format=response_format, tools=tools, **params)
+        return self._client._loop.run(call)
+
+    def stream(
+        self,
+        *,
+        messages: Iterable[ChatCompletionMessageParam],
+        model: Union[str, ChatModel] | None = None,
+        response_format: Any = omit,
+        tools: Iterable[ChatCompletionToolUnionParam] | Omit = omit,
+        **params: Any,
+    ) -> ChatCompletionStreamManager[Any]:
+        """The SDK's `chat.completions.stream` (`with client.chat.completions.stream(...) as stream:`)."""
+        request, rich_format, input_tools = stream_params(_given({**params, "messages": messages, "model": model, "response_format": response_format, "tools": tools}))
+        resource = self._client._async.chat.completions
+        return ChatCompletionStreamManager(lambda: self._client._call(resource._create(request)), response_format=rich_format, input_tools=input_tools)
 
 
 

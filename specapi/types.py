@@ -7,13 +7,17 @@ SDK expect); `resp.speculative.to_dict()` is its JSON form.
 
 from __future__ import annotations
 
+from typing import Generic, TypeVar
+
 from openai.types import Completion
-from openai.types.chat import ChatCompletion
+from openai.types.chat import ChatCompletion, ParsedChatCompletion
 from pydantic import ConfigDict, Field
 
 from .stats import SpeculativeStats
 
-__all__ = ["SpeculativeCompletion", "SpeculativeChatCompletion"]
+__all__ = ["SpeculativeCompletion", "SpeculativeChatCompletion", "SpeculativeParsedChatCompletion"]
+
+ContentT = TypeVar("ContentT")
 
 
 class SpeculativeCompletion(Completion):
@@ -25,6 +29,13 @@ class SpeculativeCompletion(Completion):
 
 class SpeculativeChatCompletion(ChatCompletion):
     """An `openai.types.chat.ChatCompletion` with `speculative`: what speculation did for this response."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True, extra="allow")
+    speculative: SpeculativeStats = Field(default_factory=SpeculativeStats, exclude=True)
+
+
+class SpeculativeParsedChatCompletion(ParsedChatCompletion[ContentT], Generic[ContentT]):
+    """What `chat.completions.parse` returns: the SDK's `ParsedChatCompletion` (`message.parsed`), with `speculative`."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True, extra="allow")
     speculative: SpeculativeStats = Field(default_factory=SpeculativeStats, exclude=True)
