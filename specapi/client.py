@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
 import time
 from dataclasses import replace
@@ -446,10 +447,24 @@ class AsyncSpeculativeOpenAI(openai.AsyncOpenAI):
         self.draft = draft
         self.num_speculative_tokens = num_speculative_tokens
         self._sdk_init()
-        self.completions = AsyncCompletions(self._runtime)  # type: ignore[assignment]
-        self.chat = _AsyncChat(self._runtime)  # type: ignore[assignment]
-        self.models = AsyncModels(self._runtime.target)  # type: ignore[assignment]
-        self.beta = _Beta(self.chat, lambda: openai.AsyncOpenAI.beta.func(self))  # type: ignore[assignment,attr-defined]
+
+    # The speculating resources in place of the SDK's (same names, same call shapes).
+
+    @functools.cached_property
+    def completions(self) -> AsyncCompletions:  # type: ignore[override]
+        return AsyncCompletions(self._runtime)
+
+    @functools.cached_property
+    def chat(self) -> _AsyncChat:  # type: ignore[override]
+        return _AsyncChat(self._runtime)
+
+    @functools.cached_property
+    def models(self) -> AsyncModels:  # type: ignore[override]
+        return AsyncModels(self._runtime.target)
+
+    @functools.cached_property
+    def beta(self) -> _Beta:  # type: ignore[override]
+        return _Beta(self.chat, lambda: openai.AsyncOpenAI.beta.func(self))  # type: ignore[attr-defined]
 
     def _sdk_init(self) -> None:
         """The `openai.AsyncOpenAI` half: the target's URL, key, timeout and retries (the attributes

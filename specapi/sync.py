@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import threading
 from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping
 from typing import Any, Dict, Generic, List, Literal, Optional, TypeVar, Union, overload
@@ -79,7 +80,6 @@ class SpeculativeOpenAI(openai.OpenAI):
         self._loop = _LoopThread()
         self._owns_http = True
         self._sdk_init(None)
-        self._resources()
 
     def _sdk_init(self, http_client: httpx2.Client | None) -> None:
         """The `openai.OpenAI` half, with the target's URL, key, timeout and retries."""
@@ -88,11 +88,23 @@ class SpeculativeOpenAI(openai.OpenAI):
             self, api_key=source.api_key, base_url=source.base_url, timeout=source.timeout, max_retries=source.max_retries, http_client=http_client
         )
 
-    def _resources(self) -> None:
-        self.completions = _Completions(self)  # type: ignore[assignment]
-        self.chat = _Chat(self)  # type: ignore[assignment]
-        self.models = _Models(self)  # type: ignore[assignment]
-        self.beta = _Beta(self.chat, lambda: openai.OpenAI.beta.func(self))  # type: ignore[assignment,attr-defined]
+    # The speculating resources in place of the SDK's (same names, same call shapes).
+
+    @functools.cached_property
+    def completions(self) -> _Completions:  # type: ignore[override]
+        return _Completions(self)
+
+    @functools.cached_property
+    def chat(self) -> _Chat:  # type: ignore[override]
+        return _Chat(self)
+
+    @functools.cached_property
+    def models(self) -> _Models:  # type: ignore[override]
+        return _Models(self)
+
+    @functools.cached_property
+    def beta(self) -> _Beta:  # type: ignore[override]
+        return _Beta(self.chat, lambda: openai.OpenAI.beta.func(self))  # type: ignore[attr-defined]
 
     def _call(self, coro: Coroutine[Any, Any, Any]) -> Any:
         """Run `coro` on the loop thread; a stream comes back as a plain iterator."""
@@ -110,7 +122,6 @@ class SpeculativeOpenAI(openai.OpenAI):
         copy._loop = self._loop
         copy._owns_http = False
         copy._sdk_init(self._client)
-        copy._resources()
         return copy
 
     copy = with_options  # type: ignore[assignment]
