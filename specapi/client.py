@@ -446,7 +446,6 @@ class AsyncSpeculativeOpenAI(openai.AsyncOpenAI):
         self.target = target
         self.draft = draft
         self.num_speculative_tokens = num_speculative_tokens
-        self._sdk_init()
 
     # The speculating resources in place of the SDK's (same names, same call shapes).
 
@@ -466,15 +465,25 @@ class AsyncSpeculativeOpenAI(openai.AsyncOpenAI):
     def beta(self) -> _Beta:  # type: ignore[override]
         return _Beta(self.chat, lambda: openai.AsyncOpenAI.beta.func(self))  # type: ignore[attr-defined]
 
+    def __getattr__(self, name: str) -> Any:
+        # The `openai.AsyncOpenAI` half is set up when first used (the target's SDK client it shares
+        # costs about 20 ms to build, which requests build only when they need it).
+        if name.startswith("__") or "_sdk_ready" in self.__dict__ or "_runtime" not in self.__dict__:
+            raise AttributeError(name)
+        self._sdk_init()
+        return getattr(self, name)
+
     def _sdk_init(self) -> None:
         """The `openai.AsyncOpenAI` half: the target's URL, key, timeout and retries (the attributes
         libraries read), on the target's own connection pool (no second one)."""
+        self._sdk_ready = True
         sdk = self._runtime.target.sdk
+        timeout = self._runtime.request_timeout
         openai.AsyncOpenAI.__init__(
             self,
             api_key=sdk.api_key,
             base_url=sdk.base_url,
-            timeout=self.target.timeout,
+            timeout=self.target.timeout if isinstance(timeout, NotGiven) else timeout,
             max_retries=self.target.max_retries,
             http_client=sdk._client,
         )
@@ -514,10 +523,7 @@ class AsyncSpeculativeOpenAI(openai.AsyncOpenAI):
             if copy._runtime.draft is not None and self._runtime.draft is not None:
                 copy._runtime.draft.share_connections(self._runtime.draft)
             copy._runtime.paths.capabilities = self._runtime.paths.capabilities
-            copy._sdk_init()  # on the shared pool
         copy._runtime.request_timeout = timeout if not isinstance(timeout, NotGiven) else self._runtime.request_timeout
-        if not isinstance(copy._runtime.request_timeout, NotGiven):
-            copy.timeout = copy._runtime.request_timeout
         return copy
 
     copy = with_options  # type: ignore[assignment]

@@ -79,10 +79,18 @@ class SpeculativeOpenAI(openai.OpenAI):
         self._async = AsyncSpeculativeOpenAI(**options)
         self._loop = _LoopThread()
         self._owns_http = True
-        self._sdk_init(None)
+        self._sdk_http: httpx2.Client | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        # The `openai.OpenAI` half is set up when first used: its HTTP client costs about 20 ms to build.
+        if name.startswith("__") or "_sdk_ready" in self.__dict__ or "_async" not in self.__dict__:
+            raise AttributeError(name)
+        self._sdk_init(self._sdk_http)
+        return getattr(self, name)
 
     def _sdk_init(self, http_client: httpx2.Client | None) -> None:
         """The `openai.OpenAI` half, with the target's URL, key, timeout and retries."""
+        self._sdk_ready = True
         source = self._async
         openai.OpenAI.__init__(
             self, api_key=source.api_key, base_url=source.base_url, timeout=source.timeout, max_retries=source.max_retries, http_client=http_client
@@ -121,7 +129,7 @@ class SpeculativeOpenAI(openai.OpenAI):
         copy._async = self._async.with_options(**changes)
         copy._loop = self._loop
         copy._owns_http = False
-        copy._sdk_init(self._client)
+        copy._sdk_http = self._client  # this client's (its SDK half set up now, if it was not)
         return copy
 
     copy = with_options  # type: ignore[assignment]
@@ -141,7 +149,7 @@ class SpeculativeOpenAI(openai.OpenAI):
         if self._loop._loop is not None:
             self._loop.run(self._async.close())
         self._loop.stop()
-        if self._owns_http:
+        if self._owns_http and "_sdk_ready" in self.__dict__:
             openai.OpenAI.close(self)
 
     def __enter__(self) -> SpeculativeOpenAI:
