@@ -151,11 +151,12 @@ def test_a_streamed_answer_carries_the_usage_the_json_answer_does(setup):
         ("/completions", {"prompt": "ab", "max_tokens": 4, "temperature": 0, "top_k": "many"}),
         ("/chat/completions", {"messages": [{"role": "user", "content": "ab"}], "max_tokens": 4, "temperature": 0, "top_k": "many"}),
         ("/completions", {"prompt": "ab", "max_tokens": 4, "logprobs": 99}),
+        ("/chat/completions", {"messages": [{"role": "user", "content": "ab"}], "max_tokens": 4, "temperature": 0, "top_k": "many", "stream": True}),
     ],
 )
 def test_an_upstream_400_is_its_own_error_object(setup, path, body):
     toy, http, _ = setup
-    direct = toy.direct(path, body)
+    direct = toy.direct(path, {**body, "stream": False})
     assert direct.status_code == 400
     response = http.post("/v1" + path, json=body)
     assert response.status_code == 400, response.text
