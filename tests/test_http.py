@@ -85,7 +85,12 @@ async def test_retries_stop_after_max_retries_with_the_sdks_class_and_message():
         await role.aclose()
     err = caught.value
     assert isinstance(err, TargetError) and err.status_code == 500
-    assert str(err) == f"target endpoint m @ {base_url}: HTTP 500: Error code: 500 - boom"
+    # The SDK's own message for that answer (openai 3.3 shows the whole body, later versions its message).
+    with openai.OpenAI(api_key="x", base_url=base_url) as sdk:
+        answer = httpx2.Response(500, json={"error": {"message": "boom"}}, request=httpx2.Request("POST", base_url))
+        sdk_message = sdk._make_status_error_from_response(answer).message
+    assert sdk_message.startswith("Error code: 500 - ") and "boom" in sdk_message
+    assert str(err) == f"target endpoint m @ {base_url}: HTTP 500: {sdk_message}" and err.message == sdk_message
     assert len(server.requests) == 3
 
 
