@@ -313,6 +313,10 @@ async def test_instructor_async_gives_the_target_alones_model(aclient, toy):
 # ----------------------------------------------------------------------------- LiteLLM
 
 
+# LiteLLM's own stream handling warns (its TypedDicts, and pydantic attributes it reads on instances),
+# whoever the client is; warnings are errors here.
+@pytest.mark.filterwarnings("ignore:Item '.*' on TypedDict class '.*' is using the .ReadOnly. qualifier:UserWarning")
+@pytest.mark.filterwarnings("ignore:Accessing the '.*' attribute on the instance is deprecated")
 def test_litellm_completion_with_the_client_speculates_and_gives_the_targets_text(sync, toy):
     import litellm
 
@@ -323,10 +327,10 @@ def test_litellm_completion_with_the_client_speculates_and_gives_the_targets_tex
     with toy.sdk() as sdk:
         direct = litellm.completion(model="openai/target", messages=MESSAGES, client=sdk, max_tokens=MAX_TOKENS, temperature=0)
     assert direct.choices[0].message.content == EXPECTED
+    streamed = litellm.completion(model="openai/target", messages=MESSAGES, client=sync, max_tokens=MAX_TOKENS, temperature=0, stream=True)
+    assert "".join(chunk.choices[0].delta.content or "" for chunk in streamed) == EXPECTED
 
 
-# LiteLLM's own stream handling warns (its TypedDicts, and pydantic attributes it reads on instances),
-# whoever the client is; warnings are errors here.
 @pytest.mark.filterwarnings("ignore:Item '.*' on TypedDict class '.*' is using the .ReadOnly. qualifier:UserWarning")
 @pytest.mark.filterwarnings("ignore:Accessing the '.*' attribute on the instance is deprecated")
 async def test_litellm_acompletion_with_the_async_client(aclient, toy):
