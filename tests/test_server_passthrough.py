@@ -163,3 +163,32 @@ def test_an_upstream_400_is_its_own_error_object(setup, path, body):
     error = response.json()["error"]
     assert error.pop("role") == "target" and error.pop("endpoint").startswith("target @ ")
     assert error == direct.json()["error"]  # message, type, param, code and the vendor's field, unchanged
+
+
+def test_the_simulators_refusal_of_tools_reaches_the_caller_as_it_sent_it():
+    """The issue's case: the simulator refuses `tools` with `param: "tools"`; through the proxy the caller
+    gets that error object, not one wrapped in the proxy's words."""
+    import asyncio
+    from dataclasses import replace
+
+    from specapi.sim import SimProvider, SimTransport, simulated_endpoints
+
+    provider = SimProvider(capabilities="vllm", latency="instant", seed=0)
+    target, draft = (replace(e, api_key="sk-sim-test-key") for e in simulated_endpoints(provider=provider))
+    tool = {"type": "function", "function": {"name": "area", "parameters": {"type": "object", "properties": {}}}}
+    body = {"messages": [{"role": "user", "content": "Area of a circle?"}], "max_tokens": 8, "tools": [tool]}
+
+    async def direct() -> httpx2.Response:
+        async with httpx2.AsyncClient(transport=SimTransport(provider), base_url="http://sim/v1") as client:
+            return await client.post("/chat/completions", json={**body, "model": target.model})
+
+    expected = asyncio.run(direct())
+    assert expected.status_code == 400 and expected.json()["error"]["param"] == "tools"
+    options = {"policy": "fixed", "sleep": no_sleep}
+    with ToyServer() as unused, running_proxy(unused, target=target, draft=draft, client_options=options) as proxy:
+        with httpx2.Client(base_url=proxy.url, headers={"authorization": f"Bearer {PROXY_KEY}"}, timeout=30) as http:
+            response = http.post("/v1/chat/completions", json={**body, "model": target.model})
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error.pop("role") == "target" and error.pop("endpoint")
+    assert error == expected.json()["error"]
