@@ -30,16 +30,22 @@ def parse_params(params: Mapping[str, Any]) -> tuple[dict[str, Any], Any, Any]:
     """`create`'s arguments for a `parse` call (the schema as the API's `response_format`), the rich
     response format and the tools to parse the answer with."""
     response_format = params.get("response_format", omit)
-    tools = params.get("tools", omit)
-    validate_input_tools(tools)  # only strict function tools can be parsed; the SDK's own error otherwise
     request = {name: value for name, value in params.items() if name != "stream"}
+    tools = params.get("tools", omit)
+    if not isinstance(tools, Omit):
+        tools = request["tools"] = list(tools)  # read twice: sent, then used to parse the answer
+    validate_input_tools(tools)  # only strict function tools can be parsed; the SDK's own error otherwise
     return _with_schema(request, response_format), response_format, tools
 
 
 def stream_params(params: Mapping[str, Any]) -> tuple[dict[str, Any], Any, Any]:
     """`create`'s arguments for a `stream` call (a stream, with the schema as the API's `response_format`)."""
     response_format = params.get("response_format", omit)
-    return _with_schema({**params, "stream": True}, response_format), response_format, params.get("tools", omit)
+    request = {**params, "stream": True}
+    tools = params.get("tools", omit)
+    if not isinstance(tools, Omit):
+        tools = request["tools"] = list(tools)  # read twice: sent, then used to parse the answer
+    return _with_schema(request, response_format), response_format, tools
 
 
 def _with_schema(request: dict[str, Any], response_format: Any) -> dict[str, Any]:

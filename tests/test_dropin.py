@@ -234,6 +234,12 @@ def test_parse_returns_what_the_sdk_parses_from_the_target_alone(sync, toy):
     assert not stats.speculated and "response_format" in stats.fallback_reason
     sent = [b for b in toy.requests if b.get("response_format")]
     assert sent[0]["response_format"] == sent[1]["response_format"]  # the same JSON schema as the SDK sends
+    tools = (tool for tool in [openai.pydantic_function_tool(Pet)])  # any iterable, as the SDK takes
+    with toy.sdk() as sdk:
+        direct_call = sdk.chat.completions.parse(model="target", messages=MESSAGES, tools=[openai.pydantic_function_tool(Pet)])
+    call = sync.chat.completions.parse(messages=MESSAGES, tools=tools).choices[0].message.tool_calls[0]
+    assert call.function.parsed_arguments == direct_call.choices[0].message.tool_calls[0].function.parsed_arguments
+    assert isinstance(call.function.parsed_arguments, Pet) and call.function.parsed_arguments.legs == 4
 
 
 async def test_async_parse_without_a_schema_speculates(aclient, toy):
