@@ -40,6 +40,9 @@ class SamplingParams:
     explicit: frozenset[str] = frozenset({"temperature", "top_p"})
     #: How draft tokens are kept: exact (the default) or a lossy rule the caller opted into.
     acceptance: AcceptanceRule = EXACT
+    #: A sampled request whose path keeps only the target's own picks: the draft model proposes its most
+    #: likely tokens (temperature 0, a point mass), so a position is kept with probability p(x) itself.
+    point_mass_draft: bool = False
 
     @property
     def greedy(self) -> bool:

@@ -78,7 +78,7 @@ class ModelDrafter:
         self._logprobs_cap = min(self.client.endpoint.max_logprobs, 20)
 
     def _top_k(self, context: Context) -> int:
-        return 1 if context.sampling.greedy else self._logprobs_cap
+        return 1 if context.sampling.greedy or context.sampling.point_mass_draft else self._logprobs_cap
 
     async def _post_lowering_logprobs(self, form: OpenAIFormat, body: dict, meter: Meter, context: Context) -> dict:
         """Post; a 400 on a list longer than 5 is retried once with 5 (OpenAI's cap), and remembered."""
@@ -117,7 +117,11 @@ class ModelDrafter:
                 if self._adapt(form, exc):
                     continue
                 raise
-            return Draft(tokens=self._parse(response, form), latency_s=self.client.clock() - started, drafter=self.name)
+            tokens = self._parse(response, form)
+            if context.sampling.point_mass_draft and not context.sampling.greedy:
+                # Drawn at temperature 0: each proposal is certain under the draft (q is a point mass).
+                tokens = tuple(ScoredToken(text=t.text, logprob=0.0, top={t.text: 0.0}, id=t.id) for t in tokens)
+            return Draft(tokens=tokens, latency_s=self.client.clock() - started, drafter=self.name)
 
     def _parse(self, response: dict, form: OpenAIFormat) -> tuple[ScoredToken, ...]:
         try:

@@ -192,6 +192,14 @@ class _Run:
             return self.rng.randrange(2**31)
         return None
 
+    def plain_seed(self, context: Context, whole: bool) -> int | None:
+        """The seed of a target-alone call. A call that writes the whole answer before any round (nothing
+        accepted yet) is the request the target alone would get: it carries the caller's seed unchanged
+        (or none), so its text is the target's own for that seed. Any other call gets a derived seed."""
+        if whole and not context.accepted and not self.books.rounds:
+            return self.request.context.seed
+        return self.seed()
+
 
 @dataclass
 class _Prefetch:
@@ -320,6 +328,12 @@ class Engine:
         penalty_reason = None
         if caps is not None and caps.sampler_defaults:
             request, penalty_reason = _with_server_defaults(request, caps.sampler_defaults, caps.server or "the target")
+            run.request = request
+        if not request.context.sampling.greedy and getattr(self.verifier, "draws_target_tokens", False):
+            # Only the target's own picks are kept here, whatever the draft proposed: a position is kept
+            # with probability p(x) for a proposal x, most often for the draft's most likely token.
+            sampling = replace(request.context.sampling, point_mass_draft=True)
+            request = replace(request, context=replace(request.context, sampling=sampling))
             run.request = request
         speculate = self.verifier is not None and self.drafter is not None and unverifiable_reason is None
         if speculate and penalty_reason is not None:
@@ -560,7 +574,8 @@ class Engine:
         # Chunks that arrived together (the reader fell behind, under load) go on as one piece: the
         # same tokens, counted one by one, with the work per piece (and per chunk sent on) done once.
         batches = plain_stream_batches(
-            self.target, context, remaining, run.target_meter, run.seed(), list(run.request.stop) or None, prefill=self.prefill, usage=usage
+            self.target, context, remaining, run.target_meter, run.plain_seed(context, True), list(run.request.stop) or None,
+            prefill=self.prefill, usage=usage,
         )
         chunks = 0
         started = self.clock()
@@ -606,7 +621,8 @@ class Engine:
         """
         remaining = out.remaining
         counting = getattr(self.verifier, "name", "") in ("echo", "prompt-logprobs")
-        seed = run.seed()  # a sampled step has one: a step asked again draws the same tokens
+        whole = step_tokens is None or (remaining is not None and step_tokens >= remaining)
+        seed = run.plain_seed(context, whole)  # a sampled step has one: a step asked again draws the same tokens
         if run.pending_seed is not None and run.pending_seed[0] == context.accepted:
             # A fan-out call drew this position but its token could not be read: draw it again, the same.
             seed = run.pending_seed[1]

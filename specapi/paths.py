@@ -129,7 +129,9 @@ class PathResolver:
             return self._build(self.verification, chat)
         name = choose_verification(self.capabilities, chat=chat)
         caps = self.capabilities
-        if name == "echo" and caps.token_ids and greedy and context_chars >= LONG_CONTEXT_CHARS:
+        if name == "echo" and caps.token_ids and (not greedy or context_chars >= LONG_CONTEXT_CHARS):
+            # Sampled: top lists of 20 rarely cover a tempered distribution, so echo would hand most
+            # positions to the target; the target's own picks need no coverage (docs/verification.md).
             name = "token-ids"
         path = self._build(name, chat)
         return replace(path, note=f"auto chose {path.name} from the target's capabilities")
