@@ -292,10 +292,12 @@ class _Runtime:
         watch = getattr(policy, "watch_load", None)
         if watch is not None:
             watch(target.load, self.draft.load if self.draft is not None else None)
-        if context is not None and context.seed is not None and not context.sampling.greedy and indexes(drafter):
+        if context is not None and context.seed is not None and not context.sampling.greedy and drafter is not None:
             # Drafts learnt from traffic change between calls, and with them the random draws: a seeded
             # sampled request drafts without them, so that the same seed gives the same output again.
-            drafter = without_suffix(drafter)
+            drafter = without_suffix(drafter) if indexes(drafter) else drafter
+            if isinstance(drafter, CombinedDrafter):
+                drafter = drafter.unlearnt()
         elif context is not None and drafter is not None and indexes(drafter):
             index = self.suffix_for(model or self.target.endpoint.model)
             drafter, policy = gate_free_drafts(drafter, policy, context, index, max_tokens)

@@ -10,9 +10,10 @@ from __future__ import annotations
 import asyncio
 import codecs
 import contextlib
+import itertools
 import random
 import time
-from collections.abc import AsyncIterator, Awaitable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -176,6 +177,9 @@ class _Run:
     #: request in flight): `PolicyState.queue_delay_s` of the first round.
     queue_delay_s: float = 0.0
     _rng: random.Random | None = None
+    _base: int | None = None
+    #: The target wrote the whole answer alone, sent the caller's seed unchanged.
+    alone_with_callers_seed: bool = False
 
     @property
     def rng(self) -> random.Random:
@@ -192,13 +196,34 @@ class _Run:
             return self.rng.randrange(2**31)
         return None
 
-    def plain_seed(self, context: Context, whole: bool) -> int | None:
-        """The seed of a target-alone call. A call that writes the whole answer before any round (nothing
-        accepted yet) is the request the target alone would get: it carries the caller's seed unchanged
-        (or none), so its text is the target's own for that seed. Any other call gets a derived seed."""
+    def position_seed(self, position: int) -> int | None:
+        """The seed of a target call whose draw is the output's token at `position` (0: the first).
+
+        Seeds follow positions, not calls: on the paths that keep the target's own picks, the token at
+        each position is then the target's draw with that position's seed given the tokens before it,
+        whatever the drafts, the draft lengths and the rounds were, so the same seed gives the same text
+        on every call. A position drawn again (a round that ended before it) draws with the same seed;
+        the earlier draw was discarded without deciding anything, so the draw kept is still independent
+        of the text before it (docs/algorithm.md)."""
+        if not self.seeded and self.request.context.sampling.greedy:
+            return None
+        if self._base is None:
+            self._base = random.Random(self.request.context.seed).randrange(2**63)
+        return _mix64(self._base + position) & 0x7FFFFFFF
+
+    def seeds_from(self, position: int) -> Callable[[], int | None]:
+        """Seeds for calls drawing the tokens at `position`, `position + 1`, ... in turn."""
+        positions = itertools.count(position)
+        return lambda: self.position_seed(next(positions))
+
+    def plain_seed(self, context: Context, whole: bool, position: int) -> int | None:
+        """The seed of a target-alone call drawing from `position` on. A call that writes the whole answer
+        before any round (nothing accepted yet) is the request the target alone would get: it carries the
+        caller's seed unchanged (or none), so its text is the target's own for that seed."""
         if whole and not context.accepted and not self.books.rounds:
+            self.alone_with_callers_seed = True
             return self.request.context.seed
-        return self.seed()
+        return self.position_seed(position)
 
 
 @dataclass
@@ -537,6 +562,7 @@ class Engine:
             divergent_tokens=books.divergent,
             logprob_gap=books.logprob_gap,
             load_reason=books.load_reason,
+            seed_note=_seed_note(run),
         )
         return Finished(finish_reason=finish_reason, stats=stats, prompt_tokens=books.prompt_tokens, completion_tokens=produced)
 
@@ -574,7 +600,7 @@ class Engine:
         # Chunks that arrived together (the reader fell behind, under load) go on as one piece: the
         # same tokens, counted one by one, with the work per piece (and per chunk sent on) done once.
         batches = plain_stream_batches(
-            self.target, context, remaining, run.target_meter, run.plain_seed(context, True), list(run.request.stop) or None,
+            self.target, context, remaining, run.target_meter, run.plain_seed(context, True, produced), list(run.request.stop) or None,
             prefill=self.prefill, usage=usage,
         )
         chunks = 0
@@ -622,7 +648,7 @@ class Engine:
         remaining = out.remaining
         counting = getattr(self.verifier, "name", "") in ("echo", "prompt-logprobs")
         whole = step_tokens is None or (remaining is not None and step_tokens >= remaining)
-        seed = run.plain_seed(context, whole)  # a sampled step has one: a step asked again draws the same tokens
+        seed = run.plain_seed(context, whole, out.produced)  # a sampled step has one: a step asked again draws the same tokens
         if run.pending_seed is not None and run.pending_seed[0] == context.accepted:
             # A fan-out call drew this position but its token could not be read: draw it again, the same.
             seed = run.pending_seed[1]
@@ -728,7 +754,8 @@ class Engine:
         assert self.verifier is not None
         books, top_k = run.books, run.top_k
         try:
-            verification = await self.verifier.verify(context, draft.tokens, run.target_meter, run.seed, top_k, draft_meter=run.draft_meter)
+            seeds = run.seeds_from(out.produced)
+            verification = await self.verifier.verify(context, draft.tokens, run.target_meter, seeds, top_k, draft_meter=run.draft_meter)
         except MalformedResponseError as exc:
             books.fallback_reason = f"target response could not be verified against, continued with the target alone: {exc}"
             self.paths.refuse(self.chat, books.fallback_reason, definite=False)
@@ -798,6 +825,27 @@ class Engine:
         if observe_round is not None:
             observe_round(record)
         return new, decision.handover or (decision.stalled and not new)
+
+
+def _seed_note(run: _Run) -> str | None:
+    """What the caller's seed fixed (see `SpeculativeStats.seed_note`)."""
+    seed = run.request.context.seed
+    if seed is None or run.request.context.sampling.greedy:
+        return None
+    if run.alone_with_callers_seed:
+        return f"seed {seed} went to the target unchanged: the text is the target's own sample for that seed"
+    return (
+        f"seed {seed} fixes specapi's draws (each target call gets a seed derived from it and the output position): "
+        f"the same request gives the same text again, but not the text the target alone gives for seed {seed}"
+    )
+
+
+def _mix64(value: int) -> int:
+    """SplitMix64's finaliser: neighbouring positions get unrelated seeds."""
+    value = (value + 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
+    value = ((value ^ (value >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    value = ((value ^ (value >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    return value ^ (value >> 31)
 
 
 def _with_server_defaults(request: GenerationRequest, defaults: Mapping[str, float], server: str) -> tuple[GenerationRequest, str | None]:

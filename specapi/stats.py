@@ -115,6 +115,9 @@ class SpeculativeStats:
     #: What the load on the upstreams changed for this request, if anything (`specapi.policy.LOAD_*`):
     #: a shorter or longer draft, or the target alone, because its calls cost the other requests in flight.
     load_reason: str | None = None
+    #: What the caller's `seed` fixed, for a sampled request that set one (None otherwise): the target's
+    #: own seeded sample (a request the target wrote alone, sent the seed unchanged), or specapi's draws.
+    seed_note: str | None = None
 
     @property
     def num_rounds(self) -> int:
@@ -174,7 +177,7 @@ class SpeculativeStats:
         `"speculative"` field and its `x-specapi-*` headers (`to_headers()`) all use these names, which
         are the attribute names of this class:
 
-            speculated, fallback_reason, load_reason, exact, exact_reason, verification,
+            speculated, fallback_reason, load_reason, seed_note, exact, exact_reason, verification,
             num_rounds, drafted_tokens, accepted_tokens, acceptance_rate, mean_accepted_length,
             generated_tokens, tokens_per_target_call, max_coverage_gap, wall_s, ttft_s,
             acceptance, acceptance_note, divergent_tokens, logprob_gap, mean_logprob_gap,
@@ -200,6 +203,7 @@ class SpeculativeStats:
             "generated_tokens": self.generated_tokens,
             "discarded_draft_tokens": self.discarded_draft_tokens,
             "load_reason": self.load_reason,
+            "seed_note": self.seed_note,
             "tokens_per_target_call": round(self.tokens_per_target_call, 6),
             "max_coverage_gap": round(self.max_coverage_gap, 9),
             "wall_s": round(self.wall_s, 6),

@@ -1,0 +1,222 @@
+"""Sampled speculation: the target's distribution on every path (chi-square against oracles that share no
+code with the client), point-mass drafts on the paths that keep the target's own picks, and seeds.
+
+Oracles: the toy server's own models (`toyserver.TARGET.sequence_probs`), and the simulator's model read
+directly (`NGramModel.next_distribution`) through llama.cpp's sampler chain written out here (top-k, top-p,
+min-p on the raw probabilities, then temperature). Every sampled test uses fixed seeds, so it never flakes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import httpx2
+import numpy as np
+import openai
+import pytest
+
+from specapi import AsyncSpeculativeOpenAI
+from specapi.sim import EOS_TOKEN_ID, SimProvider, SimTransport, decode_text, encode_text, get_model, simulated_endpoints
+from toyclient import InProcessToy, chisquare_p
+from toyserver import DRAFT, TARGET
+
+pytestmark = pytest.mark.usefixtures("fresh_probe_cache")
+
+
+async def _counts(client, prompt: str, n: int, *, max_tokens: int, seed_base: int = 0, **sampling):  # type: ignore[no-untyped-def]
+    responses = []
+    for start in range(0, n, 100):
+        responses += await asyncio.gather(*(
+            client.completions.create(prompt=prompt, max_tokens=max_tokens, seed=seed_base + s, **sampling)
+            for s in range(start, min(n, start + 100))))
+    counts: dict[str, int] = {}
+    for r in responses:
+        counts[r.choices[0].text] = counts.get(r.choices[0].text, 0) + 1
+    return responses, counts
+
+
+# ----------------------------------------------------------------------------- the toy server, every path
+
+
+TOY_PROMPT, TOY_TOKENS, TOY_SAMPLES = "ab", 2, 1000
+
+
+@pytest.mark.parametrize("temperature", [0.7, 1.0])
+@pytest.mark.parametrize("verification", ["echo", "prefill-fanout"])
+async def test_toy_sampling_with_nucleus_and_top_k_is_the_targets(verification, temperature):
+    """top_p 0.9 on both paths; fan-out (the target's own picks) also with the caller's top_k, which no
+    logprob list can show. The toy's vocabulary is 12 tokens, so its top_k is 5 (20 would cut nothing)."""
+    toy = InProcessToy("sampled")
+    sampling = {"temperature": temperature, "top_p": 0.9}
+    top_k = 5 if verification == "prefill-fanout" else None
+    if top_k:
+        sampling["extra_body"] = {"top_k": top_k}
+    async with AsyncSpeculativeOpenAI(target=toy.endpoint("target"), draft=toy.endpoint("draft"), policy="fixed",
+                                      num_speculative_tokens=2, verification=verification) as client:
+        responses, counts = await _counts(client, TOY_PROMPT, TOY_SAMPLES, max_tokens=TOY_TOKENS, **sampling)
+    assert all(r.speculative.exact for r in responses)
+    assert sum(r.speculative.accepted_tokens for r in responses) > 0.1 * TOY_SAMPLES  # speculation did work
+    assert {r.speculative.verification for r in responses if r.speculative.speculated} == {verification}
+    exact = TARGET.sequence_probs(TOY_PROMPT, TOY_TOKENS, temperature=temperature, top_p=0.9, top_k=top_k)
+    draft = DRAFT.sequence_probs(TOY_PROMPT, TOY_TOKENS, temperature=temperature, top_p=0.9, top_k=top_k)
+    assert chisquare_p(counts, exact) > 1e-3
+    # The test has power: the same counts reject the draft's distribution, and the target's at the other temperature.
+    draft_counts = {k: v for k, v in counts.items() if k in draft}
+    assert len(draft_counts) < len(counts) or chisquare_p(counts, draft) < 1e-6
+    other = TARGET.sequence_probs(TOY_PROMPT, TOY_TOKENS, temperature=1.7 - temperature, top_p=0.9, top_k=top_k)
+    assert not set(counts) <= set(other) or chisquare_p(counts, other) < 1e-3
+
+
+async def test_fanout_drafts_the_drafts_most_likely_tokens_when_sampling():
+    toy = InProcessToy("sampled")
+    async with AsyncSpeculativeOpenAI(target=toy.endpoint("target"), draft=toy.endpoint("draft"), policy="fixed",
+                                      num_speculative_tokens=2, verification="prefill-fanout") as client:
+        await _counts(client, TOY_PROMPT, 20, max_tokens=3, temperature=0.7)
+    drafts = toy.toy.requests_for("draft")
+    assert drafts and all(body.get("temperature") == 0.0 for body in drafts)
+    targets = toy.toy.requests_for("target")
+    assert targets and all(body.get("temperature") == 0.7 for body in targets)
+
+
+# ----------------------------------------------------------------------------- the simulator's llama.cpp
+
+
+SIM_PROMPT = "def fnmatch(name, pat):\n    "
+SIM_TOKENS, SIM_SAMPLES = 2, 600
+
+
+def llamacpp_chain(ids: np.ndarray, probs: np.ndarray, *, temperature: float, top_k: int, top_p: float, min_p: float) -> dict[int, float]:
+    """llama.cpp's sampler chain, written out for the oracle: top-k, top-p (the smallest head whose raw
+    mass reaches top_p), min-p (against the most likely), all on the raw probabilities, then temperature."""
+    order = sorted(range(len(ids)), key=lambda i: (-probs[i], ids[i]))[:top_k]
+    head = [(int(ids[i]), float(probs[i])) for i in order]
+    total, kept, mass = sum(p for _, p in head), [], 0.0
+    for token, p in head:
+        kept.append((token, p))
+        mass += p
+        if mass / total >= top_p:
+            break
+    kept = [(t, p) for t, p in kept if p >= min_p * kept[0][1]]
+    weights = {t: p ** (1.0 / temperature) for t, p in kept}
+    norm = math.fsum(weights.values())
+    return {t: w / norm for t, w in weights.items()}
+
+
+def sim_sequence_probs(model_name: str, prompt: str, n: int, **chain: float) -> dict[str, float]:
+    model = get_model(model_name)
+    out: dict[str, float] = {}
+
+    def walk(ids: list[int], generated: list[int], prob: float) -> None:
+        if len(generated) == n:
+            out[decode_text(generated)] = out.get(decode_text(generated), 0.0) + prob
+            return
+        for token, p in llamacpp_chain(*model.next_distribution(ids), **chain).items():  # type: ignore[arg-type]
+            if token == EOS_TOKEN_ID:  # the text ends here
+                out[decode_text(generated)] = out.get(decode_text(generated), 0.0) + prob * p
+            else:
+                walk(ids + [token], generated + [token], prob * p)
+
+    walk(encode_text(prompt), [], 1.0)
+    return out
+
+
+@pytest.mark.parametrize("temperature", [0.7, 1.0])
+async def test_sim_token_ids_sampling_with_top_k_20_and_top_p_is_the_targets(temperature):
+    provider = SimProvider(capabilities="llamacpp", latency="instant", seed=0)
+    target, draft = simulated_endpoints(provider=provider)
+    sampling = {"temperature": temperature, "top_p": 0.9, "extra_body": {"top_k": 20, "min_p": 0.05}}
+    async with AsyncSpeculativeOpenAI(target=target, draft=draft, policy="fixed", num_speculative_tokens=2, drafter="model") as client:
+        responses, counts = await _counts(client, SIM_PROMPT, SIM_SAMPLES, max_tokens=SIM_TOKENS, **sampling)
+    assert {r.speculative.verification for r in responses if r.speculative.speculated} == {"token-ids"}
+    assert all(r.speculative.exact for r in responses)
+    assert sum(r.speculative.accepted_tokens for r in responses) > 0.3 * SIM_SAMPLES
+    chain = {"temperature": temperature, "top_k": 20, "top_p": 0.9, "min_p": 0.05}
+    assert chisquare_p(counts, sim_sequence_probs("sim-target", SIM_PROMPT, SIM_TOKENS, **chain)) > 1e-3
+    draft_probs = sim_sequence_probs("sim-draft", SIM_PROMPT, SIM_TOKENS, **chain)
+    assert not set(counts) <= set(draft_probs) or chisquare_p(counts, draft_probs) < 1e-6
+
+
+# ----------------------------------------------------------------------------- seeds
+
+
+def _sdk(provider: SimProvider) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url="http://sim/v1", api_key="x", max_retries=0,
+                              http_client=httpx2.AsyncClient(transport=SimTransport(provider)))
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize("chat", [False, True])
+async def test_a_request_to_the_target_alone_sends_the_callers_seed(chat, stream):
+    provider = SimProvider(capabilities="vllm", latency="instant", seed=0)
+    target, _ = simulated_endpoints(provider=provider)
+    request = {"max_tokens": 24, "temperature": 0.7, "seed": 11}
+    if chat:
+        request["messages"] = [{"role": "user", "content": "Write about the sea."}]
+    else:
+        request["prompt"] = "The sea is"
+    async with AsyncSpeculativeOpenAI(target=target, verification="none") as client:
+        resource = client.chat.completions if chat else client.completions
+        start = len(provider.calls)
+        if stream:
+            chunks = [c async for c in await resource.create(stream=True, **request)]
+            text = "".join((c.choices[0].delta.content or "") if chat else c.choices[0].text for c in chunks if c.choices)
+        else:
+            response = await resource.create(**request)
+            text = response.choices[0].message.content if chat else response.choices[0].text
+    sent = [c.body for c in provider.calls[start:] if c.method == "POST"]
+    assert sent and all(body.get("seed") == 11 for body in sent)
+    if not stream:
+        assert "unchanged" in (response.speculative.seed_note or "")
+    async with _sdk(provider) as sdk:
+        own = await (sdk.chat.completions if chat else sdk.completions).create(model="sim-target", **request)
+    assert text == (own.choices[0].message.content if chat else own.choices[0].text)
+
+
+async def test_a_request_without_a_seed_sends_none_to_the_target_alone():
+    provider = SimProvider(capabilities="vllm", latency="instant", seed=0)
+    target, _ = simulated_endpoints(provider=provider)
+    async with AsyncSpeculativeOpenAI(target=target, verification="none") as client:
+        await client.completions.create(prompt="The sea is", max_tokens=8, temperature=0.7)
+    assert all("seed" not in c.body for c in provider.calls if c.method == "POST")
+
+
+@pytest.mark.parametrize("verification", ["token-ids", "echo", "prefill-fanout", "none"])
+async def test_the_same_seed_gives_the_same_text_on_each_path(verification):
+    provider = SimProvider(capabilities="vllm", latency="instant", seed=0)
+    target, draft = simulated_endpoints(provider=provider)
+    prompt = 'def glob(pathname, *, root_dir=None):\n    """Return a list of paths matching 中文 😀 e\u0301'
+    async with AsyncSpeculativeOpenAI(target=target, draft=draft, policy="fixed", num_speculative_tokens=4,
+                                      verification=verification) as client:
+        texts = {}
+        for seed in (3, 3, 4):
+            for stream in (False, True):
+                if stream:
+                    chunks = [c async for c in await client.completions.create(
+                        prompt=prompt, max_tokens=30, temperature=1.0, seed=seed, stream=True)]
+                    text = "".join(c.choices[0].text for c in chunks if c.choices)
+                else:
+                    last = await client.completions.create(prompt=prompt, max_tokens=30, temperature=1.0, seed=seed)
+                    text = last.choices[0].text
+                texts.setdefault((seed, stream), set()).add(text)
+    assert len(texts[(3, False)]) == 1 and len(texts[(3, True)]) == 1
+    if verification != "none":
+        assert "fixes specapi's draws" in (last.speculative.seed_note or "")
+    assert texts[(3, False)] != texts[(4, False)]  # the seed matters
+
+
+async def test_on_pick_paths_the_text_of_a_seed_does_not_depend_on_the_drafts():
+    """Seeds follow output positions: whatever the draft lengths and drafters (the model, auto, prompt
+    lookup alone), a seed gives one text on token ids. (A request the adaptive policy hands to the target
+    alone for its rest draws that rest in one call instead: docs/algorithm.md.)"""
+    provider = SimProvider(capabilities="vllm", latency="instant", seed=0)
+    prompt = "def fnmatch(name, pat):\n    "
+    request = {"prompt": prompt, "max_tokens": 40, "temperature": 0.7, "seed": 5}
+    texts = set()
+    for options in ({"num_speculative_tokens": 2, "drafter": "model"}, {"num_speculative_tokens": 7}, {"drafter": "lookup"}):
+        target, draft = simulated_endpoints(provider=provider)  # a client closes its endpoints' connections
+        async with AsyncSpeculativeOpenAI(target=target, draft=draft, verification="token-ids", policy="fixed", **options) as client:
+            for _ in range(2):
+                response = await client.completions.create(**request)
+                texts.add(response.choices[0].text)
+    assert len(texts) == 1
