@@ -301,7 +301,13 @@ class Engine:
         pipeline: bool = True,
         chat: bool = False,
         stream_plain: bool = True,
+        seeded_drafter: Drafter | None = None,
+        seeded_policy: DraftLengthPolicy | None = None,
     ) -> None:
+        #: A seeded sampled request's drafter and policy on paths where the drafts decide the draws (see
+        #: client.py): nothing learnt from other requests' text.
+        self.seeded_drafter = seeded_drafter
+        self.seeded_policy = seeded_policy
         self.stream_plain = stream_plain
         self.pipeline = pipeline
         self.target = target
@@ -354,6 +360,9 @@ class Engine:
         if caps is not None and caps.sampler_defaults:
             request, penalty_reason = _with_server_defaults(request, caps.sampler_defaults, caps.server or "the target")
             run.request = request
+        if self.seeded_drafter is not None and not getattr(self.verifier, "draws_target_tokens", False):
+            self.drafter = self.seeded_drafter
+            self.policy = self.seeded_policy or self.policy
         if not request.context.sampling.greedy and getattr(self.verifier, "draws_target_tokens", False):
             # Only the target's own picks are kept here, whatever the draft proposed: a position is kept
             # with probability p(x) for a proposal x, most often for the draft's most likely token.
@@ -571,9 +580,10 @@ class Engine:
         assert self.drafter is not None
         self.verifier = path.whole
         draft_meter = run.draft_meter if run.draft_meter is not None else Meter(self.target.endpoint)
-        result = await path.whole.run(
-            request.context, self.drafter, draft_meter, run.target_meter, request.max_tokens, (run.seed(), run.seed()), list(request.stop) or None
-        )
+        # The target writes the whole text itself here: it gets the caller's seed unchanged.
+        run.alone_with_callers_seed = True
+        seeds = (run.seed(), request.context.seed)
+        result = await path.whole.run(request.context, self.drafter, draft_meter, run.target_meter, request.max_tokens, seeds, list(request.stop) or None)
         text, finish = result.text, result.finish_reason
         cut = _find_stop(text, request.stop, 0)
         if cut is not None:
@@ -833,7 +843,7 @@ def _seed_note(run: _Run) -> str | None:
     if seed is None or run.request.context.sampling.greedy:
         return None
     if run.alone_with_callers_seed:
-        return f"seed {seed} went to the target unchanged: the text is the target's own sample for that seed"
+        return f"seed {seed} went to the target unchanged: the target drew the text itself with that seed"
     return (
         f"seed {seed} fixes specapi's draws (each target call gets a seed derived from it and the output position): "
         f"the same request gives the same text again, but not the text the target alone gives for seed {seed}"

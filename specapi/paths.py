@@ -133,6 +133,8 @@ class PathResolver:
             # Sampled: top lists of 20 rarely cover a tempered distribution, so echo would hand most
             # positions to the target; the target's own picks need no coverage (docs/verification.md).
             name = "token-ids"
+        elif name == "prompt-logprobs" and not greedy and caps.chat_prefill and caps.chat:
+            name = "prefill-fanout"  # the same reason, for chat: the target's picks after a continued message
         path = self._build(name, chat)
         return replace(path, note=f"auto chose {path.name} from the target's capabilities")
 
