@@ -79,6 +79,9 @@ class RoundDecision:
     #: log-probability gap of the tokens the lossy rule kept to the target's most likely ones.
     divergent: int = 0
     logprob_gap: float = 0.0
+    #: specapi drew these tokens itself from whole distributions, on a context kept in ids: a token that
+    #: ends inside a character stays (cutting it for what was drawn would bias the draw).
+    keeps_partial: bool = False
 
 
 def _emit(token: str, position: ScoredToken, eos_tokens: Collection[str]) -> Emitted | None:

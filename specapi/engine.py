@@ -180,6 +180,8 @@ class _Run:
     _base: int | None = None
     #: The target wrote the whole answer alone, sent the caller's seed unchanged.
     alone_with_callers_seed: bool = False
+    #: Drafts come from the verifier's native draft call (whole distributions): no pipelined model drafts.
+    native_drafts: bool = False
 
     @property
     def rng(self) -> random.Random:
@@ -456,7 +458,10 @@ class Engine:
                         continue
                     if draft.tokens:
                         model = _model_drafter(self.drafter, draft)
-                        if self.pipeline and model is not None and run.draft_meter is not None and pipeline_pays(self.policy, len(draft.tokens)):
+                        if (
+                            self.pipeline and model is not None and run.draft_meter is not None and not run.native_drafts
+                            and pipeline_pays(self.policy, len(draft.tokens))
+                        ):
                             # Guess that every draft token is kept, and draft the next round meanwhile
                             # (no longer than the model is asked for in a round sized for free drafts).
                             paid_length = getattr(self.drafter, "paid_length", None)
@@ -753,6 +758,15 @@ class Engine:
         assert self.drafter is not None
         meter = run.draft_meter if run.draft_meter is not None else Meter(self.target.endpoint)
         try:
+            native = getattr(self.verifier, "native_draft", None)
+            if native is not None and run.draft_meter is not None:
+                # Where both servers list whole distributions after their sampler chains, the draft
+                # server draws on the context's ids and says what it drew from (full rejection sampling).
+                started = self.clock()
+                tokens = await native(context, k, run.target_meter, run.draft_meter, run.seed())
+                if tokens is not None:
+                    run.native_drafts = True
+                    return Draft(tokens=tokens, latency_s=self.clock() - started, drafter=MODEL_DRAFTER)
             return await self.drafter.draft(context, k, meter, run.seed())
         except (DraftError, MalformedResponseError) as exc:
             run.books.fallback_reason = f"draft failed, continued with the target alone: {exc}"
@@ -805,7 +819,7 @@ class Engine:
             # the same token, so the output is the target's draws whatever the cut depended on.
             drawn = [t for t in new if not t.eos]
             new = _within_limit(new, out.remaining)
-            cut = _whole_characters(new, True, books)
+            cut = new if decision.keeps_partial else _whole_characters(new, True, books)
             kept = [t for t in cut if not t.eos]
             decided = len(drawn) + (1 if decision.handover else 0)
             if len(kept) < decided and not any(t.eos for t in cut):

@@ -19,17 +19,27 @@ once, by tokenizing a probe text on both); otherwise the draft's text is tokeniz
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import math
+import random
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from ._calls import Meter, RoleClient
 from .acceptance import Emitted, RoundDecision
 from .alignment import ScoredToken
 from .context import Context
 from .dialects import NativeDialect, Pick
+from .dialects.base import spelling
+from .sampling import acceptance_probability
 from .verifiers import PlainStep, SeedSource, Verification
 
-__all__ = ["TokenIdVerifier", "TOKENIZER_PROBE"]
+__all__ = ["TokenIdVerifier", "TOKENIZER_PROBE", "decide_processed", "covers"]
+
+#: A list after the sampler chain is the whole distribution when its probabilities sum to 1 within this.
+WHOLE_TOLERANCE = 1e-6
+#: The longest list asked after the sampler chain (the caller's top_k bounds the support).
+MAX_PROCESSED_LIST = 100
 
 #: Text whose tokenization tells tokenizers apart: code, CJK, emoji and a combining mark.
 TOKENIZER_PROBE = "def f(x):\n    return x  # 中文テキスト 😀 e\u0301"
@@ -74,11 +84,45 @@ class TokenIdVerifier:
             return await self.dialect.tokenize(self.draft_client, text, draft_meter or Meter(self.draft_client.endpoint), special=False)
         return await self.dialect.tokenize(self.client, text, meter, special=False)
 
+    def processed_list(self, context: Context) -> int | None:
+        """How long a list after the sampler chain shows a sampled request's whole support here (the
+        caller's or the server's top_k), or None where it cannot (greedy, no top_k, no such API)."""
+        top_k = context.extras.get("top_k")
+        if context.sampling.greedy or not hasattr(self.dialect, "processed_next") or context.token_ids is None:
+            return None
+        if not isinstance(top_k, int) or isinstance(top_k, bool) or not 0 < top_k <= MAX_PROCESSED_LIST:
+            return None
+        return top_k
+
+    async def native_draft(self, context: Context, k: int, meter: Meter, draft_meter: Meter, seed: int | None) -> tuple[ScoredToken, ...] | None:
+        """A draft drawn by the draft server on the context's ids, each token with the distribution it
+        was drawn from (after the sampler chain), where both servers list those and share a tokenizer;
+        None where they do not (the engine's drafter proposes instead)."""
+        n_probs = self.processed_list(context)
+        if n_probs is None or self.draft_client is None or not hasattr(self.dialect, "processed_draft"):
+            return None
+        if not await self._shares_tokenizer(meter, draft_meter):
+            return None
+        assert context.token_ids is not None
+        drawn = await self.dialect.processed_draft(
+            self.draft_client, context.token_ids, k, context.sampling_body(seed), n_probs, draft_meter, options=context.options
+        )
+        tokens: list[ScoredToken] = []
+        for token, data, dist in drawn:
+            if not covers(dist):
+                break  # the draw is exact only where the list is the whole distribution
+            q = {t: v for t, (v, _) in dist.items()}
+            tokens.append(ScoredToken(text=spelling(data), logprob=math.log(q[token]) if q[token] > 0 else None, id=token, drawn_from=q))
+        return tuple(tokens)
+
     async def verify(
         self, context: Context, draft: Sequence[ScoredToken], meter: Meter, next_seed: SeedSource, top_k: int, draft_meter: Meter | None = None
     ) -> Verification:
         if context.token_ids is None:
             raise self.client.error("token-id verification needs the context's token ids", malformed=True)
+        n_probs = self.processed_list(context)
+        if n_probs is not None and draft and all(t.drawn_from is not None and t.id is not None for t in draft):
+            return await self._verify_processed(context, draft, meter, next_seed, n_probs)
         pieces = await self._draft_ids(draft, meter, draft_meter)
         drafted = [i for i, _ in pieces]
         base = list(context.token_ids)
@@ -103,6 +147,31 @@ class TokenIdVerifier:
             prompt_tokens=picks[0].prompt_tokens,
             decision=_decide(pieces, picks, len(draft)),
             seeds=tuple(seeds),
+        )
+
+    async def _verify_processed(
+        self, context: Context, draft: Sequence[ScoredToken], meter: Meter, next_seed: SeedSource, n_probs: int
+    ) -> Verification:
+        """The full rejection sampler on exact distributions: one request lists the target's distribution
+        after its sampler chain at every draft position and after the draft, and specapi draws (see
+        `decide_processed`). The seed is not a position's: the server's own draws here only decide where it
+        lists nothing, and a step that draws such a position again must draw independently of them."""
+        assert context.token_ids is not None
+        seed = next_seed()
+        own = _other_seed(seed)
+        base = list(context.token_ids)
+        prompts = [base + [int(t.id) for t in draft[:j]] for j in range(len(draft) + 1)]  # type: ignore[misc]
+        started = self.client.clock()
+        targets = await self.dialect.processed_next(self.client, prompts, context.sampling_body(own), n_probs, meter, options=context.options)  # type: ignore[attr-defined]
+        latency = self.client.clock() - started
+        proposals = [(int(t.id), t.data, dict(t.drawn_from or {})) for t in draft]  # type: ignore[arg-type]
+        return Verification(
+            positions=(),
+            straddle=0,
+            bonus=None,
+            finish_reason=None,
+            latency_s=latency,
+            decision=decide_processed(proposals, targets, random.Random(own)),
         )
 
     async def plain(
@@ -164,4 +233,71 @@ def _decide(pieces: Sequence[tuple[int, bytes | None]], picks: Sequence[Pick], d
         all_accepted=all_kept,
         stalled=not emitted,
         handover=unread,
+    )
+
+
+def _other_seed(seed: int | None) -> int:
+    """A seed unrelated to `seed` (a position's), derived from it so that runs repeat."""
+    return random.Random(0x5EED ^ (seed if seed is not None else random.randrange(2**31))).randrange(2**31)
+
+
+def covers(dist: Mapping[int, Any]) -> bool:
+    """Whether a list after the sampler chain is the whole distribution (its probabilities sum to 1)."""
+    total = math.fsum((v[0] if isinstance(v, tuple) else v) for v in dist.values())
+    return abs(total - 1.0) <= WHOLE_TOLERANCE
+
+
+def _draw(weights: Mapping[int, float], rng: random.Random) -> int:
+    """Inverse CDF over the ids in a fixed order, so a seeded rng repeats."""
+    order = sorted(weights)
+    u = rng.random() * math.fsum(weights.values())
+    cumulative = 0.0
+    for token in order:
+        cumulative += weights[token]
+        if u < cumulative:
+            return token
+    return order[-1]
+
+
+def decide_processed(
+    draft: Sequence[tuple[int, bytes, Mapping[int, float]]], targets: Sequence[Mapping[int, tuple[float, bytes]] | None], rng: random.Random
+) -> RoundDecision:
+    """Speculative sampling on whole distributions (pure). `draft[j]` is the token drawn at position j,
+    its bytes and the whole distribution q_j it was drawn from; `targets[j]` the target's whole
+    distribution p_j after the sampler chain at position j (j = len(draft): after the draft), or None
+    where the server listed nothing. Keep x_j with probability min(1, p_j(x_j)/q_j(x_j)); at the first
+    rejection draw from max(0, p_j - q_j) renormalised; after a whole kept draft draw from p_K. A
+    position whose p is missing or not whole is handed to the target alone, before anything is drawn
+    there. Tokens that end inside a character are kept: the context continues in ids, and cutting a
+    token because of what was drawn would bias the draw."""
+    emitted: list[Emitted] = []
+    accepted = 0
+    handover = False
+    for j, target in enumerate(targets):
+        if target is None or not covers(target):
+            handover = True
+            break
+        p = {t: v for t, (v, _) in target.items()}
+        if j < len(draft):
+            token, data, q = draft[j]
+            if rng.random() < acceptance_probability(p.get(token, 0.0), q.get(token, 0.0)):
+                emitted.append(Emitted(token=spelling(data), data=data, ids=(token,)))
+                accepted += 1
+                continue
+            residual = {t: v - q.get(t, 0.0) for t, v in p.items() if v > q.get(t, 0.0)}
+            choice = _draw(residual if math.fsum(residual.values()) > 1e-12 else p, rng)
+        else:
+            choice = _draw(p, rng)
+        data = target[choice][1]
+        # A candidate with no bytes is the end of the text (the only token a chain keeps that spells nothing).
+        emitted.append(Emitted(token=spelling(data), data=data, ids=(choice,)) if data else Emitted(token="", data=b"", eos=True))
+        break
+    return RoundDecision(
+        emitted=tuple(emitted),
+        accepted=accepted,
+        accepted_by_position=tuple(i < accepted for i in range(len(draft))),
+        all_accepted=accepted == len(draft) and not handover,
+        stalled=not emitted,
+        handover=handover,
+        keeps_partial=True,
     )
