@@ -220,3 +220,50 @@ async def test_on_pick_paths_the_text_of_a_seed_does_not_depend_on_the_drafts():
                 response = await client.completions.create(**request)
                 texts.add(response.choices[0].text)
     assert len(texts) == 1
+
+
+# ----------------------------------------------------------------------------- whole distributions (pure)
+
+
+P0 = {1: (0.5, b"a"), 2: (0.3, b"b"), 3: (0.2, b"\xe4")}  # token 3 holds the first byte of a character
+Q0 = {1: 0.2, 2: 0.7, 3: 0.1}
+P1 = {1: (0.6, b"a"), 4: (0.4, b"")}  # token 4 spells nothing: the end of the text
+
+
+def test_full_rejection_sampling_on_whole_distributions_gives_p():
+    import random
+
+    from specapi.tokenlevel import decide_processed
+
+    rng = random.Random(7)
+    first: dict[str, int] = {}
+    kept = 0
+    n = 20_000
+    for _ in range(n):
+        x = rng.choices(list(Q0), weights=list(Q0.values()))[0]
+        decision = decide_processed([(x, P0[x][1], Q0)], [P0, P1], rng)
+        assert decision.emitted and decision.keeps_partial and not decision.handover
+        token = decision.emitted[0]
+        first[str(token.ids)] = first.get(str(token.ids), 0) + 1
+        kept += decision.accepted
+        if decision.accepted:  # the bonus comes from P1: a token or the end of the text
+            assert len(decision.emitted) == 2 and (decision.emitted[1].eos or decision.emitted[1].data == b"a")
+    exact = {str((t,)): v for t, (v, _) in P0.items()}
+    assert chisquare_p(first, exact) > 1e-3
+    assert chisquare_p(first, {str((t,)): v for t, v in Q0.items()}) < 1e-6  # power: not the draft's
+    assert abs(kept / n - sum(min(P0[t][0], Q0[t]) for t in Q0)) < 0.02  # kept with the overlap, 0.6
+
+
+def test_a_position_the_server_did_not_list_goes_to_the_target_before_any_draw():
+    import random
+
+    from specapi.tokenlevel import decide_processed
+
+    class NoDraws(random.Random):
+        def random(self) -> float:
+            raise AssertionError("drew at a position that had no distribution")
+
+    decision = decide_processed([(1, b"a", Q0)], [None, P1], NoDraws())
+    assert decision.handover and not decision.emitted and decision.stalled
+    partial = decide_processed([(1, b"a", {1: 0.5, 2: 0.5})], [{1: (0.4, b"a"), 2: (0.5, b"b")}, P1], NoDraws())
+    assert partial.handover  # p sums to 0.9: not the whole distribution
