@@ -14,6 +14,10 @@ be correlated across positions and the output would no longer have the target's 
 
 The draft's tokens go as ids when the draft shows them and shares the target's tokenizer (checked
 once, by tokenizing a probe text on both); otherwise the draft's text is tokenized by the target.
+
+Where the servers list whole distributions after their sampler chains (llama.cpp's `post_sampling_probs`
+with a `top_k`), a sampled round is instead one draft request and one target request, and specapi runs
+the full rejection sampler on exact p and q itself (`decide_processed`; docs/algorithm.md).
 """
 
 from __future__ import annotations
