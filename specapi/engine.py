@@ -539,6 +539,7 @@ class Engine:
             PolicyState(
                 budget, len(rounds), recheck=mode == RECHECK, accepted_by_position=tuple(own),
                 last_drafter=last, last_drafter_rounds=tuple(by_last), queue_delay_s=0.0 if rounds else run.queue_delay_s,
+                sampled=not run.request.context.sampling.greedy,
             )
         )
         load_reason = getattr(self.policy, "load_reason", None)  # set by this very choose
@@ -839,6 +840,7 @@ class Engine:
             verify_latency_s=verification.latency_s,
             drafter=draft.drafter,
             accepted_by_position=decision.accepted_by_position,
+            sampled=not context.sampling.greedy,
         )
         books.rounds.append(record)
         self.policy.observe(record)

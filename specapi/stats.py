@@ -78,6 +78,8 @@ class RoundRecord:
     verify_latency_s: float = 0.0
     drafter: str = ""
     accepted_by_position: tuple[bool, ...] = ()
+    #: The request sampled (temperature > 0): acceptance differs from greedy, and is learnt apart.
+    sampled: bool = False
 
 
 def drafter_of(record: RoundRecord) -> str:
