@@ -335,7 +335,9 @@ class Engine:
         context = request.context
         if unverifiable_reason is None and self.drafter:
             chars = len(context.completion_prompt()) if not context.is_chat else 0
-            path = await self.paths.resolve(self.chat, run.target_meter, context_chars=chars, greedy=context.sampling.greedy)
+            path = await self.paths.resolve(
+                self.chat, run.target_meter, context_chars=chars, greedy=context.sampling.greedy, needs_lists=context.sampling.acceptance.lossy
+            )
         else:
             path = Path("none")
         run.books.path_note = path.note

@@ -166,7 +166,9 @@ class TokenIdVerifier:
         base = list(context.token_ids)
         prompts = [base + [int(t.id) for t in draft[:j]] for j in range(len(draft) + 1)]  # type: ignore[misc]
         started = self.client.clock()
-        targets = await self.dialect.processed_next(self.client, prompts, context.sampling_body(own), n_probs, meter, options=context.options)  # type: ignore[attr-defined]
+        targets, prompt_tokens = await self.dialect.processed_next(  # type: ignore[attr-defined]
+            self.client, prompts, context.sampling_body(own), n_probs, meter, options=context.options
+        )
         latency = self.client.clock() - started
         proposals = [(int(t.id), t.data, dict(t.drawn_from or {})) for t in draft]  # type: ignore[arg-type]
         return Verification(
@@ -175,6 +177,7 @@ class TokenIdVerifier:
             bonus=None,
             finish_reason=None,
             latency_s=latency,
+            prompt_tokens=prompt_tokens,
             decision=decide_processed(proposals, targets, random.Random(own)),
         )
 

@@ -70,10 +70,10 @@ class LlamaCppDialect:
 
     async def processed_next(
         self, client: RoleClient, prompts: Sequence[Sequence[int]], fields: Mapping[str, Any], n_probs: int, meter: Meter, *, options: Mapping[str, Any]
-    ) -> list[Processed | None]:
+    ) -> tuple[list[Processed | None], int | None]:
         """The target's distribution after its sampler chain following each prompt (one request), as
-        `post_sampling_probs` lists it; None where the server listed nothing (it lists nothing when the
-        token it drew itself holds part of a character, or ends the text)."""
+        `post_sampling_probs` lists it, None where the server listed nothing (it lists nothing when the
+        token it drew itself holds part of a character); and the first prompt's tokens as billed."""
         body = {
             **native_fields(fields),
             "prompt": [list(p) for p in prompts] if len(prompts) > 1 else list(prompts[0]),
@@ -93,7 +93,7 @@ class LlamaCppDialect:
             for result in results:
                 entries = result.get("completion_probabilities") or []
                 out.append(_processed(entries[0]["top_probs"]) if entries else None)
-            return out
+            return out, count(results[0].get("tokens_evaluated"))
 
     async def processed_draft(
         self, client: RoleClient, ids: Sequence[int], k: int, fields: Mapping[str, Any], n_probs: int, meter: Meter, *, options: Mapping[str, Any]
