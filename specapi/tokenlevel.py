@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ._calls import Meter, RoleClient
+from ._exceptions import EndpointError
 from .acceptance import Emitted, RoundDecision
 from .alignment import ScoredToken
 from .context import Context
@@ -59,6 +60,7 @@ class TokenIdVerifier:
     #: Every kept token is one the target chose itself, so any sampler settings are reproduced.
     draws_target_tokens: bool = True
     _same_tokenizer: bool | None = field(default=None, repr=False)
+    _processed_refused: bool = field(default=False, repr=False)
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
 
     async def prompt_ids(self, context: Context, meter: Meter) -> tuple[int, ...]:
@@ -92,7 +94,7 @@ class TokenIdVerifier:
         """How long a list after the sampler chain shows a sampled request's whole support here (the
         caller's or the server's top_k), or None where it cannot (greedy, no top_k, no such API)."""
         top_k = context.extras.get("top_k")
-        if context.sampling.greedy or not hasattr(self.dialect, "processed_next") or context.token_ids is None:
+        if context.sampling.greedy or not hasattr(self.dialect, "processed_next") or context.token_ids is None or self._processed_refused:
             return None
         if not isinstance(top_k, int) or isinstance(top_k, bool) or not 0 < top_k <= MAX_PROCESSED_LIST:
             return None
@@ -126,8 +128,19 @@ class TokenIdVerifier:
             raise self.client.error("token-id verification needs the context's token ids", malformed=True)
         n_probs = self.processed_list(context)
         if n_probs is not None and draft and all(t.drawn_from is not None and t.id is not None for t in draft):
-            return await self._verify_processed(context, draft, meter, next_seed, n_probs)
+            proposals = [(int(t.id), t.data, dict(t.drawn_from or {})) for t in draft]  # type: ignore[arg-type]
+            verification = await self._verify_processed(context, proposals, len(draft), meter, next_seed, n_probs)
+            if verification is not None:
+                return verification
         pieces = await self._draft_ids(draft, meter, draft_meter)
+        if n_probs is not None and pieces and all(t.logprob == 0.0 for t in draft):
+            # A point-mass draft (prompt lookup, the suffix index, a prediction, the draft model's most
+            # likely tokens: q(x) = 1): its ids are a function of the context, so q_j is a point mass on
+            # each of them, whole, and the same rejection sampler applies.
+            proposals = [(i, data or b"", {i: 1.0}) for i, data in pieces]
+            verification = await self._verify_processed(context, proposals, len(draft), meter, next_seed, n_probs)
+            if verification is not None:
+                return verification
         drafted = [i for i, _ in pieces]
         base = list(context.token_ids)
         prompts = [base + drafted[:j] for j in range(len(drafted) + 1)]
@@ -154,8 +167,14 @@ class TokenIdVerifier:
         )
 
     async def _verify_processed(
-        self, context: Context, draft: Sequence[ScoredToken], meter: Meter, next_seed: SeedSource, n_probs: int
-    ) -> Verification:
+        self,
+        context: Context,
+        proposals: Sequence[tuple[int, bytes, Mapping[int, float]]],
+        draft_tokens: int,
+        meter: Meter,
+        next_seed: SeedSource,
+        n_probs: int,
+    ) -> Verification | None:
         """The full rejection sampler on exact distributions: one request lists the target's distribution
         after its sampler chain at every draft position and after the draft, and specapi draws (see
         `decide_processed`). The seed is not a position's: the server's own draws here only decide where it
@@ -164,13 +183,23 @@ class TokenIdVerifier:
         seed = next_seed()
         own = _other_seed(seed)
         base = list(context.token_ids)
-        prompts = [base + [int(t.id) for t in draft[:j]] for j in range(len(draft) + 1)]  # type: ignore[misc]
+        prompts = [base + [token for token, _, _ in proposals[:j]] for j in range(len(proposals) + 1)]
         started = self.client.clock()
-        targets, prompt_tokens = await self.dialect.processed_next(  # type: ignore[attr-defined]
-            self.client, prompts, context.sampling_body(own), n_probs, meter, options=context.options
-        )
+        try:
+            targets, prompt_tokens = await self.dialect.processed_next(  # type: ignore[attr-defined]
+                self.client, prompts, context.sampling_body(own), n_probs, meter, options=context.options
+            )
+        except EndpointError as exc:
+            if not exc.refused_shape:
+                raise
+            self._processed_refused = True  # e.g. a server without post_sampling_probs: the target's picks decide
+            return None
         latency = self.client.clock() - started
-        proposals = [(int(t.id), t.data, dict(t.drawn_from or {})) for t in draft]  # type: ignore[arg-type]
+        decision = decide_processed(proposals, targets, random.Random(own))
+        if len(proposals) != draft_tokens:
+            # Draft positions as the draft proposed them, counted by their share of the kept target tokens.
+            accepted = min(draft_tokens, round(decision.accepted * draft_tokens / max(1, len(proposals))))
+            decision = replace(decision, accepted=accepted, accepted_by_position=tuple(i < accepted for i in range(draft_tokens)))
         return Verification(
             positions=(),
             straddle=0,
@@ -178,7 +207,7 @@ class TokenIdVerifier:
             finish_reason=None,
             latency_s=latency,
             prompt_tokens=prompt_tokens,
-            decision=decide_processed(proposals, targets, random.Random(own)),
+            decision=decision,
         )
 
     async def plain(
@@ -288,6 +317,7 @@ def decide_processed(
         if j < len(draft):
             token, data, q = draft[j]
             if rng.random() < acceptance_probability(p.get(token, 0.0), q.get(token, 0.0)):
+                data = target[token][1]  # kept: p(token) > 0, so the server spelled it
                 emitted.append(Emitted(token=spelling(data), data=data, ids=(token,)))
                 accepted += 1
                 continue

@@ -267,3 +267,23 @@ def test_a_position_the_server_did_not_list_goes_to_the_target_before_any_draw()
     assert decision.handover and not decision.emitted and decision.stalled
     partial = decide_processed([(1, b"a", {1: 0.5, 2: 0.5})], [{1: (0.4, b"a"), 2: (0.5, b"b")}, P1], NoDraws())
     assert partial.handover  # p sums to 0.9: not the whole distribution
+
+
+LOOKUP_PROMPT = "Copy this line:\n    result = [name for name in names if match(name)]\nCopy:\n    result = [name for"
+
+
+async def test_sim_point_mass_drafts_run_the_rejection_sampler_on_whole_lists():
+    """Prompt lookup (q a point mass) on the simulator's llama.cpp with top_k 20: one target request a
+    round lists p after the chain at every position, specapi keeps x with p(x) and draws the rest."""
+    provider = SimProvider(capabilities="llamacpp", latency="instant", seed=0)
+    target, _ = simulated_endpoints(provider=provider)
+    sampling = {"temperature": 0.7, "top_p": 0.9, "extra_body": {"top_k": 20, "min_p": 0.05}}
+    async with AsyncSpeculativeOpenAI(target=target, policy="fixed", num_speculative_tokens=2, drafter="lookup") as client:
+        responses, counts = await _counts(client, LOOKUP_PROMPT, SIM_SAMPLES, max_tokens=SIM_TOKENS, seed_base=70_000, **sampling)
+    listed = [c for c in provider.calls if isinstance(c.body, dict) and c.body.get("post_sampling_probs")]
+    assert listed and all(isinstance(c.body["prompt"], list) for c in listed)
+    assert all(r.speculative.exact for r in responses)
+    assert sum(r.speculative.accepted_tokens for r in responses) > 0.3 * SIM_SAMPLES
+    chain = {"temperature": 0.7, "top_k": 20, "top_p": 0.9, "min_p": 0.05}
+    assert chisquare_p(counts, sim_sequence_probs("sim-target", LOOKUP_PROMPT, SIM_TOKENS, **chain)) > 1e-3
+    assert counts.get(" name in", 0) < 0.95 * SIM_SAMPLES  # power: not the proposal every time (target: 0.85)
