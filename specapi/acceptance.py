@@ -40,6 +40,9 @@ class SamplingParams:
     explicit: frozenset[str] = frozenset({"temperature", "top_p"})
     #: How draft tokens are kept: exact (the default) or a lossy rule the caller opted into.
     acceptance: AcceptanceRule = EXACT
+    #: A sampled request whose path keeps only the target's own picks: the draft model proposes its most
+    #: likely tokens (temperature 0, a point mass), so a position is kept with probability p(x) itself.
+    point_mass_draft: bool = False
 
     @property
     def greedy(self) -> bool:
@@ -76,6 +79,9 @@ class RoundDecision:
     #: log-probability gap of the tokens the lossy rule kept to the target's most likely ones.
     divergent: int = 0
     logprob_gap: float = 0.0
+    #: specapi drew these tokens itself from whole distributions, on a context kept in ids: a token that
+    #: ends inside a character stays (cutting it for what was drawn would bias the draw).
+    keeps_partial: bool = False
 
 
 def _emit(token: str, position: ScoredToken, eos_tokens: Collection[str]) -> Emitted | None:

@@ -39,6 +39,9 @@ class ScoredToken:
     top: Mapping[str, float] | None = field(default=None, compare=False)
     #: The token's id in the server's vocabulary, when the server showed it.
     id: int | None = field(default=None, compare=False)
+    #: The whole distribution the token was drawn from, by id, when a server listed it after its
+    #: sampler chain (llama.cpp's `post_sampling_probs`, whose list covers the chain's support).
+    drawn_from: Mapping[int, float] | None = field(default=None, compare=False)
 
     @property
     def data(self) -> bytes:

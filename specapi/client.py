@@ -302,11 +302,15 @@ class _Runtime:
         watch = getattr(policy, "watch_load", None)
         if watch is not None:
             watch(target.load, self.draft.load if self.draft is not None else None)
-        if context is not None and context.seed is not None and not context.sampling.greedy and indexes(drafter):
-            # Drafts learnt from traffic change between calls, and with them the random draws: a seeded
-            # sampled request drafts without them, so that the same seed gives the same output again.
-            drafter = without_suffix(drafter)
-        elif context is not None and drafter is not None and indexes(drafter):
+        seeded_drafter: Drafter | None = None
+        if context is not None and context.seed is not None and not context.sampling.greedy and drafter is not None:
+            # Where the drafts decide the draws (echo, prompt logprobs), drafts learnt from traffic would
+            # change a seed's text between calls: those paths draft without them (the engine chooses once
+            # the path is known). Paths that keep the target's picks give a seed one text whatever the drafts.
+            seeded_drafter = without_suffix(drafter) if indexes(drafter) else drafter
+            if isinstance(seeded_drafter, CombinedDrafter):
+                seeded_drafter = seeded_drafter.unlearnt()
+        if context is not None and drafter is not None and indexes(drafter):
             index = self.suffix_for(model or self.target.endpoint.model)
             drafter, policy = gate_free_drafts(drafter, policy, context, index, max_tokens)
         return Engine(
@@ -318,6 +322,8 @@ class _Runtime:
             policy=policy,
             clock=self.clock,
             pipeline=self.pipeline,
+            seeded_drafter=seeded_drafter,
+            seeded_policy=self.policy if seeded_drafter is not None else None,
         )
 
 

@@ -76,9 +76,12 @@ class Context:
         """The sampling fields of a request: the target also gets every extra field of the caller's
         request; the draft (another server, maybe of another kind) only temperature, top_p and seed."""
         body: dict[str, Any] = dict(self.extras) if target else {}
-        body["temperature"] = self.sampling.temperature
-        if self.sampling.top_p < 1.0:
-            body["top_p"] = self.sampling.top_p
+        if not target and self.sampling.point_mass_draft:
+            body["temperature"] = 0.0  # the draft's most likely tokens (see SamplingParams.point_mass_draft)
+        else:
+            body["temperature"] = self.sampling.temperature
+            if self.sampling.top_p < 1.0:
+                body["top_p"] = self.sampling.top_p
         if seed is not None:
             body["seed"] = seed
         return body

@@ -78,7 +78,7 @@ class ModelDrafter:
         self._logprobs_cap = min(self.client.endpoint.max_logprobs, 20)
 
     def _top_k(self, context: Context) -> int:
-        return 1 if context.sampling.greedy else self._logprobs_cap
+        return 1 if context.sampling.greedy or context.sampling.point_mass_draft else self._logprobs_cap
 
     async def _post_lowering_logprobs(self, form: OpenAIFormat, body: dict, meter: Meter, context: Context) -> dict:
         """Post; a 400 on a list longer than 5 is retried once with 5 (OpenAI's cap), and remembered."""
@@ -117,7 +117,11 @@ class ModelDrafter:
                 if self._adapt(form, exc):
                     continue
                 raise
-            return Draft(tokens=self._parse(response, form), latency_s=self.client.clock() - started, drafter=self.name)
+            tokens = self._parse(response, form)
+            if context.sampling.point_mass_draft and not context.sampling.greedy:
+                # Drawn at temperature 0: each proposal is certain under the draft (q is a point mass).
+                tokens = tuple(ScoredToken(text=t.text, logprob=0.0, top={t.text: 0.0}, id=t.id) for t in tokens)
+            return Draft(tokens=tokens, latency_s=self.client.clock() - started, drafter=self.name)
 
     def _parse(self, response: dict, form: OpenAIFormat) -> tuple[ScoredToken, ...]:
         try:
@@ -264,6 +268,7 @@ class CombinedDrafter:
     def __post_init__(self) -> None:
         self._learnt = {d.name: _Learnt() for d in self.drafters}
         self._verify_s: list[float | None] = [None]  # shared by copies (`with_drafters`)
+        self._fixed_costs = False  # see `unlearnt`
         self.last_choice: list[tuple[str, float]] = []  # (drafter, expected rate) considered last round
 
     def with_drafters(self, drafters: Sequence[Drafter]) -> CombinedDrafter:
@@ -272,6 +277,17 @@ class CombinedDrafter:
         copy.drafters = list(drafters)
         for d in copy.drafters:
             self._learnt.setdefault(d.name, _Learnt())
+        return copy
+
+    def unlearnt(self) -> CombinedDrafter:
+        """A copy that learns from its own rounds only and counts every call as costing the same: its
+        choices then depend on the request alone, never on earlier traffic or measured latencies (a
+        seeded sampled request: on paths where the drafts decide the draws, the same seed then gives
+        the same drafts and the same text)."""
+        copy = _copy.copy(self)
+        copy._learnt = {d.name: _Learnt() for d in self.drafters}
+        copy._verify_s = [1.0]
+        copy._fixed_costs = True
         return copy
 
     def paid_length(self, k: int) -> int:
@@ -295,7 +311,7 @@ class CombinedDrafter:
 
     def observe(self, record: RoundRecord) -> None:
         """A round's latencies (the engine calls this after `record`)."""
-        if record.verify_latency_s > 0:
+        if record.verify_latency_s > 0 and not self._fixed_costs:
             known = self._verify_s[0]
             self._verify_s[0] = record.verify_latency_s if known is None else 0.8 * known + 0.2 * record.verify_latency_s
 
@@ -328,7 +344,7 @@ class CombinedDrafter:
             proposal = await drafter.draft(context, k, meter, seed)
             if not proposal.tokens:
                 continue
-            cost = time.perf_counter() - started
+            cost = 0.0 if self._fixed_costs else time.perf_counter() - started
             rate = (1.0 + self.expected_accepted(drafter.name, proposal)) / (verify + cost)
             considered.append((drafter.name, rate))
             if rate > best_rate:
@@ -336,7 +352,7 @@ class CombinedDrafter:
         paid_k = self.paid_length(k)
         for drafter in paid:
             learnt = self._learnt[drafter.name]
-            cost = learnt.latency_s if learnt.latency_s is not None else verify
+            cost = learnt.latency_s if learnt.latency_s is not None and not self._fixed_costs else verify
             rate = (1.0 + _geometric(learnt.acceptance, paid_k)) / (verify + cost)
             considered.append((drafter.name, rate))
             if rate > best_rate:

@@ -10,9 +10,10 @@ from __future__ import annotations
 import asyncio
 import codecs
 import contextlib
+import itertools
 import random
 import time
-from collections.abc import AsyncIterator, Awaitable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -185,6 +186,11 @@ class _Run:
     #: request in flight): `PolicyState.queue_delay_s` of the first round.
     queue_delay_s: float = 0.0
     _rng: random.Random | None = None
+    _base: int | None = None
+    #: The target wrote the whole answer alone, sent the caller's seed unchanged.
+    alone_with_callers_seed: bool = False
+    #: Drafts come from the verifier's native draft call (whole distributions): no pipelined model drafts.
+    native_drafts: bool = False
 
     @property
     def rng(self) -> random.Random:
@@ -200,6 +206,35 @@ class _Run:
         if self.seeded or not self.request.context.sampling.greedy:
             return self.rng.randrange(2**31)
         return None
+
+    def position_seed(self, position: int) -> int | None:
+        """The seed of a target call whose draw is the output's token at `position` (0: the first).
+
+        Seeds follow positions, not calls: on the paths that keep the target's own picks, the token at
+        each position is then the target's draw with that position's seed given the tokens before it,
+        whatever the drafts, the draft lengths and the rounds were, so the same seed gives the same text
+        on every call. A position drawn again (a round that ended before it) draws with the same seed;
+        the earlier draw was discarded without deciding anything, so the draw kept is still independent
+        of the text before it (docs/algorithm.md)."""
+        if not self.seeded and self.request.context.sampling.greedy:
+            return None
+        if self._base is None:
+            self._base = random.Random(self.request.context.seed).randrange(2**63)
+        return _mix64(self._base + position) & 0x7FFFFFFF
+
+    def seeds_from(self, position: int) -> Callable[[], int | None]:
+        """Seeds for calls drawing the tokens at `position`, `position + 1`, ... in turn."""
+        positions = itertools.count(position)
+        return lambda: self.position_seed(next(positions))
+
+    def plain_seed(self, context: Context, whole: bool, position: int) -> int | None:
+        """The seed of a target-alone call drawing from `position` on. A call that writes the whole answer
+        before any round (nothing accepted yet) is the request the target alone would get: it carries the
+        caller's seed unchanged (or none), so its text is the target's own for that seed."""
+        if whole and not context.accepted and not self.books.rounds:
+            self.alone_with_callers_seed = True
+            return self.request.context.seed
+        return self.position_seed(position)
 
 
 @dataclass
@@ -277,7 +312,13 @@ class Engine:
         pipeline: bool = True,
         chat: bool = False,
         stream_plain: bool = True,
+        seeded_drafter: Drafter | None = None,
+        seeded_policy: DraftLengthPolicy | None = None,
     ) -> None:
+        #: A seeded sampled request's drafter and policy on paths where the drafts decide the draws (see
+        #: client.py): nothing learnt from other requests' text.
+        self.seeded_drafter = seeded_drafter
+        self.seeded_policy = seeded_policy
         self.stream_plain = stream_plain
         self.pipeline = pipeline
         self.target = target
@@ -303,7 +344,9 @@ class Engine:
         context = request.context
         if unverifiable_reason is None and self.drafter:
             chars = len(context.completion_prompt()) if not context.is_chat else 0
-            path = await self.paths.resolve(self.chat, run.target_meter, context_chars=chars, greedy=context.sampling.greedy)
+            path = await self.paths.resolve(
+                self.chat, run.target_meter, context_chars=chars, greedy=context.sampling.greedy, needs_lists=context.sampling.acceptance.lossy
+            )
         else:
             path = Path("none")
         run.books.path_note = path.note
@@ -329,6 +372,15 @@ class Engine:
         penalty_reason = None
         if caps is not None and caps.sampler_defaults:
             request, penalty_reason = _with_server_defaults(request, caps.sampler_defaults, caps.server or "the target")
+            run.request = request
+        if self.seeded_drafter is not None and not getattr(self.verifier, "draws_target_tokens", False):
+            self.drafter = self.seeded_drafter
+            self.policy = self.seeded_policy or self.policy
+        if not request.context.sampling.greedy and getattr(self.verifier, "draws_target_tokens", False):
+            # Only the target's own picks are kept here, whatever the draft proposed: a position is kept
+            # with probability p(x) for a proposal x, most often for the draft's most likely token.
+            sampling = replace(request.context.sampling, point_mass_draft=True)
+            request = replace(request, context=replace(request.context, sampling=sampling))
             run.request = request
         speculate = self.verifier is not None and self.drafter is not None and unverifiable_reason is None
         if speculate and penalty_reason is not None:
@@ -421,7 +473,10 @@ class Engine:
                         continue
                     if draft.tokens:
                         model = _model_drafter(self.drafter, draft)
-                        if self.pipeline and model is not None and run.draft_meter is not None and pipeline_pays(self.policy, len(draft.tokens)):
+                        if (
+                            self.pipeline and model is not None and run.draft_meter is not None and not run.native_drafts
+                            and pipeline_pays(self.policy, len(draft.tokens))
+                        ):
                             # Guess that every draft token is kept, and draft the next round meanwhile
                             # (no longer than the model is asked for in a round sized for free drafts).
                             paid_length = getattr(self.drafter, "paid_length", None)
@@ -508,6 +563,7 @@ class Engine:
             PolicyState(
                 budget, len(rounds), recheck=mode == RECHECK, accepted_by_position=tuple(own),
                 last_drafter=last, last_drafter_rounds=tuple(by_last), queue_delay_s=0.0 if rounds else run.queue_delay_s,
+                sampled=not run.request.context.sampling.greedy,
             )
         )
         load_reason = getattr(self.policy, "load_reason", None)  # set by this very choose
@@ -546,6 +602,7 @@ class Engine:
             logprob_gap=books.logprob_gap,
             load_reason=books.load_reason,
             verification_refused=books.refused_path,
+            seed_note=_seed_note(run),
         )
         # One target call wrote the whole answer: its usage is the answer's, as the target alone reports it.
         alone = not books.rounds and books.plain_calls == 1 and not books.retokenized and isinstance(books.plain_usage, Mapping)
@@ -557,9 +614,10 @@ class Engine:
         assert self.drafter is not None
         self.verifier = path.whole
         draft_meter = run.draft_meter if run.draft_meter is not None else Meter(self.target.endpoint)
-        result = await path.whole.run(
-            request.context, self.drafter, draft_meter, run.target_meter, request.max_tokens, (run.seed(), run.seed()), list(request.stop) or None
-        )
+        # The target writes the whole text itself here: it gets the caller's seed unchanged.
+        run.alone_with_callers_seed = True
+        seeds = (run.seed(), request.context.seed)
+        result = await path.whole.run(request.context, self.drafter, draft_meter, run.target_meter, request.max_tokens, seeds, list(request.stop) or None)
         text, finish = result.text, result.finish_reason
         cut = _find_stop(text, request.stop, 0)
         if cut is not None:
@@ -586,7 +644,8 @@ class Engine:
         # Chunks that arrived together (the reader fell behind, under load) go on as one piece: the
         # same tokens, counted one by one, with the work per piece (and per chunk sent on) done once.
         batches = plain_stream_batches(
-            self.target, context, remaining, run.target_meter, run.seed(), list(run.request.stop) or None, prefill=self.prefill, usage=usage
+            self.target, context, remaining, run.target_meter, run.plain_seed(context, True, produced), list(run.request.stop) or None,
+            prefill=self.prefill, usage=usage,
         )
         chunks = 0
         started = self.clock()
@@ -634,7 +693,8 @@ class Engine:
         """
         remaining = out.remaining
         counting = getattr(self.verifier, "name", "") in ("echo", "prompt-logprobs")
-        seed = run.seed()  # a sampled step has one: a step asked again draws the same tokens
+        whole = step_tokens is None or (remaining is not None and step_tokens >= remaining)
+        seed = run.plain_seed(context, whole, out.produced)  # a sampled step has one: a step asked again draws the same tokens
         if run.pending_seed is not None and run.pending_seed[0] == context.accepted:
             # A fan-out call drew this position but its token could not be read: draw it again, the same.
             seed = run.pending_seed[1]
@@ -732,6 +792,15 @@ class Engine:
         assert self.drafter is not None
         meter = run.draft_meter if run.draft_meter is not None else Meter(self.target.endpoint)
         try:
+            native = getattr(self.verifier, "native_draft", None)
+            if native is not None and run.draft_meter is not None:
+                # Where both servers list whole distributions after their sampler chains, the draft
+                # server draws on the context's ids and says what it drew from (full rejection sampling).
+                started = self.clock()
+                tokens = await native(context, k, run.target_meter, run.draft_meter, run.seed())
+                if tokens is not None:
+                    run.native_drafts = True
+                    return Draft(tokens=tokens, latency_s=self.clock() - started, drafter=MODEL_DRAFTER)
             return await self.drafter.draft(context, k, meter, run.seed())
         except (DraftError, MalformedResponseError) as exc:
             run.books.fallback_reason = f"draft failed, continued with the target alone: {exc}"
@@ -743,7 +812,8 @@ class Engine:
         assert self.verifier is not None
         books, top_k = run.books, run.top_k
         try:
-            verification = await self.verifier.verify(context, draft.tokens, run.target_meter, run.seed, top_k, draft_meter=run.draft_meter)
+            seeds = run.seeds_from(out.produced)
+            verification = await self.verifier.verify(context, draft.tokens, run.target_meter, seeds, top_k, draft_meter=run.draft_meter)
         except MalformedResponseError as exc:
             books.fallback_reason = f"target response could not be verified against, continued with the target alone: {exc}"
             self.paths.refuse(self.chat, books.fallback_reason, definite=False)
@@ -784,7 +854,7 @@ class Engine:
             # the same token, so the output is the target's draws whatever the cut depended on.
             drawn = [t for t in new if not t.eos]
             new = _within_limit(new, out.remaining)
-            cut = _whole_characters(new, True, books)
+            cut = new if decision.keeps_partial else _whole_characters(new, True, books)
             kept = [t for t in cut if not t.eos]
             decided = len(drawn) + (1 if decision.handover else 0)
             if len(kept) < decided and not any(t.eos for t in cut):
@@ -804,6 +874,7 @@ class Engine:
             verify_latency_s=verification.latency_s,
             drafter=draft.drafter,
             accepted_by_position=decision.accepted_by_position,
+            sampled=not context.sampling.greedy,
         )
         books.rounds.append(record)
         self.policy.observe(record)
@@ -814,6 +885,27 @@ class Engine:
         if observe_round is not None:
             observe_round(record)
         return new, decision.handover or (decision.stalled and not new)
+
+
+def _seed_note(run: _Run) -> str | None:
+    """What the caller's seed fixed (see `SpeculativeStats.seed_note`)."""
+    seed = run.request.context.seed
+    if seed is None or run.request.context.sampling.greedy:
+        return None
+    if run.alone_with_callers_seed:
+        return f"seed {seed} went to the target unchanged: the target drew the text itself with that seed"
+    return (
+        f"seed {seed} fixes specapi's draws (each target call gets a seed derived from it and the output position): "
+        f"the same request gives the same text again, but not the text the target alone gives for seed {seed}"
+    )
+
+
+def _mix64(value: int) -> int:
+    """SplitMix64's finaliser: neighbouring positions get unrelated seeds."""
+    value = (value + 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
+    value = ((value ^ (value >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    value = ((value ^ (value >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    return value ^ (value >> 31)
 
 
 def _with_server_defaults(request: GenerationRequest, defaults: Mapping[str, float], server: str) -> tuple[GenerationRequest, str | None]:

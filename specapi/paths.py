@@ -117,7 +117,9 @@ class PathResolver:
                     return exc
         return None
 
-    async def resolve(self, chat: bool, meter: Meter, *, context_chars: int = 0, greedy: bool = True) -> Path:
+    async def resolve(self, chat: bool, meter: Meter, *, context_chars: int = 0, greedy: bool = True, needs_lists: bool = False) -> Path:
+        """The path for a request. `needs_lists`: its acceptance rule reads the target's top lists (a
+        lossy rule the caller opted into), so a sampled request keeps the list paths."""
         if chat in self.refused:
             return Path("none", note=self.refused[chat], prefill=self.prefill())
         if self.verification == "none":
@@ -136,8 +138,13 @@ class PathResolver:
             return self._build(self.verification, chat)
         name = choose_verification(self.capabilities, chat=chat)
         caps = self.capabilities
-        if name == "echo" and caps.token_ids and greedy and context_chars >= LONG_CONTEXT_CHARS:
+        sampled = not greedy and not needs_lists
+        if name == "echo" and caps.token_ids and (sampled or (greedy and context_chars >= LONG_CONTEXT_CHARS)):
+            # Sampled: top lists of 20 rarely cover a tempered distribution, so echo would hand most
+            # positions to the target; the target's own picks need no coverage (docs/verification.md).
             name = "token-ids"
+        elif name == "prompt-logprobs" and sampled and caps.chat_prefill and caps.chat:
+            name = "prefill-fanout"  # the same reason, for chat: the target's picks after a continued message
         path = self._build(name, chat)
         return replace(path, note=f"auto chose {path.name} from the target's capabilities")
 

@@ -78,6 +78,8 @@ class RoundRecord:
     verify_latency_s: float = 0.0
     drafter: str = ""
     accepted_by_position: tuple[bool, ...] = ()
+    #: The request sampled (temperature > 0): acceptance differs from greedy, and is learnt apart.
+    sampled: bool = False
 
 
 def drafter_of(record: RoundRecord) -> str:
@@ -119,6 +121,9 @@ class SpeculativeStats:
     #: request shape (its plain request accepted): the path's name ("echo", ...). From then on that
     #: model's requests go to the target alone, and their `fallback_reason` says why.
     verification_refused: str | None = None
+    #: What the caller's `seed` fixed, for a sampled request that set one (None otherwise): the target's
+    #: own seeded sample (a request the target wrote alone, sent the seed unchanged), or specapi's draws.
+    seed_note: str | None = None
 
     @property
     def num_rounds(self) -> int:
@@ -178,7 +183,7 @@ class SpeculativeStats:
         `"speculative"` field and its `x-specapi-*` headers (`to_headers()`) all use these names, which
         are the attribute names of this class:
 
-            speculated, fallback_reason, load_reason, verification_refused, exact, exact_reason, verification,
+            speculated, fallback_reason, load_reason, verification_refused, seed_note, exact, exact_reason, verification,
             num_rounds, drafted_tokens, accepted_tokens, acceptance_rate, mean_accepted_length,
             generated_tokens, tokens_per_target_call, max_coverage_gap, wall_s, ttft_s,
             acceptance, acceptance_note, divergent_tokens, logprob_gap, mean_logprob_gap,
@@ -205,6 +210,7 @@ class SpeculativeStats:
             "discarded_draft_tokens": self.discarded_draft_tokens,
             "load_reason": self.load_reason,
             "verification_refused": self.verification_refused,
+            "seed_note": self.seed_note,
             "tokens_per_target_call": round(self.tokens_per_target_call, 6),
             "max_coverage_gap": round(self.max_coverage_gap, 9),
             "wall_s": round(self.wall_s, 6),

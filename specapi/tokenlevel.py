@@ -14,22 +14,37 @@ be correlated across positions and the output would no longer have the target's 
 
 The draft's tokens go as ids when the draft shows them and shares the target's tokenizer (checked
 once, by tokenizing a probe text on both); otherwise the draft's text is tokenized by the target.
+
+Where the servers list whole distributions after their sampler chains (llama.cpp's `post_sampling_probs`
+with a `top_k`), a sampled round is instead one draft request and one target request, and specapi runs
+the full rejection sampler on exact p and q itself (`decide_processed`; docs/algorithm.md).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import math
+import random
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from ._calls import Meter, RoleClient
+from ._exceptions import EndpointError
 from .acceptance import Emitted, RoundDecision
 from .alignment import ScoredToken
 from .context import Context
 from .dialects import NativeDialect, Pick
+from .dialects.base import spelling
+from .sampling import acceptance_probability
 from .verifiers import PlainStep, SeedSource, Verification
 
-__all__ = ["TokenIdVerifier", "TOKENIZER_PROBE"]
+__all__ = ["TokenIdVerifier", "TOKENIZER_PROBE", "decide_processed", "covers"]
+
+#: A list after the sampler chain is the whole distribution when its probabilities sum to 1 within this.
+WHOLE_TOLERANCE = 1e-6
+#: The longest list asked after the sampler chain (the caller's top_k bounds the support).
+MAX_PROCESSED_LIST = 100
 
 #: Text whose tokenization tells tokenizers apart: code, CJK, emoji and a combining mark.
 TOKENIZER_PROBE = "def f(x):\n    return x  # 中文テキスト 😀 e\u0301"
@@ -45,6 +60,7 @@ class TokenIdVerifier:
     #: Every kept token is one the target chose itself, so any sampler settings are reproduced.
     draws_target_tokens: bool = True
     _same_tokenizer: bool | None = field(default=None, repr=False)
+    _processed_refused: bool = field(default=False, repr=False)
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
 
     async def prompt_ids(self, context: Context, meter: Meter) -> tuple[int, ...]:
@@ -74,12 +90,57 @@ class TokenIdVerifier:
             return await self.dialect.tokenize(self.draft_client, text, draft_meter or Meter(self.draft_client.endpoint), special=False)
         return await self.dialect.tokenize(self.client, text, meter, special=False)
 
+    def processed_list(self, context: Context) -> int | None:
+        """How long a list after the sampler chain shows a sampled request's whole support here (the
+        caller's or the server's top_k), or None where it cannot (greedy, no top_k, no such API)."""
+        top_k = context.extras.get("top_k")
+        if context.sampling.greedy or not hasattr(self.dialect, "processed_next") or context.token_ids is None or self._processed_refused:
+            return None
+        if not isinstance(top_k, int) or isinstance(top_k, bool) or not 0 < top_k <= MAX_PROCESSED_LIST:
+            return None
+        return top_k
+
+    async def native_draft(self, context: Context, k: int, meter: Meter, draft_meter: Meter, seed: int | None) -> tuple[ScoredToken, ...] | None:
+        """A draft drawn by the draft server on the context's ids, each token with the distribution it
+        was drawn from (after the sampler chain), where both servers list those and share a tokenizer;
+        None where they do not (the engine's drafter proposes instead)."""
+        n_probs = self.processed_list(context)
+        if n_probs is None or self.draft_client is None or not hasattr(self.dialect, "processed_draft"):
+            return None
+        if not await self._shares_tokenizer(meter, draft_meter):
+            return None
+        assert context.token_ids is not None
+        drawn = await self.dialect.processed_draft(
+            self.draft_client, context.token_ids, k, context.sampling_body(seed), n_probs, draft_meter, options=context.options
+        )
+        tokens: list[ScoredToken] = []
+        for token, data, dist in drawn:
+            if not covers(dist):
+                break  # the draw is exact only where the list is the whole distribution
+            q = {t: v for t, (v, _) in dist.items()}
+            tokens.append(ScoredToken(text=spelling(data), logprob=math.log(q[token]) if q[token] > 0 else None, id=token, drawn_from=q))
+        return tuple(tokens)
+
     async def verify(
         self, context: Context, draft: Sequence[ScoredToken], meter: Meter, next_seed: SeedSource, top_k: int, draft_meter: Meter | None = None
     ) -> Verification:
         if context.token_ids is None:
             raise self.client.error("token-id verification needs the context's token ids", malformed=True)
+        n_probs = self.processed_list(context)
+        if n_probs is not None and draft and all(t.drawn_from is not None and t.id is not None for t in draft):
+            proposals = [(int(t.id), t.data, dict(t.drawn_from or {})) for t in draft]  # type: ignore[arg-type]
+            verification = await self._verify_processed(context, proposals, len(draft), meter, next_seed, n_probs)
+            if verification is not None:
+                return verification
         pieces = await self._draft_ids(draft, meter, draft_meter)
+        if n_probs is not None and pieces and all(t.logprob == 0.0 for t in draft):
+            # A point-mass draft (prompt lookup, the suffix index, a prediction, the draft model's most
+            # likely tokens: q(x) = 1): its ids are a function of the context, so q_j is a point mass on
+            # each of them, whole, and the same rejection sampler applies.
+            proposals = [(i, data or b"", {i: 1.0}) for i, data in pieces]
+            verification = await self._verify_processed(context, proposals, len(draft), meter, next_seed, n_probs)
+            if verification is not None:
+                return verification
         drafted = [i for i, _ in pieces]
         base = list(context.token_ids)
         prompts = [base + drafted[:j] for j in range(len(drafted) + 1)]
@@ -103,6 +164,50 @@ class TokenIdVerifier:
             prompt_tokens=picks[0].prompt_tokens,
             decision=_decide(pieces, picks, len(draft)),
             seeds=tuple(seeds),
+        )
+
+    async def _verify_processed(
+        self,
+        context: Context,
+        proposals: Sequence[tuple[int, bytes, Mapping[int, float]]],
+        draft_tokens: int,
+        meter: Meter,
+        next_seed: SeedSource,
+        n_probs: int,
+    ) -> Verification | None:
+        """The full rejection sampler on exact distributions: one request lists the target's distribution
+        after its sampler chain at every draft position and after the draft, and specapi draws (see
+        `decide_processed`). The seed is not a position's: the server's own draws here only decide where it
+        lists nothing, and a step that draws such a position again must draw independently of them."""
+        assert context.token_ids is not None
+        seed = next_seed()
+        own = _other_seed(seed)
+        base = list(context.token_ids)
+        prompts = [base + [token for token, _, _ in proposals[:j]] for j in range(len(proposals) + 1)]
+        started = self.client.clock()
+        try:
+            targets, prompt_tokens = await self.dialect.processed_next(  # type: ignore[attr-defined]
+                self.client, prompts, context.sampling_body(own), n_probs, meter, options=context.options
+            )
+        except EndpointError as exc:
+            if not exc.refused_shape:
+                raise
+            self._processed_refused = True  # e.g. a server without post_sampling_probs: the target's picks decide
+            return None
+        latency = self.client.clock() - started
+        decision = decide_processed(proposals, targets, random.Random(own))
+        if len(proposals) != draft_tokens:
+            # Draft positions as the draft proposed them, counted by their share of the kept target tokens.
+            accepted = min(draft_tokens, round(decision.accepted * draft_tokens / max(1, len(proposals))))
+            decision = replace(decision, accepted=accepted, accepted_by_position=tuple(i < accepted for i in range(draft_tokens)))
+        return Verification(
+            positions=(),
+            straddle=0,
+            bonus=None,
+            finish_reason=None,
+            latency_s=latency,
+            prompt_tokens=prompt_tokens,
+            decision=decision,
         )
 
     async def plain(
@@ -164,4 +269,72 @@ def _decide(pieces: Sequence[tuple[int, bytes | None]], picks: Sequence[Pick], d
         all_accepted=all_kept,
         stalled=not emitted,
         handover=unread,
+    )
+
+
+def _other_seed(seed: int | None) -> int:
+    """A seed unrelated to `seed` (a position's), derived from it so that runs repeat."""
+    return random.Random(0x5EED ^ (seed if seed is not None else random.randrange(2**31))).randrange(2**31)
+
+
+def covers(dist: Mapping[int, Any]) -> bool:
+    """Whether a list after the sampler chain is the whole distribution (its probabilities sum to 1)."""
+    total = math.fsum((v[0] if isinstance(v, tuple) else v) for v in dist.values())
+    return abs(total - 1.0) <= WHOLE_TOLERANCE
+
+
+def _draw(weights: Mapping[int, float], rng: random.Random) -> int:
+    """Inverse CDF over the ids in a fixed order, so a seeded rng repeats."""
+    order = sorted(weights)
+    u = rng.random() * math.fsum(weights.values())
+    cumulative = 0.0
+    for token in order:
+        cumulative += weights[token]
+        if u < cumulative:
+            return token
+    return order[-1]
+
+
+def decide_processed(
+    draft: Sequence[tuple[int, bytes, Mapping[int, float]]], targets: Sequence[Mapping[int, tuple[float, bytes]] | None], rng: random.Random
+) -> RoundDecision:
+    """Speculative sampling on whole distributions (pure). `draft[j]` is the token drawn at position j,
+    its bytes and the whole distribution q_j it was drawn from; `targets[j]` the target's whole
+    distribution p_j after the sampler chain at position j (j = len(draft): after the draft), or None
+    where the server listed nothing. Keep x_j with probability min(1, p_j(x_j)/q_j(x_j)); at the first
+    rejection draw from max(0, p_j - q_j) renormalised; after a whole kept draft draw from p_K. A
+    position whose p is missing or not whole is handed to the target alone, before anything is drawn
+    there. Tokens that end inside a character are kept: the context continues in ids, and cutting a
+    token because of what was drawn would bias the draw."""
+    emitted: list[Emitted] = []
+    accepted = 0
+    handover = False
+    for j, target in enumerate(targets):
+        if target is None or not covers(target):
+            handover = True
+            break
+        p = {t: v for t, (v, _) in target.items()}
+        if j < len(draft):
+            token, data, q = draft[j]
+            if rng.random() < acceptance_probability(p.get(token, 0.0), q.get(token, 0.0)):
+                data = target[token][1]  # kept: p(token) > 0, so the server spelled it
+                emitted.append(Emitted(token=spelling(data), data=data, ids=(token,)))
+                accepted += 1
+                continue
+            residual = {t: v - q.get(t, 0.0) for t, v in p.items() if v > q.get(t, 0.0)}
+            choice = _draw(residual if math.fsum(residual.values()) > 1e-12 else p, rng)
+        else:
+            choice = _draw(p, rng)
+        data = target[choice][1]
+        # A candidate with no bytes is the end of the text (the only token a chain keeps that spells nothing).
+        emitted.append(Emitted(token=spelling(data), data=data, ids=(choice,)) if data else Emitted(token="", data=b"", eos=True))
+        break
+    return RoundDecision(
+        emitted=tuple(emitted),
+        accepted=accepted,
+        accepted_by_position=tuple(i < accepted for i in range(len(draft))),
+        all_accepted=accepted == len(draft) and not handover,
+        stalled=not emitted,
+        handover=handover,
+        keeps_partial=True,
     )

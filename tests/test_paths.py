@@ -275,24 +275,29 @@ async def test_prefill_fanout_sampling_follows_the_targets_distribution():
 # Where the draft itself often ends the text: a draft that ends at once proposes nothing, and the
 # target steps alone; the drafts that remain are the draft's proposals given that it did not end.
 EOT_PROMPT = "ff"  # toy models: P(end of text) is 0.71 for the target, 0.57 for the draft
+# Fan-out keeps only the target's picks, so the draft proposes its most likely token there: after "ff"
+# that is the end of text (no proposal at all); after " be" it is "e" (0.38; the end of text 0.27), and
+# the target ends the text with 0.42.
+EOT_PROMPTS = {"echo": EOT_PROMPT, "prefill-fanout": " be"}
 
 
 @pytest.mark.parametrize("verification", ["echo", "prefill-fanout"])
 async def test_sampling_is_exact_where_the_draft_often_ends_the_text(verification):
     toy = InProcessToy("paths")
+    prompt = EOT_PROMPTS[verification]
     async with AsyncSpeculativeOpenAI(target=toy.endpoint("target"), draft=toy.endpoint("draft"), policy="fixed",
                                       num_speculative_tokens=1, verification=verification) as client:
         responses = []
         for start in range(0, 600, 100):
             responses += await asyncio.gather(*(
-                client.completions.create(prompt=EOT_PROMPT, max_tokens=2, temperature=1.0, seed=seed)
+                client.completions.create(prompt=prompt, max_tokens=2, temperature=1.0, seed=seed)
                 for seed in range(start, start + 100)))
     assert sum(r.speculative.speculated for r in responses) > 100
     assert all(r.speculative.exact for r in responses)
     first: dict[str, int] = {}
     for r in responses:
         first[r.choices[0].text[:1]] = first.get(r.choices[0].text[:1], 0) + 1
-    exact = {("" if token == "<|endoftext|>" else token): p for token, p in TARGET.next_probs(EOT_PROMPT).items()}
+    exact = {("" if token == "<|endoftext|>" else token): p for token, p in TARGET.next_probs(prompt).items()}
     p_target = chisquare_p(first, exact)
     assert p_target > 1e-3, (
         f"first-token distribution is not the target's (p={p_target:.3g}): "

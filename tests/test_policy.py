@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import random
+from dataclasses import replace
 
 import pytest
 
@@ -387,3 +388,21 @@ def test_a_burst_of_rounds_does_not_make_the_policy_forget_the_targets_speed():
         policy.observe(record)
     assert policy.predicted_target_rate(REMAINING) == pytest.approx(before, rel=0.05)
     assert policy.choose(PolicyState(remaining_tokens=40, rounds_so_far=6)) > 0  # not the rest for measuring
+
+
+def test_greedy_and_sampled_traffic_each_get_their_own_draft_length():
+    """One client, mixed traffic: greedy rounds keep nearly every draft token, sampled ones few. Each band
+    is learnt apart, so each gets the draft length of its own acceptance; a band with no rounds yet reads
+    the other's."""
+    policy = AdaptiveDraftLength(start_length=4, max_length=10)
+    policy.start_request()
+    greedy = rounds(random.Random(1), 40, acceptance=0.97, lengths=[4, 6, 8, 10], draft_s=(0.002, 0.0005), verify_s=0.02)
+    for record in greedy:
+        policy.observe(record)
+    cold_sampled = policy.choose(PolicyState(remaining_tokens=REMAINING, rounds_so_far=40, sampled=True))
+    assert cold_sampled >= 8  # no sampled rounds yet: the greedy table speaks for it
+    sampled = rounds(random.Random(2), 40, acceptance=0.05, lengths=[4, 3, 2], draft_s=(0.002, 0.0005), verify_s=0.02)
+    for record in sampled:
+        policy.observe(replace(record, sampled=True))
+    assert policy.choose(PolicyState(remaining_tokens=REMAINING, rounds_so_far=40, sampled=True)) < 4
+    assert policy.choose(PolicyState(remaining_tokens=REMAINING, rounds_so_far=40, sampled=False)) >= 8

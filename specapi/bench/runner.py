@@ -91,10 +91,16 @@ class ScenarioRun:
     extras: dict[str, Any] = field(default_factory=dict)
 
 
-def _body(endpoint: Endpoint, scenario: Scenario, stream: bool) -> dict[str, Any]:
+def _request_seed(seed: int, index: int) -> int:
+    """Each request its own draws: a measured one (index 0, 1, ...) the same in both arms, a warm-up
+    (index -1, -2, ...) others, so that no measured text was seen before."""
+    return seed + index if index >= 0 else seed + 10_000 - index
+
+
+def _body(endpoint: Endpoint, scenario: Scenario, stream: bool, index: int = 0) -> dict[str, Any]:
     body: dict[str, Any] = {"max_tokens": scenario.max_tokens, "temperature": scenario.temperature}
     if scenario.seed is not None:
-        body["seed"] = scenario.seed
+        body["seed"] = _request_seed(scenario.seed, index)
     if stream:
         body.update(stream=True, stream_options={"include_usage": True})
     if endpoint.extra_body:
@@ -106,7 +112,7 @@ async def stream_target_alone(
     sdk: Any, endpoint: Endpoint, request: BenchRequest, scenario: Scenario, *, index: int = 0, clock: Clock = time.perf_counter
 ) -> Sample:
     """One request to `endpoint` alone through the openai SDK, streamed and timed."""
-    body = _body(endpoint, scenario, stream=True)
+    body = _body(endpoint, scenario, stream=True, index=index)
     started = clock()
     pieces: list[str] = []
     ttft: float | None = None
@@ -149,7 +155,7 @@ async def stream_target_alone(
 async def _speculative(client: AsyncSpeculativeOpenAI, request: BenchRequest, scenario: Scenario, *, index: int, clock: Clock) -> Sample:
     body = {"max_tokens": scenario.max_tokens, "temperature": scenario.temperature, "stream": True}
     if scenario.seed is not None:
-        body["seed"] = scenario.seed
+        body["seed"] = _request_seed(scenario.seed, index)
     started = clock()
     pieces: list[str] = []
     ttft: float | None = None

@@ -11,6 +11,9 @@ wins and where it loses:
   policy should notice and let the target generate alone;
 * ``lookup-edit``: no draft model, prompt lookup on an editing task (the answer repeats the prompt);
 * ``lan-adaptive``: the LAN pair with the adaptive policy and pipelined drafting;
+* ``lan-code-t0.7`` / ``lookup-edit-t0.7``: the same two sampled at temperature 0.7 (one seed per request);
+* ``seed-blog-t0.7``: the blog's question at its own temperature 0.7 on the LAN pair, default client (the
+  full ``seed-blog`` experiment below is not run by default: it takes a minute);
 * ``agentic`` / ``agentic-hosted`` (not run by default): a coding agent's requests, which repeat structure
   across requests, on the LAN pair and on the hosted pair; the suffix index warms up over the stream;
 * ``token-boundary`` (not run by default): an exactness check on prompts whose last token can merge
@@ -398,6 +401,33 @@ _BUILT_IN = (
         aim=2.0,
     ),
     Scenario(
+        name="lan-code-t0.7",
+        description=(
+            "lan-code sampled at temperature 0.7 (one seed per request): auto verifies sampled requests in token "
+            "ids, and the draft model proposes its most likely tokens"
+        ),
+        requests=_CODE_PROMPTS,
+        sim=SimSetup(profile="vllm", latency="lan"),
+        client={"policy": "fixed", "num_speculative_tokens": 5, "drafter": "model", "pipeline": False},
+        max_tokens=60,
+        temperature=0.7,
+        seed=1,
+    ),
+    Scenario(
+        name="lookup-edit-t0.7",
+        description=(
+            "lookup-edit sampled at temperature 0.7, each edit with two seeds: a sampled answer leaves the prompt's "
+            "text where a draw differs from it, and prompt lookup finds its place again"
+        ),
+        requests=_EDIT_PROMPTS * 2,
+        sim=SimSetup(profile="vllm", latency="lan"),
+        client={"policy": "fixed", "num_speculative_tokens": 10, "drafter": "lookup"},
+        use_draft=False,
+        max_tokens=80,
+        temperature=0.7,
+        seed=1,
+    ),
+    Scenario(
         name="agentic",
         description=(
             "a coding agent's stream of requests (tool-call JSON and the code it writes, repeating across steps "
@@ -480,6 +510,21 @@ _BUILT_IN = (
         seed=1,
         seed_blog=True,
     ),
+    Scenario(
+        name="seed-blog-t0.7",
+        description=(
+            f"the blog's question ({QUESTION}) at its own temperature 0.7, on the LAN vLLM-like pair with the default "
+            "client, without the blog experiment: chat, prose, sampled, two seeds"
+        ),
+        requests=(BenchRequest(messages=({"role": "user", "content": QUESTION},), label="the blog's question"),) * 2,
+        sim=SimSetup(profile="vllm", latency="lan"),
+        client={},
+        max_tokens=60,
+        temperature=0.7,
+        seed=1,
+        warmup=3,
+        warmup_max_tokens=None,
+    ),
 )
 
 SCENARIOS: Mapping[str, Scenario] = {s.name: s for s in _BUILT_IN}
@@ -490,7 +535,9 @@ SCENARIO_GROUPS: Mapping[str, tuple[str, ...]] = {
     "long-context": ("long-context-echo", "long-context-token-ids"),
 }
 
-DEFAULT_SCENARIOS: tuple[str, ...] = ("lan-code", "hosted-fixed", "hosted-adaptive", "lookup-edit", "lan-adaptive")
+DEFAULT_SCENARIOS: tuple[str, ...] = (
+    "lan-code", "lan-code-t0.7", "hosted-fixed", "hosted-adaptive", "lookup-edit", "lookup-edit-t0.7", "lan-adaptive", "seed-blog-t0.7",
+)
 
 
 def get_scenarios(name: str) -> list[Scenario]:

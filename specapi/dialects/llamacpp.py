@@ -22,7 +22,10 @@ from typing import Any
 from .._calls import Meter, RoleClient
 from .base import Generated, Pick, count, reading, server_root
 
-__all__ = ["LlamaCppDialect", "native_fields"]
+__all__ = ["LlamaCppDialect", "Processed", "native_fields"]
+
+#: A distribution after the server's sampler chain, as `post_sampling_probs` lists it: id -> (prob, bytes).
+Processed = dict[int, tuple[float, bytes]]
 
 #: OpenAI-format sampling fields and the names `/completion` knows them by (the rest are the same).
 _RENAMED = {"max_tokens": "n_predict"}
@@ -64,6 +67,64 @@ class LlamaCppDialect:
                 raise ValueError(f"{len(results)} results for {len(prompts)} prompts")
             results = sorted(results, key=lambda r: int(r.get("index", 0)))
             return [_pick(r) for r in results]
+
+    async def processed_next(
+        self, client: RoleClient, prompts: Sequence[Sequence[int]], fields: Mapping[str, Any], n_probs: int, meter: Meter, *, options: Mapping[str, Any]
+    ) -> tuple[list[Processed | None], int | None]:
+        """The target's distribution after its sampler chain following each prompt (one request), as
+        `post_sampling_probs` lists it, None where the server listed nothing (it lists nothing when the
+        token it drew itself holds part of a character); and the first prompt's tokens as billed."""
+        body = {
+            **native_fields(fields),
+            "prompt": [list(p) for p in prompts] if len(prompts) > 1 else list(prompts[0]),
+            "n_predict": 1,
+            "n_probs": n_probs,
+            "post_sampling_probs": True,
+            "return_tokens": True,
+            "cache_prompt": True,
+        }
+        response = await client.post(server_root(client) + "/completion", body, meter, options=options, array_ok=True)
+        with reading(client, "/completion"):
+            results = response if isinstance(response, list) else [response]
+            if len(results) != len(prompts):
+                raise ValueError(f"{len(results)} results for {len(prompts)} prompts")
+            results = sorted(results, key=lambda r: int(r.get("index", 0)))
+            out: list[Processed | None] = []
+            for result in results:
+                entries = result.get("completion_probabilities") or []
+                out.append(_processed(entries[0]["top_probs"]) if entries else None)
+            return out, count(results[0].get("tokens_evaluated"))
+
+    async def processed_draft(
+        self, client: RoleClient, ids: Sequence[int], k: int, fields: Mapping[str, Any], n_probs: int, meter: Meter, *, options: Mapping[str, Any]
+    ) -> list[tuple[int, bytes, Processed]]:
+        """Up to `k` tokens the server draws after `ids`, each with the distribution it was drawn from
+        (after the sampler chain). It stops before an entry that stands for several tokens (a character
+        split over tokens) and at the end of the text: those have no distribution of their own."""
+        body = {
+            **native_fields(fields),
+            "prompt": list(ids),
+            "n_predict": k,
+            "n_probs": n_probs,
+            "post_sampling_probs": True,
+            "return_tokens": True,
+            "cache_prompt": True,
+        }
+        response = await client.post(server_root(client) + "/completion", body, meter, options=options, array_ok=True)
+        with reading(client, "/completion"):
+            result = response[0] if isinstance(response, list) else response
+            tokens = [int(t) for t in result.get("tokens") or []]
+            drawn: list[tuple[int, bytes, Processed]] = []
+            for index, entry in enumerate(result.get("completion_probabilities") or []):
+                token = int(entry["id"])
+                dist = _processed(entry["top_probs"])
+                data = _token_data(entry)
+                # One token per entry: the entry's id is the token drawn there, and its bytes are that
+                # token's own (an entry for a run of tokens carries the run's bytes).
+                if index >= len(tokens) or tokens[index] != token or token not in dist or dist[token][1] != data or not data:
+                    break
+                drawn.append((token, data, dist))
+            return drawn
 
     async def generate(
         self,
@@ -118,6 +179,10 @@ def _piece(item: Any) -> tuple[int, bytes | None]:
     piece = item.get("piece")
     data = bytes(piece) if isinstance(piece, list) else piece.encode("utf-8") if isinstance(piece, str) else None
     return int(item["id"]), data
+
+
+def _processed(top: Sequence[Mapping[str, Any]]) -> Processed:
+    return {int(c["id"]): (float(c["prob"]), _token_data(c)) for c in top}
 
 
 def _token_data(item: Mapping[str, Any]) -> bytes:

@@ -16,7 +16,8 @@ Shapes recorded from the real server (``tests/fixtures/llamacpp/``, ``tests/real
   run's text and ``bytes``, and that token's ``top_logprobs`` (raw, temperature 1): ``[{id, token, bytes,
   logprob}]``. With ``post_sampling_probs``: ``prob`` and ``top_probs`` (after temperature and top-p; a
   greedy request has one candidate of prob 1). When nothing is complete the key is absent. Top-list
-  tokens holding part of a character read as U+FFFD.
+  tokens holding part of a character read as U+FFFD. The end-of-text token has an entry (``token`` "",
+  ``bytes`` []) when the text before it is whole, and is listed with empty bytes among the candidates.
 * ``tokens_cached`` = prompt + generated - 1 (the last token is never evaluated); ``timings.cache_n`` /
   ``prompt_n``: prompt tokens read from the prefix cache / evaluated.
 * ``POST /tokenize`` ``{content, add_special, with_pieces}`` -> ``{tokens: [id, ...]}`` or, with pieces,
@@ -235,6 +236,8 @@ def completion_probabilities(
     context = list(prompt_ids)
     for record in gen.tokens:
         if record.token_id == EOS_TOKEN_ID:
+            if not pending:  # the end of text has an entry of its own (no text, no bytes), as on the real server
+                out.append(_entry(model, context, record, b"", request))
             break
         pending += token_bytes(record.token_id)
         if not ends_inside_a_character(pending):
