@@ -631,6 +631,7 @@ class AdaptiveDraftLength:
             "verify": self._verify.state(),
             "target": self._target.state(),
             "draft_share": self._draft_share,
+            "last_drafter": self._last_drafter,
             "off": self._off,
         }
 
@@ -656,5 +657,6 @@ class AdaptiveDraftLength:
         self._rounds_seen = rounds_seen
         self._draft_share = draft_share
         self._off = bool(measurements.get("off"))
+        self._last_drafter = str(measurements.get("last_drafter") or MODEL_DRAFTER)
         return True
 

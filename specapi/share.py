@@ -147,6 +147,7 @@ class RedisShare:
         self._wake = asyncio.Event()
         self._last_id = b"0-0"
         self._tasks: list[asyncio.Task[None]] = []
+        self._closing = False
 
     # -- health
 
@@ -191,11 +192,13 @@ class RedisShare:
         if self._tasks and (self._pending or self._states) and not self.degraded:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._write_once(), timeout=1.0)
+        # redis-py may turn a cancellation in the middle of a connection attempt into a ConnectionError:
+        # the loops also stop on the flag, and are waited for a bounded time.
+        self._closing = True
         for task in self._tasks:
             task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=self.timeout + 1.0)
         self._tasks = []
         with contextlib.suppress(Exception):
             await self._redis.aclose()
@@ -281,7 +284,7 @@ class RedisShare:
     async def _write_loop(self) -> None:
         loop = asyncio.get_running_loop()
         next_poll = loop.time()
-        while True:
+        while not self._closing:
             if loop.time() >= next_poll:
                 self._poll_states()
                 next_poll = loop.time() + STATE_INTERVAL_S
@@ -303,7 +306,7 @@ class RedisShare:
     # -- receiving
 
     async def _read_loop(self) -> None:
-        while True:
+        while not self._closing:
             try:
                 reply = await self._redis.xread({self.stream: self._last_id}, count=1000, block=_BLOCK_MS)
             except asyncio.CancelledError:

@@ -44,8 +44,8 @@ class RedisServer:
     def start(self) -> RedisServer:
         self.process = subprocess.Popen(
             ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--protected-mode", "yes",
-             # Small stream nodes: `MAXLEN ~` trims whole nodes, so the cap then holds within 10 entries.
-             "--stream-node-max-entries", "10"],
+             # Small stream nodes: `MAXLEN ~` trims whole nodes, so the cap then holds within 5 entries.
+             "--stream-node-max-entries", "5"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         deadline = time.monotonic() + 10

@@ -17,7 +17,8 @@ from simclient import target_alone
 from simserver import ServerThread
 from specapi.sim import SimProvider, create_app
 
-MAX_ENTRIES = 20
+MAX_ENTRIES = 5
+MAX_TOKENS = 20
 # Suffix drafts only, a fixed length: what a replica drafts is what its index holds.
 SERVE_OPTIONS = ("--drafter", "suffix", "--policy", "fixed", "--num-speculative-tokens", "16", "--suffix-scope", "api-key",
                  "--share-max-entries", str(MAX_ENTRIES))
@@ -53,7 +54,7 @@ def replicas(provider: SimProvider, redis: RedisServer) -> Iterator[Replicas]:
 def complete(replicas: Replicas, index: int, prompt: str, key: str) -> dict:
     response = httpx2.post(
         replicas.url(index) + "/v1/completions",
-        json={"model": "sim-target", "prompt": prompt, "max_tokens": 30, "temperature": 0},
+        json={"model": "sim-target", "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0},
         headers={"authorization": f"Bearer {key}"},
         timeout=30,
     )
@@ -61,8 +62,14 @@ def complete(replicas: Replicas, index: int, prompt: str, key: str) -> dict:
     return response.json()
 
 
+_EXPECTED: dict[str, str] = {}
+
+
 def expected(provider: SimProvider, prompt: str) -> str:
-    return asyncio.run(target_alone(provider, prompt=prompt, max_tokens=30))[0]
+    """The target's own greedy output for `prompt` (asked of the simulator once)."""
+    if prompt not in _EXPECTED:
+        _EXPECTED[prompt] = asyncio.run(target_alone(provider, prompt=prompt, max_tokens=MAX_TOKENS))[0]
+    return _EXPECTED[prompt]
 
 
 def metrics(replicas: Replicas, index: int) -> str:
@@ -105,7 +112,7 @@ def test_a_conversation_one_replica_answered_drafts_in_another_and_tenants_stay_
     other_on_c = complete(replicas, 2, prompt, "tenant-c")
     text = expected(provider, prompt)
     assert [r["choices"][0]["text"] for r in (taught, same_tenant, other_on_b, other_on_c)] == [text] * 4
-    assert same_tenant["speculative"]["accepted_tokens"] >= 20 and same_tenant["speculative"]["exact"]
+    assert same_tenant["speculative"]["accepted_tokens"] >= 12 and same_tenant["speculative"]["exact"]
     assert other_on_b["speculative"]["drafted_tokens"] == 0
     assert other_on_c["speculative"]["drafted_tokens"] == 0
 
@@ -115,14 +122,14 @@ def test_redis_killed_fails_no_request_and_sharing_resumes_when_it_returns(repli
     # Every replica notices (its reader's next try fails): degraded, still ready.
     settle(lambda: all(metric(metrics(replicas, i), "specapi_share_degraded") == 1 for i in range(3)))
     outcomes = []
-    for n, prompt in enumerate(PROMPTS[1:]):
+    for n, prompt in enumerate(PROMPTS[1:4]):
         for index in range(3):
             outcomes.append((prompt, complete(replicas, (index + n) % 3, prompt, "tenant-a")))
     assert all(r["choices"][0]["text"] == expected(provider, p) and r["speculative"]["exact"] for p, r in outcomes)
     for index in range(3):
         ready = httpx2.get(replicas.url(index) + "/ready", timeout=5)
         assert ready.status_code == 200 and ready.json() == {"status": "ready", "sharing": "degraded"}
-        assert metric(metrics(replicas, index), 'specapi_requests_total{route="/v1/completions",status="200"}') >= 5
+        assert metric(metrics(replicas, index), 'specapi_requests_total{route="/v1/completions",status="200"}') >= 3
 
     redis.start()  # empty: what was shared before is gone, as after a real outage
     settle(lambda: all(metric(metrics(replicas, i), "specapi_share_degraded") == 0 for i in range(3)))
@@ -133,14 +140,16 @@ def test_redis_killed_fails_no_request_and_sharing_resumes_when_it_returns(repli
     received_all(replicas, 2, before)
     learnt = complete(replicas, 2, prompt, "tenant-a")
     assert taught["choices"][0]["text"] == learnt["choices"][0]["text"] == expected(provider, prompt)
-    assert learnt["speculative"]["accepted_tokens"] >= 20
+    assert learnt["speculative"]["accepted_tokens"] >= 12
 
 
 def test_the_stream_in_redis_stays_capped(replicas, redis):
-    for n in range(3 * MAX_ENTRIES):
+    def published() -> float:
+        return sum(metric(metrics(replicas, i), 'specapi_share_records_total{direction="published"}') for i in range(3))
+
+    before = published()
+    for n in range(12):
         complete(replicas, n % 3, f"Entry {n}: the cap holds, ключ {n} 🔑", "tenant-d")
-    settle(lambda: redis.integer("XLEN", "specapi:suffix") > 0)
-    total = sum(metric(metrics(replicas, i), 'specapi_share_records_total{direction="published"}') for i in range(3))
-    assert total >= 3 * MAX_ENTRIES
-    # MAXLEN ~: Redis trims whole nodes of the stream (10 entries each here), never keeps all.
-    assert redis.integer("XLEN", "specapi:suffix") <= MAX_ENTRIES + 10 < total
+    settle(lambda: published() >= before + 12)
+    # MAXLEN ~: Redis trims whole nodes of the stream (5 entries each here), never keeps them all.
+    assert redis.integer("XLEN", "specapi:suffix") <= MAX_ENTRIES + 5 < published() - before
