@@ -104,6 +104,8 @@ class RedisShare:
         prefix: the keys' prefix: processes that share use the same one.
         max_entries: the stream's cap, in entries (about).
         on_degraded: called with True when Redis stops answering, False when it answers again.
+        on_count: called with ("published" | "received" | "dropped", how many) as sequences are
+            written, delivered, or dropped (metrics).
         timeout: seconds one command may take.
     """
 
@@ -115,6 +117,7 @@ class RedisShare:
         prefix: str = "specapi",
         max_entries: int = DEFAULT_MAX_ENTRIES,
         on_degraded: Callable[[bool], None] | None = None,
+        on_count: Callable[[str, int], None] | None = None,
         timeout: float = COMMAND_TIMEOUT_S,
     ) -> None:
         if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 1:
@@ -133,6 +136,7 @@ class RedisShare:
         self.stream = f"{prefix}:suffix"
         self.max_entries = max_entries
         self.on_degraded = on_degraded
+        self.on_count = on_count
         self.timeout = timeout
         self.origin = f"{os.getpid()}-{os.urandom(4).hex()}".encode()  # this process's entries, skipped when read
         self.published = 0  # records written to the stream
@@ -150,6 +154,11 @@ class RedisShare:
         self._closing = False
 
     # -- health
+
+    def _count(self, kind: str, amount: int) -> None:
+        setattr(self, kind, getattr(self, kind) + amount)
+        if self.on_count is not None:
+            self.on_count(kind, amount)
 
     def _failed(self, exc: BaseException) -> None:
         self.failures += 1
@@ -211,12 +220,12 @@ class RedisShare:
             return
         data = _pack_tokens(tokens[-_MAX_TOKENS_PER_RECORD:])
         if data is None:
-            self.dropped += 1
+            self._count("dropped", 1)
             return
         self._pending.append((scope, data))
-        while len(self._pending) > MAX_PENDING:
+        if len(self._pending) > MAX_PENDING:
             self._pending.popleft()
-            self.dropped += 1
+            self._count("dropped", 1)
         self._wake.set()
 
     def put_state(self, name: str, value: Any) -> None:
@@ -260,11 +269,14 @@ class RedisShare:
             await pipe.execute()
         except BaseException:
             self._pending.extendleft(reversed(batch))  # tried again later, within the bound
-            while len(self._pending) > MAX_PENDING:
+            excess = len(self._pending) - MAX_PENDING
+            for _ in range(max(0, excess)):
                 self._pending.popleft()
-                self.dropped += 1
+            if excess > 0:
+                self._count("dropped", excess)
             raise
-        self.published += len(batch)
+        if batch:
+            self._count("published", len(batch))
         for name, text in states.items():
             self._written_states[name] = text
             if self._states.get(name) == text:
@@ -331,7 +343,7 @@ class RedisShare:
             return
         if not tokens:
             return
-        self.received += 1
+        self._count("received", 1)
         try:
             self.deliver(scope, tokens)
         except Exception:  # a record this process cannot place must not stop the others

@@ -164,6 +164,7 @@ class _Proxy:
             self.share = RedisShare(
                 self.config.share_url, deliver=self._learnt_by_peer, max_entries=self.config.share_max_entries,
                 on_degraded=lambda degraded: self.metrics.share_degraded.set(int(degraded)),
+                on_count=lambda kind, amount: self.metrics.child(self.metrics.share_records, kind).inc(amount),
             )
             await self.share.warm_client(self.client)  # the policy's measurements, the probe's findings
             await self.share.start()  # the suffix sequences the stream holds, then in the background
@@ -199,7 +200,6 @@ class _Proxy:
                 self.peers = None
             if self.share is not None:
                 await self.share.close()
-                self.metrics.sync_share(self.share)
                 self.share = None
             self.metrics.ready.set(0)
             self.metrics.retire()
@@ -411,8 +411,6 @@ class _Proxy:
         return JSONResponse({"status": "unready", "reason": self.scrub(readiness.reason or "")}, status_code=503)
 
     async def metrics_page(self, request: Request) -> Response:
-        if self.share is not None:
-            self.metrics.sync_share(self.share)
         return Response(self.metrics.render(), media_type=CONTENT_TYPE)
 
 

@@ -21,7 +21,7 @@
     specapi_share_degraded                          with `--share`: 1 while Redis does not answer (sharing
                                                     is off meanwhile; requests go on), 0 while it does
     specapi_share_records_total{direction}          with `--share`: suffix sequences published, received from
-                                                    other processes, dropped (brought up to date at each scrape)
+                                                    other processes, dropped (Redis away and the buffer full)
 
 vLLM's spec-decode counters, with vLLM's meaning, under specapi's prefix and with vLLM's `model_name` label:
 
@@ -127,7 +127,6 @@ class ProxyMetrics:
             "specapi_share_degraded", "1 while sharing through Redis is degraded", registry=registry, multiprocess_mode="livemax"
         )
         self.share_records = Counter("specapi_share_records", "Suffix sequences shared through Redis", ["direction"], registry=registry)
-        self._share_counted: dict[tuple[int, str], int] = {}  # (id of the share, direction): counted so far
         self.disconnects = Counter("specapi_client_disconnects", "Clients that left before the end", ["route"], registry=registry)
         self.stream_errors = Counter("specapi_stream_errors", "Streams ended by an error event", ["route"], registry=registry)
         self.responses = Counter(
@@ -256,15 +255,6 @@ class ProxyMetrics:
             child = self.child(counter, self.model)
             if amount:
                 child.inc(amount)
-
-    def sync_share(self, share: Any) -> None:
-        """Bring the sharing counters up to `share`'s (a `RedisShare`) counts."""
-        for direction in ("published", "received", "dropped"):
-            count = int(getattr(share, direction))
-            added = count - self._share_counted.get((id(share), direction), 0)
-            if added > 0:
-                self.child(self.share_records, direction).inc(added)
-            self._share_counted[(id(share), direction)] = count
 
     def retire(self) -> None:
         """This process stops serving: under several processes, its live gauges leave the sums."""
