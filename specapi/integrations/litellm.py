@@ -244,7 +244,10 @@ class SpecapiLLM(CustomLLM):
             setattr(model_response, "usage", usage)
         cost = _record_spend(result.speculative, logging_obj, litellm_params)
         model_response._hidden_params["specapi"] = _summary(result.speculative)
-        if cost is not None:
+        if cost is not None and _text_prompt(messages, litellm_params) is None:
+            # Chat: LiteLLM takes a response's own cost from its hidden params. A text completion is
+            # converted from this response with hidden params of a fixed shape, whose empty cost would
+            # win over the one `_record_spend` gave the logging object (LiteLLM 1.108, measured).
             model_response._hidden_params["response_cost"] = cost
         return model_response
 
@@ -255,7 +258,8 @@ class SpecapiLLM(CustomLLM):
     ) -> AsyncIterator[GenericStreamingChunk]:
         try:
             _, create, arguments = await self._prepare(model, messages, api_base, api_key, optional_params, litellm_params)
-            stream = await create(**arguments, stream=True)
+            # The last chunk then carries the response's usage (prompt tokens too).
+            stream = await create(**arguments, stream=True, stream_options={"include_usage": True})
         except Exception as exc:
             raise litellm_error(exc, model, api_base) from exc
         finish_reason: str | None = None
@@ -282,7 +286,10 @@ class SpecapiLLM(CustomLLM):
             block = {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
                      "total_tokens": usage.prompt_tokens + usage.completion_tokens}
         if stats is not None:
-            _record_spend(stats, logging_obj, litellm_params)
+            cost = _record_spend(stats, logging_obj, litellm_params)
+            if block is not None and cost is not None:
+                # A streamed usage's `cost` is what LiteLLM's stream builder records as the response's cost.
+                block["cost"] = cost
         yield GenericStreamingChunk(text="", is_finished=True, finish_reason=finish_reason or "stop", usage=block, index=0, tool_use=None)  # type: ignore[typeddict-item]
 
     def completion(self, *args: Any, **kwargs: Any) -> ModelResponse:  # type: ignore[override]
