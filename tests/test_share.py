@@ -170,3 +170,24 @@ def test_settings_name_what_is_wrong(monkeypatch):
 
     assert cli_logic(["serve", "--target-base-url", "http://127.0.0.1:9/v1", "--target-model", "t", "--drafter", "lookup",
                       "--share", "redis://127.0.0.1:6379/0"]) == 2
+
+
+async def test_a_process_starts_from_the_newest_entries_only(redis, monkeypatch):
+    import specapi.share
+
+    monkeypatch.setattr(specapi.share, "WARM_ENTRIES", 10)  # a suffix index holds about 100 sequences
+    writer = RedisShare(redis.url, prefix="warm-bound")
+    await writer.start()
+    try:
+        for n in range(30):
+            writer.publish("\nsim-target", [n, 1, 2])
+        await settle(lambda: writer.published == 30)
+        got: list[int] = []
+        reader = RedisShare(redis.url, prefix="warm-bound", deliver=lambda scope, tokens: got.append(tokens[0]))
+        await reader.start()
+        writer.publish("\nsim-target", [99, 1, 2])  # and it goes on from there
+        await settle(lambda: got[-1:] == [99])
+        await reader.close()
+    finally:
+        await writer.close()
+    assert got == [*range(20, 30), 99]
