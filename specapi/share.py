@@ -413,7 +413,8 @@ class RedisShare:
 
         def policy_state() -> tuple[str, Any] | None:
             measure = getattr(policy, "measurements", None)
-            return (policy_name, measure()) if measure is not None and getattr(policy, "_rounds_seen", 0) else None
+            measured = measure() if measure is not None else None
+            return (policy_name, measured) if measured and measured.get("rounds_seen") else None  # nothing measured: nothing to tell
 
         def probe_state() -> tuple[str, Any] | None:
             caps = paths.capabilities

@@ -191,3 +191,17 @@ async def test_a_process_starts_from_the_newest_entries_only(redis, monkeypatch)
     finally:
         await writer.close()
     assert got == [*range(20, 30), 99]
+
+
+def test_workers_that_share_through_redis_use_no_sockets(monkeypatch, tmp_path):
+    from specapi.server.command import add_arguments, proxy_app, resolve_settings
+    import argparse
+
+    monkeypatch.setenv("SPECAPI_PEERS_DIR", str(tmp_path))  # as the supervisor of --workers sets it
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    common = ["--target-base-url", "http://127.0.0.1:9/v1", "--target-model", "t", "--drafter", "lookup"]
+    alone = proxy_app(resolve_settings(parser.parse_args(common), {}))
+    shared = proxy_app(resolve_settings(parser.parse_args([*common, "--share", "redis://127.0.0.1:6379/0"]), {}))
+    assert alone.state.config.peers_dir == str(tmp_path) and alone.state.config.share_url is None
+    assert shared.state.config.peers_dir is None and shared.state.config.share_url == "redis://127.0.0.1:6379/0"
