@@ -18,8 +18,9 @@ seen the earlier ones and drafts nothing from them. A `RedisShare` connects the 
 Best effort and bounded, like the datagrams between workers: nothing a request does waits for Redis.
 `publish` only appends to a buffer of at most `MAX_PENDING` records (the oldest dropped first), which a
 background task writes; another reads. While Redis does not answer, or answers with an error, both
-retry every `RETRY_S` seconds at most and the share says it is `degraded`; what was learnt meanwhile
-stays local (and what waited, within the bound, goes out once Redis is back). A lost sequence costs
+retry every `RETRY_S` seconds and, from the second failure in a row on, the share says it is
+`degraded`; what was learnt meanwhile stays local (and what waited, within the bound, goes out once
+Redis is back). A lost sequence costs
 speed, never correctness: a suffix draft is only a draft, the target verifies it. Requires redis-py
 (`pip install 'specapi[share]'`), imported only when a share is made.
 """
@@ -150,6 +151,7 @@ class RedisShare:
         self.received = 0  # records of other processes delivered
         self.dropped = 0  # records not written (the buffer was full, or not token ids)
         self.failures = 0  # commands that failed
+        self._failed_in_a_row = 0
         self.degraded = False
         self._pending: deque[tuple[str, bytes]] = deque()
         self._states: dict[str, str] = {}  # name -> JSON waiting to be written
@@ -170,13 +172,17 @@ class RedisShare:
 
     def _failed(self, exc: BaseException) -> None:
         self.failures += 1
-        if not self.degraded:
+        self._failed_in_a_row += 1
+        # One failure alone is not an outage: after Redis comes back, the first command on a connection
+        # pooled before it went away fails once (seen in tests/test_share_replicas.py).
+        if not self.degraded and self._failed_in_a_row >= 2:
             self.degraded = True
             logger.warning("sharing through Redis is degraded (%s: %s); requests go on without it", type(exc).__name__, exc)
             if self.on_degraded is not None:
                 self.on_degraded(True)
 
     def _answered(self) -> None:
+        self._failed_in_a_row = 0
         if self.degraded:
             self.degraded = False
             self._written_states.clear()  # a Redis back from an outage may have lost them: write them again

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from decimal import Decimal
@@ -293,35 +292,14 @@ class SpecapiLLM(CustomLLM):
         yield GenericStreamingChunk(text="", is_finished=True, finish_reason=finish_reason or "stop", usage=block, index=0, tool_use=None)  # type: ignore[typeddict-item]
 
     def completion(self, *args: Any, **kwargs: Any) -> ModelResponse:  # type: ignore[override]
-        """`litellm.completion` (sync): the async call on an event loop of its own, in a thread."""
-        found: list[Any] = []
-
-        def run() -> None:
-            async def call() -> Any:
-                try:
-                    return await self.acompletion(*args, **kwargs)
-                finally:
-                    await self._forget_loop()
-
-            try:
-                found.append(asyncio.run(call()))
-            except BaseException as exc:  # handed to the caller's thread
-                found.append(exc)
-
-        worker = threading.Thread(target=run, name="specapi-litellm")
-        worker.start()
-        worker.join()
-        if isinstance(found[0], BaseException):
-            raise found[0]
-        return found[0]
+        raise CustomLLMError(status_code=400, message=_ASYNC_ONLY)
 
     def streaming(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
-        raise CustomLLMError(status_code=400, message="specapi streams through LiteLLM's async API (litellm.acompletion, or its proxy)")
+        raise CustomLLMError(status_code=400, message=_ASYNC_ONLY)
 
-    async def _forget_loop(self) -> None:
-        loop = id(asyncio.get_running_loop())
-        for key in [k for k in self._clients if k[0] == loop]:
-            await self._clients.pop(key).close()
+
+#: The speculative client's connections live on one event loop: LiteLLM's async API (its proxy's) serves it.
+_ASYNC_ONLY = "specapi runs through LiteLLM's async API (litellm.acompletion / atext_completion, or its proxy)"
 
 
 #: The instance config.yaml names: `custom_handler: specapi.integrations.litellm.handler`.
