@@ -84,6 +84,7 @@ class Replicas:
     """`specapi serve` processes (started together, waited for together) in front of `target_url`."""
 
     def __init__(self, target_url: str, count: int, *, share: str | None, extra: Sequence[str] = ()) -> None:
+        self.target_url = target_url
         self.ports = [free_port() for _ in range(count)]
         env = {**os.environ, "SPECAPI_LOG_LEVEL": "warning"}
         for name in ("SPECAPI_PEERS_DIR", "PROMETHEUS_MULTIPROC_DIR"):

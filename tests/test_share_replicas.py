@@ -117,6 +117,23 @@ def test_a_conversation_one_replica_answered_drafts_in_another_and_tenants_stay_
     assert other_on_c["speculative"]["drafted_tokens"] == 0
 
 
+def test_a_replica_started_later_starts_warm(replicas, provider, redis):
+    # The others probed the target and shared its capabilities (written every 2 seconds when changed).
+    settle(lambda: redis.command("KEYS", "specapi:state:probe:*").count(b"probe:") == 1)
+    late = Replicas(replicas.target_url, 1, share=redis.url, extra=SERVE_OPTIONS)
+    try:
+        late.wait_ready()
+        page = metrics(late, 0)
+        # No probe calls at startup: the capabilities came from Redis.
+        assert metric(page, 'specapi_upstream_requests_total{role="target"}') == 0
+        # What the others learnt before it started: tenant a's conversation drafts from the stream.
+        learnt = complete(late, 0, PROMPTS[0], "tenant-a")
+        assert learnt["choices"][0]["text"] == expected(provider, PROMPTS[0])
+        assert learnt["speculative"]["accepted_tokens"] >= 12
+    finally:
+        late.stop()
+
+
 def test_redis_killed_fails_no_request_and_sharing_resumes_when_it_returns(replicas, provider, redis):
     redis.kill()
     # Every replica notices (its reader's next try fails): degraded, still ready.
