@@ -165,6 +165,15 @@ class _Linear:
         fixed = max(0.0, mean_y - self._slope * mean_x)
         return fixed + self._slope * tokens
 
+    def state(self) -> list[float | None]:
+        """The running sums and the slope, as plain numbers (`AdaptiveDraftLength.measurements`)."""
+        return [self.n, self.sx, self.sy, self.sxx, self.sxy, self._slope]
+
+    def set_state(self, state: Sequence[float | None]) -> None:
+        n, sx, sy, sxx, sxy, slope = state
+        self.n, self.sx, self.sy, self.sxx, self.sxy = (float(v or 0.0) for v in (n, sx, sy, sxx, sxy))
+        self._slope = None if slope is None else float(slope)
+
 
 def _loaded(load: LoadCurve | None) -> bool:
     return load is not None and load.requests > 1
@@ -621,6 +630,50 @@ class AdaptiveDraftLength:
                 # starts with the target alone may still speculate with free drafts).
                 baseline = self.predicted_target_rate(self._JUDGED_TOKENS)
                 self._off = baseline is not None and self.best_length(self._JUDGED_TOKENS)[1] < baseline / self.margin
+
+    # -- what other processes measured (`specapi.share`) ----------------------------------------
+    _MEASUREMENTS_VERSION = 1
+
+    def measurements(self) -> dict[str, object]:
+        """What this policy has measured, as JSON-ready data another process can `adopt`: acceptance
+        by position per drafter and the calls' latency lines (not the load: that is this process's)."""
+        return {
+            "version": self._MEASUREMENTS_VERSION,
+            "positions": self._positions,
+            "rounds_seen": self._rounds_seen,
+            "tables": {name: [list(a), list(s)] for name, (a, s) in self._tables.items()},
+            "draft": self._draft.state(),
+            "verify": self._verify.state(),
+            "target": self._target.state(),
+            "draft_share": self._draft_share,
+            "last_drafter": self._last_drafter,
+            "off": self._off,
+        }
+
+    def adopt(self, measurements: dict[str, object]) -> bool:
+        """Start from another process's `measurements` where this policy has measured nothing yet (a new
+        replica starts warm); True if they were taken. Data of another shape is ignored."""
+        if self._rounds_seen or self._target.known or measurements.get("version") != self._MEASUREMENTS_VERSION:
+            return False
+        try:
+            tables: dict[str, tuple[list[float], list[float]]] = {}
+            for name, (accepted, seen) in dict(measurements["tables"]).items():  # type: ignore[call-overload]
+                pad = [0.0] * max(0, self._positions - len(accepted))
+                tables[str(name)] = ([float(v) for v in accepted][: self._positions] + pad, [float(v) for v in seen][: self._positions] + pad)
+            lines = [_Linear(), _Linear(), _Linear()]
+            for line, name in zip(lines, ("draft", "verify", "target")):
+                line.set_state(measurements[name])  # type: ignore[arg-type]
+            rounds_seen = int(measurements["rounds_seen"])  # type: ignore[call-overload]
+            draft_share = float(measurements["draft_share"])  # type: ignore[arg-type]
+        except (KeyError, TypeError, ValueError):
+            return False
+        self._tables = tables
+        self._draft, self._verify, self._target = lines
+        self._rounds_seen = rounds_seen
+        self._draft_share = draft_share
+        self._off = bool(measurements.get("off"))
+        self._last_drafter = str(measurements.get("last_drafter") or MODEL_DRAFTER)
+        return True
 
 
 def _band_key(drafter: str, sampled: bool) -> str:

@@ -41,8 +41,9 @@ one client per upstream role (connection pools) and one memory of verification p
 * Upstream API keys stay in the replicas' environment; clients only ever hold the proxy's key.
 * Each replica learns from the traffic it serves (the suffix index of finished prompts and outputs,
   capped by `--suffix-max-tokens`; the `--workers` of one replica share it, `peers.py`): replicas
-  learn separately, and sticky routing by tenant or task lets repeated structure reach the replica
-  that has seen it. By default the index is shared by every
+  learn separately unless they share through Redis (`--share redis://...`, `specapi.share`: suffix
+  sequences per scope, the policy's measurements and the probe's findings; best effort), else sticky
+  routing by tenant or task lets repeated structure reach the replica that has seen it. By default the index is shared by every
   client of the upstream model (`--suffix-scope model`): outputs never depend on it, but response
   times do, so a client could time requests to learn that some text was recently seen by another.
   `--suffix-scope api-key` keeps one index per client key, closing that channel.

@@ -45,6 +45,7 @@ from .errors import ProxyError, error_from_exception, redact
 from .headers import stats_headers
 from .metrics import CONTENT_TYPE, ProxyMetrics
 from .peers import Peers
+from ..share import RedisShare
 from .readiness import Readiness, target_check
 from .sse import DONE_EVENT, EventStreamResponse, encode_event
 
@@ -89,6 +90,8 @@ class _Proxy:
         self.readiness: Readiness | None = None
         #: The other processes serving this port, told what this one's suffix indexes learn (`peers.py`).
         self.peers: Peers | None = None
+        #: The other replicas, through Redis (`specapi.share`), with `--share`.
+        self.share: RedisShare | None = None
         self._tenants: OrderedDict[str, AsyncSpeculativeOpenAI] = OrderedDict()
         self._client: AsyncSpeculativeOpenAI | None = self._build_client()  # validates the configuration now
 
@@ -129,6 +132,8 @@ class _Proxy:
     def _tell_peers(self, tenant: str, model: str, tokens: list[int]) -> None:
         if self.peers is not None:
             self.peers.publish(f"{tenant}\n{model}", tokens)
+        if self.share is not None:
+            self.share.publish(f"{tenant}\n{model}", tokens)
 
     def _learnt_by_peer(self, scope: str, tokens: list[int]) -> None:
         tenant, _, model = scope.partition("\n")
@@ -154,6 +159,16 @@ class _Proxy:
             self.peers = Peers(self.config.peers_dir, self._learnt_by_peer)
             self.peers.start()
         app.state.peers = self.peers
+        if self.config.share_url is not None:
+            self.metrics.share_degraded.set(0)
+            self.share = RedisShare(
+                self.config.share_url, deliver=self._learnt_by_peer, max_entries=self.config.share_max_entries,
+                on_degraded=lambda degraded: self.metrics.share_degraded.set(int(degraded)),
+                on_count=lambda kind, amount: self.metrics.child(self.metrics.share_records, kind).inc(amount),
+            )
+            await self.share.warm_client(self.client)  # the policy's measurements, the probe's findings
+            await self.share.start()  # the suffix sequences the stream holds, then in the background
+        app.state.share = self.share
         # The target's capabilities too: otherwise a burst's first requests all wait for the first one's
         # probe (each worker's, under --workers N). Not for long if the target does not answer: the
         # probe then goes on in the background, or the first request probes again.
@@ -183,6 +198,9 @@ class _Proxy:
             if self.peers is not None:
                 self.peers.close()
                 self.peers = None
+            if self.share is not None:
+                await self.share.close()
+                self.share = None
             self.metrics.ready.set(0)
             self.metrics.retire()
             client, self._client = self._client, None
@@ -387,7 +405,9 @@ class _Proxy:
         if readiness is None:
             return JSONResponse({"status": "starting"}, status_code=503)
         if readiness.ready:
-            return JSONResponse({"status": "ready"})
+            # Sharing is best effort: degraded, the replica serves as well, only without the others' learning.
+            sharing = {} if self.share is None else {"sharing": "degraded" if self.share.degraded else "ok"}
+            return JSONResponse({"status": "ready", **sharing})
         return JSONResponse({"status": "unready", "reason": self.scrub(readiness.reason or "")}, status_code=503)
 
     async def metrics_page(self, request: Request) -> Response:

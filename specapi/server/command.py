@@ -9,14 +9,15 @@ keys: command lines are visible to other users of the machine (`ps`).
     SPECAPI_POLICY  SPECAPI_DRAFTER  SPECAPI_VERIFICATION  SPECAPI_PIPELINE
     SPECAPI_MAX_REQUEST_BYTES  SPECAPI_MAX_TOKENS_LIMIT  SPECAPI_UPSTREAM_TIMEOUT  SPECAPI_MAX_RETRIES
     SPECAPI_SHUTDOWN_TIMEOUT  SPECAPI_LOG_LEVEL  SPECAPI_SUFFIX_SCOPE  SPECAPI_SUFFIX_MAX_TOKENS
-    SPECAPI_WORKERS  SPECAPI_READY_INTERVAL
+    SPECAPI_WORKERS  SPECAPI_READY_INTERVAL  SPECAPI_SHARE  SPECAPI_SHARE_MAX_ENTRIES
 
 `--workers N` (N > 1) runs N processes on one port (uvicorn's workers: a supervisor that binds the socket and
 spawns them). Each worker builds its own app from the same settings; Prometheus metrics go through
 prometheus-client's multiprocess mode (a fresh temporary directory, or `PROMETHEUS_MULTIPROC_DIR` if set),
 so `/metrics` on any worker adds up all of them. The workers tell each other what their suffix indexes
 learn (`peers.py`: sockets in a fresh private directory, or `SPECAPI_PEERS_DIR` if set; separate `specapi
-serve` processes given the same `SPECAPI_PEERS_DIR` share it too). SIGTERM to the supervisor reaches every
+serve` processes given the same `SPECAPI_PEERS_DIR` share it too). With `--share redis://...` every process,
+worker or replica, shares through Redis instead (`specapi.share`), and the workers' sockets are not used. SIGTERM to the supervisor reaches every
 worker, and each drains its in-flight requests for up to `--shutdown-timeout` seconds.
 
 The draft endpoint is optional with `--drafter lookup` (prompt lookup drafts from the request itself)
@@ -122,6 +123,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("--shutdown-timeout", "SPECAPI_SHUTDOWN_TIMEOUT", _positive_float, 30.0, "seconds to let in-flight requests finish on SIGTERM"),
     Option("--workers", "SPECAPI_WORKERS", _workers, 1, "processes serving the port (uvicorn workers; metrics add up across them)"),
     Option("--ready-interval", "SPECAPI_READY_INTERVAL", _positive_float, 5.0, "seconds between the checks of the target behind /ready"),
+    Option("--share", "SPECAPI_SHARE", str, None,
+           "a Redis URL (redis://host:6379/0) through which replicas share what they learn (needs redis-py: pip install 'specapi[share]')",
+           secret=True),
+    Option("--share-max-entries", "SPECAPI_SHARE_MAX_ENTRIES", int, 10_000, "cap of the shared Redis stream, in entries (about)"),
     Option("--log-level", "SPECAPI_LOG_LEVEL", str.lower, "info", "uvicorn log level", choices=("critical", "error", "warning", "info", "debug", "trace")),
 )
 
@@ -177,6 +182,8 @@ def resolve_settings(args: argparse.Namespace, environ: Mapping[str, str]) -> Se
             suffix_scope=values["suffix_scope"],
             suffix_max_tokens=values["suffix_max_tokens"],
             readiness_interval=values["ready_interval"],
+            share_url=values["share"] or None,
+            share_max_entries=values["share_max_entries"],
         )
     except ConfigurationError as exc:
         raise SettingsError(str(exc)) from exc
@@ -238,8 +245,10 @@ def _ignore_signal(signum: int, frame: object) -> None:
 def proxy_app(settings: Settings) -> Starlette:
     """The app of a process that is the proxy (`specapi serve`, each of its workers): once started, it
     keeps what startup loaded out of the garbage collector's full passes (`ServerConfig.freeze_gc`),
-    and shares what it learns with the processes of `SPECAPI_PEERS_DIR` when that is set."""
-    return create_app(replace(settings.config, freeze_gc=True, peers_dir=os.environ.get(PEERS_DIR_VARIABLE) or None))
+    and shares what it learns with the processes of `SPECAPI_PEERS_DIR` when that is set (through Redis
+    alone with `--share`: one mechanism, see docs/proxy.md)."""
+    peers_dir = None if settings.config.share_url else os.environ.get(PEERS_DIR_VARIABLE) or None
+    return create_app(replace(settings.config, freeze_gc=True, peers_dir=peers_dir))
 
 
 def worker_app() -> Starlette:

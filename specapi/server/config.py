@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+import urllib.parse
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -57,6 +58,11 @@ class ServerConfig:
             without it, one such pass stopped the proxy's event loop for 40–70 ms now and then under
             load (every stream in flight waits). For a process that is the proxy (`specapi serve` sets
             it); an app mounted in another program leaves that program's collector alone by default.
+        share_url: a Redis URL (`redis://host:6379/0`) through which replicas share what they learn:
+            suffix sequences (per scope, as `suffix_scope` keys them), the policy's measurements and the
+            target's probed capabilities (`specapi.share`). Best effort: Redis away costs speed, never a
+            request. Needs redis-py (`pip install 'specapi[share]'`). None (default): no sharing.
+        share_max_entries: the cap of the shared stream, in entries (about; `XADD MAXLEN ~`).
         peers_dir: a directory the processes serving one port share (`specapi serve --workers N` makes
             one): each process tells the others, through a socket there, every sequence its suffix
             indexes learn, so that a prompt one worker answered is known to all (`peers.py`). The
@@ -79,6 +85,8 @@ class ServerConfig:
     clock: Callable[[], float] = field(default=time.perf_counter, repr=False, compare=False)
     freeze_gc: bool = False
     peers_dir: str | None = None
+    share_url: str | None = None
+    share_max_entries: int = 10_000
 
     def __post_init__(self) -> None:
         if not isinstance(self.target, Endpoint):
@@ -91,6 +99,15 @@ class ServerConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigurationError(f"{name} must be an integer >= 1, got {value!r}")
+        if self.share_url is not None:
+            if not isinstance(self.share_url, str) or not self.share_url.startswith(("redis://", "rediss://", "unix://")):
+                raise ConfigurationError(f"share_url must be a redis://, rediss:// or unix:// URL, got {self.share_url!r}")
+            from ..share import import_redis
+
+            import_redis()  # a clear error now, not at startup, when redis-py is missing
+        max_entries = self.share_max_entries
+        if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries < 1:
+            raise ConfigurationError(f"share_max_entries must be an integer >= 1, got {max_entries!r}")
         interval = self.readiness_interval
         if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not interval > 0:
             raise ConfigurationError(f"readiness_interval must be a number > 0, got {interval!r}")
@@ -112,4 +129,6 @@ class ServerConfig:
             if endpoint is not None:
                 # An endpoint without a key uses OPENAI_API_KEY (see `Endpoint.build_client`).
                 keys.append(endpoint.api_key or os.environ.get("OPENAI_API_KEY"))
+        if self.share_url:
+            keys.append(urllib.parse.urlsplit(self.share_url).password)  # redis://:PASSWORD@host
         return tuple(k for k in keys if k)

@@ -18,6 +18,10 @@
                                                     or whose speculation it stopped, by the policy's reason
     specapi_ready                                   1 while the target answers, 0 while it is unreachable
     specapi_workers                                 processes serving (startup done: warmed, target probed)
+    specapi_share_degraded                          with `--share`: 1 while Redis does not answer (sharing
+                                                    is off meanwhile; requests go on), 0 while it does
+    specapi_share_records_total{direction}          with `--share`: suffix sequences published, received from
+                                                    other processes, dropped (Redis away and the buffer full)
 
 vLLM's spec-decode counters, with vLLM's meaning, under specapi's prefix and with vLLM's `model_name` label:
 
@@ -119,6 +123,10 @@ class ProxyMetrics:
         self.workers = Gauge(
             "specapi_workers", "Processes serving (startup done)", registry=registry, multiprocess_mode="livesum"
         )
+        self.share_degraded = Gauge(
+            "specapi_share_degraded", "1 while sharing through Redis is degraded", registry=registry, multiprocess_mode="livemax"
+        )
+        self.share_records = Counter("specapi_share_records", "Suffix sequences shared through Redis", ["direction"], registry=registry)
         self.disconnects = Counter("specapi_client_disconnects", "Clients that left before the end", ["route"], registry=registry)
         self.stream_errors = Counter("specapi_stream_errors", "Streams ended by an error event", ["route"], registry=registry)
         self.responses = Counter(
