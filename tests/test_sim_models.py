@@ -411,12 +411,14 @@ def test_the_end_of_turn_weight_is_in_every_reading_of_the_distribution():
     assert scored.top == tuple(model.top_logprobs(context, 5))
 
 
-def test_no_end_of_turn_outside_an_assistant_turn():
+def test_no_end_of_turn_outside_the_chat_template_and_a_new_marker_starts_a_new_turn():
     spec = MODEL_SPECS["sim-target"]
     model, plain = get_model(spec), _without_turn_end(spec, "sim-target-no-turn-end-2")
-    after_user = encode_text("<|assistant|>\nhello\n<|user|>\n" + "def area(r):\n    return 3.14159 * r * r\n" * 40)
-    code = encode_text("def area(r):\n    return 3.14159 * r * r\n" * 60)
-    for context in (after_user, code):
-        assert len(context) > spec.turn_end_by
+    code = encode_text("def area(r):\n    return 3.14159 * r * r\n" * 60)  # a completion: no role marker
+    answer = _assistant_turn() + code
+    new_turn = answer + encode_text("\n<|user|>\nthanks\n")
+    assert len(code) > spec.turn_end_by
+    for context in (code, new_turn):
         assert model.top_logprobs(context, 5) == plain.top_logprobs(context, 5)
         assert model.logprob(context, EOS_TOKEN_ID) == plain.logprob(context, EOS_TOKEN_ID)
+    assert model.greedy(answer) == EOS_TOKEN_ID != plain.greedy(answer)  # past turn_end_by: the turn is over

@@ -20,9 +20,9 @@ The estimate, built from the offline corpus (``corpus.py``) in a fraction of a s
   three tokens, candidate). It flips choices where the distribution is flat (prose) and rarely where it is sharp (code).
 * **tail**: ``tail_mass`` spread uniformly over the whole tokenizer (``UNIVERSE_SIZE`` tokens), so every
   token has a nonzero probability.
-* **end of turn**: in an assistant's turn of the chat template (after ``<|assistant|>``, no other role's
-  marker since), the end of text takes a weight rising from 0 at ``turn_end_from`` tokens into the turn to
-  1 at ``turn_end_by`` (the rest scaled down to make room), so a chat answer ends by itself as a chat
+* **end of turn**: in a turn of the chat template (after its last role marker, such as ``<|assistant|>``),
+  the end of text takes a weight rising from 0 at ``turn_end_from`` tokens into the turn to 1 at
+  ``turn_end_by`` (the rest scaled down to make room), so a chat answer ends by itself as a chat
   model's does: greedy by halfway, sampled soon after ``turn_end_from``. The documents the n-grams learn
   from are long, and without it a chat request that sets no limit ran to the context window (8,180
   tokens, 206 s on the LAN profile).
@@ -343,24 +343,22 @@ class NGramModel:
         return Mixture(ids, probs, scale)
 
     def _turn_end_weight(self, context: np.ndarray) -> float:
-        """The end of text's share (0..1) after ``context``: 0 outside an assistant's turn of the chat
-        template and before ``turn_end_from`` tokens into it, then rising linearly to 1 at ``turn_end_by``."""
+        """The end of text's share (0..1) after ``context``: 0 outside a turn of the chat template and before
+        ``turn_end_from`` tokens into one, then rising linearly to 1 at ``turn_end_by``. A turn starts after
+        the last role marker (``<|assistant|>\n``, ``<|user|>\n``, ...), one the model wrote itself too: a
+        chat model ends its turn rather than write another's, and if it does, that turn ends in turn."""
         spec = self.spec
         if not spec.turn_end_by or context.size < 3:
             return 0.0
-        found = np.flatnonzero(context[1:-1] == _ASSISTANT_ID)  # one comparison: cheap on long contexts
+        found = np.flatnonzero(np.isin(context[1:-1], _ROLE_IDS))
         start = -1
-        for at in found[::-1].tolist():
+        for at in found[::-1].tolist():  # `at` is the marker's first bar: the role's token is at + 1
             if context[at] == _BAR_ID and context[at + 2] == _BAR_ID:
                 start = at + 4  # after the marker's ``>\n``: the turn's own tokens
                 break
         if start < 0:
             return 0.0
-        turn = context[start:]
-        others = np.flatnonzero(np.isin(turn[1:-1], _OTHER_ROLE_IDS))
-        if any(turn[at] == _BAR_ID and turn[at + 2] == _BAR_ID for at in others.tolist()):
-            return 0.0  # another role speaks after the assistant's marker: not the assistant's turn
-        return min(1.0, max(0.0, (turn.size - spec.turn_end_from) / (spec.turn_end_by - spec.turn_end_from)))
+        return min(1.0, max(0.0, (context.size - start - spec.turn_end_from) / (spec.turn_end_by - spec.turn_end_from)))
 
     def _with_end_of_text(self, ids: np.ndarray, probs: np.ndarray, scale: float, weight: float) -> tuple[np.ndarray, np.ndarray, float]:
         """The distribution with the end of text given ``weight`` of the non-tail mass, the rest scaled to fit."""
@@ -748,8 +746,7 @@ _LEVELS_SEEN_SIZE = 1_024
 _NO_IDS = np.zeros(0, dtype=np.int64)
 # The chat template's role markers (template.py) in cl100k_base: ``<``, ``|``, the role, ``|``, ``>\n``.
 _BAR_ID = 91
-_ASSISTANT_ID = 78191
-_OTHER_ROLE_IDS = np.array([9125, 35501, 882, 14506])  # system, developer, user, tool
+_ROLE_IDS = np.array([9125, 35501, 882, 78191, 14506])  # system, developer, user, assistant, tool
 _NO_PROBS = np.zeros(0)
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
