@@ -4,8 +4,8 @@
 prints. Every test that passes direct passes through the proxy.
 
 The simulator runs the `instant` latency profile here, so the two runs take seconds. On the `lan`
-profile (one measurement, each run alone, langchain-tests 1.1.9): direct 28 passed, 30 skipped, 1 failed
-in 66.7 s; through the proxy the same 28, 30 and 1 in 92.1 s; the simulator answered every one of its
+profile (one measurement, each run alone, langchain-tests 1.1.9): direct 29 passed, 30 skipped, 1 failed
+in 66.7 s; through the proxy the same 29, 30 and 1 in 92.1 s; the simulator answered every one of its
 requests (23 direct, 1,350 from the proxy) within 3x its time alone, the slowest a 187-token stream in
 4.76 s (4.66 s alone). Before issue 39 the suite's requests without `max_tokens` ran to the context
 window (206 s each). Each suite runs in a pytest of its own (the suites' fixtures and plugins stay
