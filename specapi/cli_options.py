@@ -19,6 +19,8 @@ Exit codes: 0 success; 1 the work failed (an endpoint failed, or a comparison fo
 from __future__ import annotations
 
 import argparse
+import socket
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -39,6 +41,7 @@ __all__ = [
     "EXIT_OK",
     "EXIT_FAILED",
     "EXIT_USAGE",
+    "listening_socket",
 ]
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -53,6 +56,29 @@ ACCEPTANCE_CHOICES = ("exact", "threshold", "typical")
 
 class UsageError(Exception):
     """Missing or invalid options (exit code 2)."""
+
+
+def listening_socket(command: str, host: str, port: int) -> socket.socket | None:
+    """A socket bound to `host:port` for a server to listen on (port 0: one the system picks), or `None`
+    after saying on stderr why not (a busy port, an address not of this machine). The serving commands
+    bind first, so that such a failure comes at once, before any start-up work (models built, endpoints
+    probed), with exit code 1."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+    except OSError as exc:
+        print(f"specapi {command}: cannot listen on {host}:{port}: {exc}", file=sys.stderr)
+        return None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: a restart reuses the port at once
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        hint = " (another server is using it: pick another with --port)" if port else ""
+        print(f"specapi {command}: cannot listen on {host}:{port}: {exc.strerror or exc}{hint}", file=sys.stderr)
+        return None
+    sock.set_inheritable(True)  # `--workers` hands it to the worker processes
+    return sock
 
 
 def boolean(text: str) -> bool:

@@ -115,12 +115,28 @@ def test_bench_speculation_options_reach_the_scenario(tmp_path, capsys):
         assert stats["num_rounds"] == request["num_rounds"] and stats["draft"]["requests"] == 0
 
 
-def test_simulate_prints_its_base_url_and_models(monkeypatch, capsys):
+def test_simulate_prints_its_base_url_models_and_the_run_and_serve_lines(monkeypatch, capsys):
     import specapi.sim.command as command
 
     started = {}
     monkeypatch.setattr(command, "run_server", lambda **kw: started.update(kw))
-    assert cli_logic(["simulate", "--port", "8123", "--profile", "llamacpp"]) == 0
+    assert cli_logic(["simulate", "--port", "0", "--profile", "llamacpp"]) == 0  # 0: a free port, shown
+    started["sock"].close()
+    port = started["port"]
     err = capsys.readouterr().err
-    assert "http://127.0.0.1:8123/v1" in err and "sim-target" in err and "sim-draft" in err
-    assert started["port"] == 8123 and started["capabilities"] == "llamacpp"
+    base_url = f"http://127.0.0.1:{port}/v1"
+    assert port > 0 and base_url in err and "sim-target" in err and "sim-draft" in err
+    assert started["capabilities"] == "llamacpp"
+    endpoints = f"--target-base-url {base_url} --target-model sim-target --draft-base-url {base_url} --draft-model sim-draft"
+    assert f"specapi run {endpoints}" in err and f"specapi serve {endpoints}  # then http://127.0.0.1:8000/v1" in err
+
+
+def test_simulate_and_serve_default_to_different_ports():
+    from specapi.server.command import OPTIONS as SERVE
+    from specapi.sim.command import OPTIONS as SIMULATE, banner
+
+    [serve_port] = [o.default for o in SERVE if o.dest == "port"]
+    [simulate_port] = [o.default for o in SIMULATE if o.dest == "port"]
+    assert (serve_port, simulate_port) == (8000, 8001)
+    # A simulator moved onto the proxy's port suggests a proxy line on another one.
+    assert "--port 8001  # then http://127.0.0.1:8001/v1" in banner("127.0.0.1", 8000, profile="vllm", latency="lan")

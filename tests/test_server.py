@@ -309,12 +309,12 @@ def test_unreachable_target_is_a_502_naming_it():
 # ----------------------------------------------------------------------------- other routes, metrics, curl
 
 
-def test_models_lists_the_target(sdk):
+def test_models_lists_the_target_then_every_other_model_of_its_server(sdk):
     models = sdk.models.list()
-    assert [m.id for m in models.data] == ["target"]
-    assert sdk.models.retrieve("target").id == "target"
+    assert [m.id for m in models.data] == ["target", "draft"]  # the toy server serves both
+    assert sdk.models.retrieve("target").id == "target" and sdk.models.retrieve("draft").id == "draft"
     with pytest.raises(openai.NotFoundError):
-        sdk.models.retrieve("draft")
+        sdk.models.retrieve("gpt-4o")
 
 
 def test_health_needs_no_key_and_no_upstream(proxy):

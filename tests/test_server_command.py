@@ -153,3 +153,50 @@ def test_specapi_serve_runs_answers_curl_and_stops_cleanly_on_sigterm():
             _, stderr = process.communicate(timeout=20)
     assert process.returncode == 0
     assert "specapi serve: target target @ " in stderr and UPSTREAM_KEY not in stderr and PROXY_KEY not in stderr
+
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_serve_on_a_busy_port_exits_1_before_building_anything(monkeypatch, capsys, clean_environment, workers):
+    import specapi.server.command as command
+
+    def never(*args: object) -> None:
+        raise AssertionError("start-up work began on a port that cannot be served")
+
+    monkeypatch.setattr(command, "proxy_app", never)
+    monkeypatch.setattr(command, "build_client", never)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert cli_logic(["serve", *REQUIRED, "--port", str(port), "--workers", workers]) == 1
+    err = capsys.readouterr().err
+    assert f"specapi serve: cannot listen on 127.0.0.1:{port}" in err and "--port" in err
+
+
+def test_specapi_serve_on_a_busy_port_exits_1_and_never_calls_the_target():
+    with ToyServer(api_key=UPSTREAM_KEY) as srv, socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        env = {
+            **os.environ, "SPECAPI_TARGET_BASE_URL": srv.base_url, "SPECAPI_TARGET_MODEL": "target",
+            "SPECAPI_TARGET_API_KEY": UPSTREAM_KEY, "SPECAPI_DRAFTER": "lookup", "SPECAPI_PORT": str(port),
+        }
+        result = subprocess.run(
+            [sys.executable, "-c", "from specapi.cli import cli; cli()", "serve"], env=env, capture_output=True, text=True, timeout=60
+        )
+        assert result.returncode == 1, result.stderr
+        assert "Address already in use" in result.stderr
+        assert srv.log == []  # no probe, no readiness check: it stopped before start-up
+
+
+def test_specapi_simulate_on_a_busy_port_exits_1_before_building_its_models(monkeypatch, capsys):
+    import specapi.sim.command as command
+
+    monkeypatch.setattr(command, "run_server", lambda **kw: pytest.fail("the simulator started on a busy port"))
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert cli_logic(["simulate", "--port", str(port)]) == 1
+    assert f"specapi simulate: cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err

@@ -1,6 +1,7 @@
 """The simulated language models: proper, deterministic distributions whose agreement depends on the text."""
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -366,3 +367,58 @@ def test_greedy_top_one_equals_the_general_top_list(target):
         mix = Mixture(np.array([named], dtype=np.int64), np.array([tied]), 0.5)
         assert target._compute_top1(mix)[0].tolist() == target._compute_top(mix, 1)[0].tolist() == [min(named, unnamed)]
     assert checked > 100
+
+
+
+def _assistant_turn() -> list[int]:
+    return list(encode_text(render_chat([{"role": "user", "content": "Tell me about the weather 🌦 in 東京."}])))
+
+
+def _without_turn_end(spec: ModelSpec, name: str):
+    return get_model(replace(spec, name=name, turn_end_by=0))
+
+
+def test_an_assistant_turn_ends_by_itself_greedy_by_halfway_and_sampled_sooner():
+    """A chat request without a limit gets an answer of a chat model's length, not the context window."""
+    spec = MODEL_SPECS["sim-target"]
+    model = get_model(spec)
+    prompt = _assistant_turn()
+    greedy = generate(model, prompt, max_tokens=4000, temperature=0.0, top_p=1.0, rng=np.random.default_rng(0))
+    assert greedy.finish_reason == "stop" and greedy.token_ids[-1] == EOS_TOKEN_ID
+    assert spec.turn_end_from < len(greedy.tokens) <= (spec.turn_end_from + spec.turn_end_by) // 2 + 1
+    for seed in range(5):
+        sampled = generate(model, prompt, max_tokens=4000, temperature=1.0, top_p=1.0, rng=np.random.default_rng(seed))
+        assert sampled.finish_reason == "stop" and len(sampled.tokens) <= spec.turn_end_by
+
+
+def test_the_end_of_turn_weight_is_in_every_reading_of_the_distribution():
+    spec = MODEL_SPECS["sim-target"]
+    model, plain = get_model(spec), _without_turn_end(spec, "sim-target-no-turn-end")
+    ramp = spec.turn_end_by - spec.turn_end_from
+    context = _assistant_turn() + list(range(1000, 1000 + spec.turn_end_from + ramp // 4))  # a quarter up the ramp
+    weight = (ramp // 4) / ramp
+    keep = 1 - spec.tail_mass
+    assert math.exp(model.logprob(context, EOS_TOKEN_ID)) == pytest.approx(
+        weight * keep + (1 - weight) * math.exp(plain.logprob(context, EOS_TOKEN_ID)) + weight * plain.tail_prob, rel=1e-9
+    )
+    assert math.exp(model.logprob(context, 1000)) == pytest.approx(
+        (1 - weight) * math.exp(plain.logprob(context, 1000)) + weight * plain.tail_prob, rel=1e-9
+    )
+    # What the turn's end takes comes out of the other tokens: the whole distribution still sums as before.
+    assert float(np.sum(model.next_distribution(context)[1])) == pytest.approx(float(np.sum(plain.next_distribution(context)[1])), abs=1e-9)
+    [scored] = model.score(context + [EOS_TOKEN_ID], k=5, start=len(context))
+    assert scored.logprob == model.logprob(context, EOS_TOKEN_ID)
+    assert scored.top == tuple(model.top_logprobs(context, 5))
+
+
+def test_no_end_of_turn_outside_the_chat_template_and_a_new_marker_starts_a_new_turn():
+    spec = MODEL_SPECS["sim-target"]
+    model, plain = get_model(spec), _without_turn_end(spec, "sim-target-no-turn-end-2")
+    code = encode_text("def area(r):\n    return 3.14159 * r * r\n" * 60)  # a completion: no role marker
+    answer = _assistant_turn() + code
+    new_turn = answer + encode_text("\n<|user|>\nthanks\n")
+    assert len(code) > spec.turn_end_by
+    for context in (code, new_turn):
+        assert model.top_logprobs(context, 5) == plain.top_logprobs(context, 5)
+        assert model.logprob(context, EOS_TOKEN_ID) == plain.logprob(context, EOS_TOKEN_ID)
+    assert model.greedy(answer) == EOS_TOKEN_ID != plain.greedy(answer)  # past turn_end_by: the turn is over

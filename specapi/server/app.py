@@ -1,7 +1,7 @@
 """The proxy's routes: OpenAI's `/v1/completions` and `/v1/chat/completions`, served with speculation.
 
     POST /v1/completions, POST /v1/chat/completions   JSON, or SSE with `"stream": true`
-    GET  /v1/models, /v1/models/{id}                  the target model
+    GET  /v1/models, /v1/models/{id}                  the target model, then the others its server lists (`served.py`)
     GET  /health                                      liveness (no authentication, no upstream call)
     GET  /ready                                       readiness: 503 while the target is unreachable (`readiness.py`)
     GET  /metrics                                     Prometheus text format (no authentication)
@@ -47,6 +47,7 @@ from .metrics import CONTENT_TYPE, ProxyMetrics
 from .peers import Peers
 from ..share import RedisShare
 from .readiness import Readiness, target_check
+from .served import ServedModels
 from .sse import DONE_EVENT, EventStreamResponse, encode_event
 
 __all__ = ["create_app", "build_client", "CLIENT_CLOSED_REQUEST"]
@@ -94,6 +95,12 @@ class _Proxy:
         self.share: RedisShare | None = None
         self._tenants: OrderedDict[str, AsyncSpeculativeOpenAI] = OrderedDict()
         self._client: AsyncSpeculativeOpenAI | None = self._build_client()  # validates the configuration now
+        #: Every model of the target's server: a request may name any of them, as `model=` on the clients.
+        self.served = ServedModels(config.target.model, self._list_target_models, clock=config.clock)
+
+    async def _list_target_models(self) -> list[str]:
+        page = await self.client.models.list()
+        return [model.id for model in page.data]
 
     def _build_client(self) -> AsyncSpeculativeOpenAI:
         self._tenants.clear()
@@ -175,7 +182,8 @@ class _Proxy:
         meter = Meter(self.config.target)
         probe = asyncio.ensure_future(self.client._probe(meter))
         probe.add_done_callback(lambda _: self.metrics.upstream("target", meter.snapshot()))  # no response carries them
-        await asyncio.wait((probe,), timeout=STARTUP_PROBE_WAIT_S)
+        listing = asyncio.ensure_future(self.served.refresh(force=True))
+        await asyncio.wait((probe, listing), timeout=STARTUP_PROBE_WAIT_S)
         frozen = self.config.freeze_gc
         if frozen:
             gc.collect()
@@ -189,6 +197,7 @@ class _Proxy:
                 gc.unfreeze()
             probe.cancel()
             await asyncio.gather(probe, return_exceptions=True)  # its calls counted before the metrics retire
+            await self.served.close()
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
@@ -244,7 +253,9 @@ class _Proxy:
 
     async def completions(self, request: Request) -> Response:
         def arguments(body: dict[str, Any]) -> dict[str, Any]:
-            return completion_arguments(body, model=self.config.target.model, max_tokens_limit=self.config.max_tokens_limit)
+            return completion_arguments(
+                body, model=self.config.target.model, max_tokens_limit=self.config.max_tokens_limit, served=self.served.names
+            )
 
         def create(**kwargs: Any) -> Awaitable[Any]:
             return self.client_for(request).completions.create(**kwargs)
@@ -253,7 +264,9 @@ class _Proxy:
 
     async def chat_completions(self, request: Request) -> Response:
         def arguments(body: dict[str, Any]) -> dict[str, Any]:
-            return chat_arguments(body, model=self.config.target.model, max_tokens_limit=self.config.max_tokens_limit)
+            return chat_arguments(
+                body, model=self.config.target.model, max_tokens_limit=self.config.max_tokens_limit, served=self.served.names
+            )
 
         def create(**kwargs: Any) -> Awaitable[Any]:
             return self.client_for(request).chat.completions.create(**kwargs)
@@ -277,6 +290,7 @@ class _Proxy:
             self._authenticate(request)
             body = parse_json_object(await read_body(request, self.config.max_request_bytes))
             params = fields | set(body)
+            await self.served.knows(body.get("model"))  # a model the target's server added since the last listing
             kwargs = arguments(body)
             if kwargs.get("stream"):
                 response = await self._start_stream(request, route, create, kwargs, started, request_id)
@@ -379,23 +393,25 @@ class _Proxy:
             self._authenticate(request)
         except ProxyError as error:
             return self._fail("/v1/models", error, self._request_id(request), frozenset())
+        await self.served.refresh()
         self.metrics.request("/v1/models", 200)
-        return JSONResponse({"object": "list", "data": [self._model_card()]})
+        return JSONResponse({"object": "list", "data": [self._model_card(name) for name in self.served.names]})
 
     async def model(self, request: Request) -> Response:
         request_id = self._request_id(request)
         try:
             self._authenticate(request)
             name = request.path_params["model"]
-            if name != self.config.target.model:
+            if not await self.served.knows(name):
                 raise ProxyError(404, f"The model `{name}` does not exist on this proxy.", param="model", code="model_not_found")
         except ProxyError as error:
             return self._fail("/v1/models/{model}", error, request_id, frozenset())
         self.metrics.request("/v1/models/{model}", 200)
-        return JSONResponse(self._model_card())
+        return JSONResponse(self._model_card(name))
 
-    def _model_card(self) -> dict[str, Any]:
-        return {"id": self.config.target.model, "object": "model", "created": 0, "owned_by": "specapi"}
+    @staticmethod
+    def _model_card(name: str) -> dict[str, Any]:
+        return {"id": name, "object": "model", "created": 0, "owned_by": "specapi"}
 
     async def health(self, request: Request) -> Response:
         return JSONResponse({"status": "ok"})

@@ -8,7 +8,7 @@ change sampling. Everything else is checked by the client itself (its `Configura
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from starlette.requests import Request
@@ -73,14 +73,15 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
 
 
 def _arguments(
-    body: Mapping[str, Any], *, required: str, fields: frozenset[str], model: str, max_tokens_limit: int
+    body: Mapping[str, Any], *, required: str, fields: frozenset[str], model: str, max_tokens_limit: int, served: Collection[str] = ()
 ) -> dict[str, Any]:
     if body.get(required) is None:
         raise ProxyError(400, f"Missing required parameter: '{required}'.", param=required, code="missing_required_parameter")
     requested = body.get("model")
-    if requested is not None and requested != model:
+    if requested is not None and requested != model and requested not in served:
+        names = ", ".join(f"`{name}`" for name in [model, *(s for s in served if s != model)])
         raise ProxyError(
-            404, f"The model `{requested}` does not exist on this proxy; it serves `{model}`.", param="model", code="model_not_found"
+            404, f"The model `{requested}` does not exist on this proxy; it serves {names}.", param="model", code="model_not_found"
         )
     stream = body.get("stream")
     if stream is not None and not isinstance(stream, bool):
@@ -98,20 +99,23 @@ def _arguments(
             "(specapi serve --acceptance, which a lossy rule needs --allow-lossy-acceptance for).", param=name, code="invalid_request",
         )
     kwargs = {name: value for name, value in body.items() if name in fields and name != "model"}
+    if requested is not None and requested != model:
+        kwargs["model"] = requested  # another model of the target's server: verified against it
     extra = {name: value for name, value in body.items() if name not in fields}
     if extra:
         kwargs["extra_body"] = extra
     return kwargs
 
 
-def completion_arguments(body: Mapping[str, Any], *, model: str, max_tokens_limit: int) -> dict[str, Any]:
-    """Keyword arguments for `client.completions.create` from a `/v1/completions` body."""
-    return _arguments(body, required="prompt", fields=COMPLETION_FIELDS, model=model, max_tokens_limit=max_tokens_limit)
+def completion_arguments(body: Mapping[str, Any], *, model: str, max_tokens_limit: int, served: Collection[str] = ()) -> dict[str, Any]:
+    """Keyword arguments for `client.completions.create` from a `/v1/completions` body. `model`: the
+    configured target model (a body without one gets it); `served`: the other models a body may name."""
+    return _arguments(body, required="prompt", fields=COMPLETION_FIELDS, model=model, max_tokens_limit=max_tokens_limit, served=served)
 
 
-def chat_arguments(body: Mapping[str, Any], *, model: str, max_tokens_limit: int) -> dict[str, Any]:
+def chat_arguments(body: Mapping[str, Any], *, model: str, max_tokens_limit: int, served: Collection[str] = ()) -> dict[str, Any]:
     """Keyword arguments for `client.chat.completions.create`; a request without a bound gets the limit."""
-    kwargs = _arguments(body, required="messages", fields=CHAT_FIELDS, model=model, max_tokens_limit=max_tokens_limit)
+    kwargs = _arguments(body, required="messages", fields=CHAT_FIELDS, model=model, max_tokens_limit=max_tokens_limit, served=served)
     if kwargs.get("max_tokens") is None and kwargs.get("max_completion_tokens") is None:
         kwargs["max_tokens"] = max_tokens_limit
     return kwargs

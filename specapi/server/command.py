@@ -23,7 +23,8 @@ worker, and each drains its in-flight requests for up to `--shutdown-timeout` se
 The draft endpoint is optional with `--drafter lookup` (prompt lookup drafts from the request itself)
 or `--verification none`.
 
-Exit codes: 0 after a clean shutdown, 1 if the server could not start, 2 for missing or invalid settings.
+Exit codes: 0 after a clean shutdown, 1 if the server could not start (the port is bound first: a busy
+one fails at once, before the client is built or the target probed), 2 for missing or invalid settings.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 import threading
@@ -45,7 +47,10 @@ from uvicorn.supervisors.multiprocess import Multiprocess
 from starlette.applications import Starlette
 
 from .._exceptions import ConfigurationError
-from ..cli_options import ENDPOINTS, Option, UsageError, acceptance_options, acceptance_values, add_options, boolean, resolve, speculation_options
+from ..cli_options import (
+    ENDPOINTS, EXIT_FAILED, Option, UsageError, acceptance_options, acceptance_values, add_options, boolean, listening_socket, resolve,
+    speculation_options,
+)
 from ..endpoint import Endpoint
 from .app import build_client, create_app
 from .config import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_TOKENS_LIMIT, SUFFIX_SCOPES, ServerConfig
@@ -193,34 +198,40 @@ def resolve_settings(args: argparse.Namespace, environ: Mapping[str, str]) -> Se
     )
 
 
-def _announce(settings: Settings) -> None:
+def _announce(settings: Settings, port: int) -> None:
     config = settings.config
     auth = "clients must send the proxy's key" if config.api_key else "no client authentication (set --api-key)"
     workers = f"; {settings.workers} workers" if settings.workers > 1 else ""
     print(
         f"specapi serve: target {redact(config.target.label)}, draft {redact(config.draft.label) if config.draft else '-'}; "
-        f"http://{settings.host}:{settings.port}/v1; {auth}{workers}",
+        f"http://{settings.host}:{port}/v1; {auth}{workers}",
         file=sys.stderr,
         flush=True,
     )
 
 
-def serve(settings: Settings, app: Starlette) -> int:
-    """Run `app` until SIGINT/SIGTERM, then drain in-flight requests for up to `shutdown_timeout` seconds."""
+def serve(settings: Settings, app: Starlette, sock: socket.socket | None = None) -> int:
+    """Run `app` until SIGINT/SIGTERM, then drain in-flight requests for up to `shutdown_timeout` seconds.
+    `sock`: bound to the settings' address already (else bound here; 1 if it cannot be)."""
+    if sock is None:
+        sock = listening_socket("serve", settings.host, settings.port)
+        if sock is None:
+            return EXIT_FAILED
     server = uvicorn.Server(_uvicorn_config(app, settings))
-    _announce(settings)
+    _announce(settings, sock.getsockname()[1])
     # uvicorn handles SIGTERM (graceful shutdown), then re-raises it to the handler it found: make that one
     # a no-op, so that a drained shutdown exits with 0 rather than being killed by the signal's default.
     in_main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _ignore_signal) if in_main_thread else None
     try:
-        server.run()
-    except SystemExit as exc:  # uvicorn exits when it cannot bind
-        return int(exc.code or 1)
+        server.run(sockets=[sock])
+    except SystemExit:  # uvicorn exits when it cannot start (its code, 3, is not ours)
+        return EXIT_FAILED
     finally:
+        sock.close()
         if in_main_thread:
             signal.signal(signal.SIGTERM, previous)
-    return 0 if server.started else 1
+    return 0 if server.started else EXIT_FAILED
 
 
 def _uvicorn_config(app: Any, settings: Settings, **extra: Any) -> uvicorn.Config:
@@ -258,8 +269,13 @@ def worker_app() -> Starlette:
     return proxy_app(settings)
 
 
-def serve_workers(settings: Settings, args: argparse.Namespace) -> int:
-    """Run `settings.workers` processes on one port until SIGINT/SIGTERM; each drains like `serve` does."""
+def serve_workers(settings: Settings, args: argparse.Namespace, sock: socket.socket | None = None) -> int:
+    """Run `settings.workers` processes on one port until SIGINT/SIGTERM; each drains like `serve` does.
+    `sock`: bound to the settings' address already (else bound here; 1 if it cannot be)."""
+    if sock is None:
+        sock = listening_socket("serve", settings.host, settings.port)
+        if sock is None:
+            return EXIT_FAILED
     created = []
     if not os.environ.get(MULTIPROCESS_DIR_VARIABLE):
         created.append((MULTIPROCESS_DIR_VARIABLE, tempfile.mkdtemp(prefix="specapi-metrics-")))
@@ -269,16 +285,12 @@ def serve_workers(settings: Settings, args: argparse.Namespace) -> int:
         os.environ[variable] = directory  # read by each worker (prometheus-client: when it imports it)
     os.environ[_WORKER_OPTIONS_VARIABLE] = json.dumps({o.dest: getattr(args, o.dest, None) for o in OPTIONS})
     config = _uvicorn_config(f"{__name__}:worker_app", settings, factory=True, workers=settings.workers)
-    _announce(settings)
-    try:
-        socket = config.bind_socket()
-    except SystemExit as exc:  # uvicorn exits when it cannot bind
-        return int(exc.code or 1)
+    _announce(settings, sock.getsockname()[1])
     try:
         # The supervisor turns SIGINT/SIGTERM into a SIGTERM to every worker, then waits for all of them.
-        Multiprocess(config, sockets=[socket]).run()
+        Multiprocess(config, sockets=[sock]).run()
     finally:
-        socket.close()
+        sock.close()
         os.environ.pop(_WORKER_OPTIONS_VARIABLE, None)
         for variable, directory in created:
             os.environ.pop(variable, None)
@@ -289,13 +301,21 @@ def serve_workers(settings: Settings, args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     try:
         settings = resolve_settings(args, os.environ)
+    except SettingsError as exc:
+        print(f"specapi serve: {exc}", file=sys.stderr)
+        return 2
+    sock = listening_socket("serve", settings.host, settings.port)  # a busy port fails before any start-up work
+    if sock is None:
+        return EXIT_FAILED
+    try:
         if settings.workers > 1:
             build_client(settings.config)  # refuses unknown policy, drafter or verification; the workers build the apps
         else:
             app = proxy_app(settings)  # builds the client, with the same checks
-    except (SettingsError, ConfigurationError) as exc:
+    except ConfigurationError as exc:
+        sock.close()
         print(f"specapi serve: {exc}", file=sys.stderr)
         return 2
     if settings.workers > 1:
-        return serve_workers(settings, args)
-    return serve(settings, app)
+        return serve_workers(settings, args, sock)
+    return serve(settings, app, sock)

@@ -1,10 +1,12 @@
 """`specapi simulate`: serve the simulated provider over HTTP.
 
-    specapi simulate --port 8000 --profile vllm --latency lan
+    specapi simulate --port 8001 --profile vllm --latency lan
 
-Point any OpenAI client at ``http://127.0.0.1:8000/v1`` with models ``sim-target`` and ``sim-draft``
-(the command prints its base URL and every model it serves on stderr when it starts). Exit codes: 0
-after Ctrl-C, 2 for invalid options.
+Point any OpenAI client at ``http://127.0.0.1:8001/v1`` with models ``sim-target`` and ``sim-draft``
+(the command prints its base URL, every model it serves, and the `specapi run` and `specapi serve` lines
+that use them on stderr when it starts). Its default port is not `specapi serve`'s (8000), so that the
+two run side by side with their defaults. Exit codes: 0 after Ctrl-C, 1 if it cannot listen (a busy
+port fails at once, before the models are built), 2 for invalid options.
 """
 
 from __future__ import annotations
@@ -13,14 +15,19 @@ import argparse
 import os
 import sys
 
-from ..cli_options import EXIT_OK, EXIT_USAGE, Option, UsageError, add_options, fraction, resolve
+from ..cli_options import EXIT_FAILED, EXIT_OK, EXIT_USAGE, Option, UsageError, add_options, fraction, listening_socket, resolve
 from .faults import Faults
 from .latency import LATENCY_PROFILES
 from .models import MODEL_SPECS
 from .profiles import CAPABILITY_PROFILES
 from .server import run_server
 
-__all__ = ["add_arguments", "run", "OPTIONS"]
+__all__ = ["add_arguments", "run", "OPTIONS", "DEFAULT_PORT"]
+
+#: `specapi simulate`'s port: next to `specapi serve`'s 8000, so that the proxy runs in front of it as is.
+DEFAULT_PORT = 8001
+#: `specapi serve`'s default port (`server/command.py`; not imported: it would load the proxy's modules).
+_SERVE_PORT = 8000
 
 
 def _count(text: str) -> int:
@@ -32,7 +39,7 @@ def _count(text: str) -> int:
 
 OPTIONS: tuple[Option, ...] = (
     Option("--host", "SPECAPI_SIM_HOST", str, "127.0.0.1", "address to listen on"),
-    Option("--port", "SPECAPI_SIM_PORT", int, 8000, "port to listen on"),
+    Option("--port", "SPECAPI_SIM_PORT", int, DEFAULT_PORT, "port to listen on (0: one the system picks, shown when it starts)"),
     Option("--profile", "SPECAPI_SIM_PROFILE", str, "vllm", "which server to imitate", choices=tuple(sorted(CAPABILITY_PROFILES))),
     Option("--latency", "SPECAPI_SIM_LATENCY", str, "lan", "timing and prices", choices=tuple(sorted(LATENCY_PROFILES))),
     Option("--seed", "SPECAPI_SIM_SEED", int, 0, "seed of sampling and faults"),
@@ -56,18 +63,15 @@ def run(args: argparse.Namespace) -> int:
     faults = Faults(
         error_rate=values["error_rate"], rate_limit_rate=values["rate_limit_rate"], fail_first=values["fail_first"], seed=values["seed"]
     )
-    base_url = f"http://{values['host']}:{values['port']}/v1"
-    print(
-        f"specapi simulate: a {values['profile']}-like server with {values['latency']} latency on {base_url}\n"
-        f"  models: sim-target (the target), sim-draft (the draft); also {', '.join(m for m in MODEL_SPECS if m not in ('sim-target', 'sim-draft'))}\n"
-        f"  try: specapi run --target-base-url {base_url} --target-model sim-target "
-        f"--draft-base-url {base_url} --draft-model sim-draft \"def fib(n):\"",
-        file=sys.stderr,
-        flush=True,
-    )
+    sock = listening_socket("simulate", values["host"], values["port"])  # a busy port fails before the models are built
+    if sock is None:
+        return EXIT_FAILED
+    port = sock.getsockname()[1]
+    print(banner(values["host"], port, profile=values["profile"], latency=values["latency"]), file=sys.stderr, flush=True)
     run_server(
         host=values["host"],
-        port=values["port"],
+        port=port,
+        sock=sock,
         capabilities=values["profile"],
         latency=values["latency"],
         seed=values["seed"],
@@ -75,3 +79,19 @@ def run(args: argparse.Namespace) -> int:
         log_level=values["log_level"],
     )
     return EXIT_OK
+
+
+def banner(host: str, port: int, *, profile: str, latency: str) -> str:
+    """What `specapi simulate` prints when it starts: where it listens, its models, and the `specapi run`
+    and `specapi serve` lines that use them (the proxy then on its own default port, or the next one)."""
+    base_url = f"http://{host}:{port}/v1"
+    endpoints = f"--target-base-url {base_url} --target-model sim-target --draft-base-url {base_url} --draft-model sim-draft"
+    proxy_port = _SERVE_PORT if port != _SERVE_PORT else DEFAULT_PORT
+    others = ", ".join(m for m in MODEL_SPECS if m not in ("sim-target", "sim-draft"))
+    return (
+        f"specapi simulate: a {profile}-like server with {latency} latency on {base_url}\n"
+        f"  models: sim-target (the target), sim-draft (the draft); also {others}\n"
+        f"  try: specapi run {endpoints} \"def fib(n):\"\n"
+        f"  proxy: specapi serve {endpoints}{'' if proxy_port == _SERVE_PORT else f' --port {proxy_port}'}"
+        f"  # then http://{host}:{proxy_port}/v1"
+    )

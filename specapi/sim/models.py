@@ -20,6 +20,12 @@ The estimate, built from the offline corpus (``corpus.py``) in a fraction of a s
   three tokens, candidate). It flips choices where the distribution is flat (prose) and rarely where it is sharp (code).
 * **tail**: ``tail_mass`` spread uniformly over the whole tokenizer (``UNIVERSE_SIZE`` tokens), so every
   token has a nonzero probability.
+* **end of turn**: in a turn of the chat template (after its last role marker, such as ``<|assistant|>``),
+  the end of text takes a weight rising from 0 at ``turn_end_from`` tokens into the turn to 1 at
+  ``turn_end_by`` (the rest scaled down to make room), so a chat answer ends by itself as a chat
+  model's does: greedy by halfway, sampled soon after ``turn_end_from``. The documents the n-grams learn
+  from are long, and without it a chat request that sets no limit ran to the context window (8,180
+  tokens, 206 s on the LAN profile).
 
 A distribution is held sparsely (``Mixture``): the tokens the parts above name, with their probabilities,
 and a scale for every other token (``tail_prob + scale * unigram``). Every path (one token, top-k, the whole
@@ -69,7 +75,8 @@ class ModelSpec:
     ``exp(noise * z)`` (``z`` of unit variance, fixed per context and token) on the tokens the other parts name. ``loop_penalty``: factor on a token that would
     start a third consecutive pass over a span of two or more tokens (1 = off). ``domain_window``: tokens
     read to weigh the domains (0 = pool all documents in one n-gram). ``tail_mass``: probability spread
-    uniformly over every token.
+    uniformly over every token. ``turn_end_from`` / ``turn_end_by``: where in an assistant's turn the end of
+    text starts taking weight, and where it has all of it (``turn_end_by = 0`` turns it off).
     """
 
     name: str
@@ -85,6 +92,8 @@ class ModelSpec:
     loop_penalty: float = 0.02
     domain_window: int = 32
     tail_mass: float = 1e-5
+    turn_end_from: int = 128
+    turn_end_by: int = 640
     description: str = ""
 
     def __post_init__(self) -> None:
@@ -96,6 +105,8 @@ class ModelSpec:
             raise ValueError("tail_mass must be in (0, 1)")
         if not 0.0 <= self.copy_max < 1.0:
             raise ValueError("copy_max must be in [0, 1)")
+        if self.turn_end_by and not 0 <= self.turn_end_from < self.turn_end_by:
+            raise ValueError("turn_end_from must be in [0, turn_end_by)")
 
 
 _TARGET_DOCUMENTS = (("code", 1, 0), ("prose", 2, 0))
@@ -325,8 +336,41 @@ class NGramModel:
             mass = adjusted
         scale = self._keep * unigram_weight / normaliser
         probs = self.tail_prob + (self._keep / normaliser) * mass
+        ending = self._turn_end_weight(context)
+        if ending > 0.0:
+            ids, probs, scale = self._with_end_of_text(ids, probs, scale, ending)
         ids.flags.writeable = probs.flags.writeable = False  # shared by every caller of a cached mixture
         return Mixture(ids, probs, scale)
+
+    def _turn_end_weight(self, context: np.ndarray) -> float:
+        """The end of text's share (0..1) after ``context``: 0 outside a turn of the chat template and before
+        ``turn_end_from`` tokens into one, then rising linearly to 1 at ``turn_end_by``. A turn starts after
+        the last role marker (``<|assistant|>\n``, ``<|user|>\n``, ...), one the model wrote itself too: a
+        chat model ends its turn rather than write another's, and if it does, that turn ends in turn."""
+        spec = self.spec
+        if not spec.turn_end_by or context.size < 3:
+            return 0.0
+        found = np.flatnonzero(np.isin(context[1:-1], _ROLE_IDS))
+        start = -1
+        for at in found[::-1].tolist():  # `at` is the marker's first bar: the role's token is at + 1
+            if context[at] == _BAR_ID and context[at + 2] == _BAR_ID:
+                start = at + 4  # after the marker's ``>\n``: the turn's own tokens
+                break
+        if start < 0:
+            return 0.0
+        return min(1.0, max(0.0, (context.size - start - spec.turn_end_from) / (spec.turn_end_by - spec.turn_end_from)))
+
+    def _with_end_of_text(self, ids: np.ndarray, probs: np.ndarray, scale: float, weight: float) -> tuple[np.ndarray, np.ndarray, float]:
+        """The distribution with the end of text given ``weight`` of the non-tail mass, the rest scaled to fit."""
+        keep = 1.0 - weight
+        probs = self.tail_prob + keep * (probs - self.tail_prob)
+        scale *= keep
+        pos = int(ids.searchsorted(EOS_TOKEN_ID))
+        if pos == ids.size or int(ids[pos]) != EOS_TOKEN_ID:
+            ids = np.insert(ids, pos, EOS_TOKEN_ID)
+            probs = np.insert(probs, pos, self.tail_prob + scale * float(self._unigram_by_id[EOS_TOKEN_ID]))
+        probs[pos] += weight * self._keep
+        return ids, probs, scale
 
     def _noise_key(self, context: np.ndarray) -> int:
         # The position is part of the key: the greedy path of a model that sees only a few tokens back
@@ -700,6 +744,9 @@ _RECENT_SCORES_SIZE = 2_048
 _MIXTURE_CACHE_SIZE = 1_024
 _LEVELS_SEEN_SIZE = 1_024
 _NO_IDS = np.zeros(0, dtype=np.int64)
+# The chat template's role markers (template.py) in cl100k_base: ``<``, ``|``, the role, ``|``, ``>\n``.
+_BAR_ID = 91
+_ROLE_IDS = np.array([9125, 35501, 882, 78191, 14506])  # system, developer, user, assistant, tool
 _NO_PROBS = np.zeros(0)
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)

@@ -1,8 +1,8 @@
 """Serve a ``SimProvider`` over real HTTP: a Starlette app, and ``run_server`` to run it with uvicorn.
 
-    run_server(host="127.0.0.1", port=8000, capabilities="vllm", latency="lan", seed=0)
+    run_server(host="127.0.0.1", port=8001, capabilities="vllm", latency="lan", seed=0)
 
-is what ``specapi simulate --port 8000 --profile vllm --latency lan`` runs. Latency is real here: the
+is what ``specapi simulate --port 8001 --profile vllm --latency lan`` runs. Latency is real here: the
 provider sleeps with ``asyncio.sleep``, less the time it spent computing the answer.
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import gc
+import socket
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -126,16 +127,20 @@ def serving_provider(
 def run_server(
     *,
     host: str = "127.0.0.1",
-    port: int = 8000,
+    port: int = 8001,
+    sock: socket.socket | None = None,
     capabilities: str | Capabilities = "vllm",
     latency: str | LatencyProfile = "lan",
     seed: int = 0,
     faults: Faults | None = None,
     log_level: str = "info",
 ) -> None:
-    """Run a simulated provider with uvicorn until interrupted (blocks)."""
+    """Run a simulated provider with uvicorn until interrupted (blocks). ``sock``: already bound to
+    ``host:port`` (``specapi simulate`` binds first, so that a busy port fails before the models are built)."""
     import uvicorn
 
     tune_malloc()
     provider = serving_provider(capabilities=capabilities, latency=latency, seed=seed, faults=faults)
-    uvicorn.run(create_app(provider), host=host, port=port, log_level=log_level)
+    config = uvicorn.Config(create_app(provider), host=host, port=port, log_level=log_level)
+    server = uvicorn.Server(config)
+    server.run(sockets=[sock] if sock is not None else None)
