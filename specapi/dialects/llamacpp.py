@@ -52,20 +52,8 @@ class LlamaCppDialect:
     async def next_tokens(
         self, client: RoleClient, prompts: Sequence[Sequence[int]], fields: Mapping[str, Any], meter: Meter, *, options: Mapping[str, Any]
     ) -> list[Pick]:
-        body = {
-            **native_fields(fields),
-            "prompt": [list(p) for p in prompts] if len(prompts) > 1 else list(prompts[0]),
-            "n_predict": 1,
-            "n_probs": 1,
-            "return_tokens": True,
-            "cache_prompt": True,
-        }
-        response = await client.post(server_root(client) + "/completion", body, meter, options=options, array_ok=True)
+        results = await _one_token_each(client, prompts, fields, meter, options=options, n_probs=1)
         with reading(client, "/completion"):
-            results = response if isinstance(response, list) else [response]
-            if len(results) != len(prompts):
-                raise ValueError(f"{len(results)} results for {len(prompts)} prompts")
-            results = sorted(results, key=lambda r: int(r.get("index", 0)))
             return [_pick(r) for r in results]
 
     async def processed_next(
@@ -74,21 +62,8 @@ class LlamaCppDialect:
         """The target's distribution after its sampler chain following each prompt (one request), as
         `post_sampling_probs` lists it, None where the server listed nothing (it lists nothing when the
         token it drew itself holds part of a character); and the first prompt's tokens as billed."""
-        body = {
-            **native_fields(fields),
-            "prompt": [list(p) for p in prompts] if len(prompts) > 1 else list(prompts[0]),
-            "n_predict": 1,
-            "n_probs": n_probs,
-            "post_sampling_probs": True,
-            "return_tokens": True,
-            "cache_prompt": True,
-        }
-        response = await client.post(server_root(client) + "/completion", body, meter, options=options, array_ok=True)
+        results = await _one_token_each(client, prompts, fields, meter, options=options, n_probs=n_probs, post_sampling_probs=True)
         with reading(client, "/completion"):
-            results = response if isinstance(response, list) else [response]
-            if len(results) != len(prompts):
-                raise ValueError(f"{len(results)} results for {len(prompts)} prompts")
-            results = sorted(results, key=lambda r: int(r.get("index", 0)))
             out: list[Processed | None] = []
             for result in results:
                 entries = result.get("completion_probabilities") or []
@@ -230,3 +205,24 @@ def _generated(result: Mapping[str, Any]) -> Generated:
         prompt_tokens=count(prompt_tokens),
         completion_tokens=len(tokens) if count(predicted) is None else predicted,
     )
+
+
+async def _one_token_each(
+    client: RoleClient, prompts: Sequence[Sequence[int]], fields: Mapping[str, Any], meter: Meter, *, options: Mapping[str, Any], **extra: Any
+) -> list[Any]:
+    """One `/completion` request that draws one token after each prompt (a batch where there are
+    several), with `extra` fields; its results in the prompts' order."""
+    body = {
+        **native_fields(fields),
+        "prompt": [list(p) for p in prompts] if len(prompts) > 1 else list(prompts[0]),
+        "n_predict": 1,
+        **extra,
+        "return_tokens": True,
+        "cache_prompt": True,
+    }
+    response = await client.post(server_root(client) + "/completion", body, meter, options=options, array_ok=True)
+    with reading(client, "/completion"):
+        results = response if isinstance(response, list) else [response]
+        if len(results) != len(prompts):
+            raise ValueError(f"{len(results)} results for {len(prompts)} prompts")
+        return sorted(results, key=lambda r: int(r.get("index", 0)))
