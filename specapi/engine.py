@@ -130,6 +130,9 @@ class _Output:
         ids: list[int] | None = []  # the target's ids of the new tokens, while all are known
         for index, token in enumerate(new):
             if token.eos:
+                # A target's end-of-text token is one it generated, and servers count it (a plain
+                # step's finish mark has count 0: the step's own count already holds it).
+                self.produced += token.count
                 self.finish_reason, self.ended = token.finish_reason, True
                 break
             if ids is not None and token.ids is not None and len(token.ids) == token.count:
@@ -144,6 +147,10 @@ class _Output:
                 self.invalid_bytes = self.invalid_bytes or added.count("\ufffd") > token.data.count(b"\xef\xbf\xbd")
                 self.text += added
             self.produced += token.count
+            if request.stop and token.data and _find_stop(self.text, request.stop, before) is not None:
+                # The target stops at the token that completes a stop string: later tokens of the
+                # round were never its own, and are not counted (cut below).
+                break
             if limit is not None and self.produced >= limit:
                 # The end of text right after the last allowed token still counts as a stop.
                 if any(t.eos and t.finish_reason == "stop" for t in new[index + 1 : index + 2]):
@@ -662,7 +669,7 @@ class Engine:
                     if finish_reason == "length" and remaining is not None:
                         new.append(Emitted(token="", data=b"", count=max(0, remaining - chunks)))
                     elif finish_reason is not None:
-                        new.append(Emitted(token="", data=b"", eos=True, finish_reason=finish_reason))
+                        new.append(Emitted(token="", data=b"", eos=True, finish_reason=finish_reason, count=0))
                     if finish_reason is not None:
                         finished = True
                         # What the target alone costs is what the policy compares speculation with.
@@ -731,8 +738,10 @@ class Engine:
         if step.text or (step.finish_reason == "length" and count):
             data = step.data if step.data is not None else step.text.encode("utf-8")
             new.append(Emitted(token=step.text, data=data, count=max(count, 1), ids=step.ids))
+            count = 0  # counted with the text
         if step.finish_reason != "length" or step_tokens is None:
-            new.append(Emitted(token="", data=b"", eos=True, finish_reason=step.finish_reason or "stop"))
+            # A step of no text that ended still generated its end-of-text token, when its server says so.
+            new.append(Emitted(token="", data=b"", eos=True, finish_reason=step.finish_reason or "stop", count=count))
         return new
 
     async def _target_call(
@@ -785,7 +794,7 @@ class Engine:
         rest = text[len(sent) :]
         return [
             Emitted(token=rest, data=rest.encode("utf-8"), count=_tokens_of(step, request.max_tokens)),
-            Emitted(token="", data=b"", eos=True, finish_reason=finish or "stop"),
+            Emitted(token="", data=b"", eos=True, finish_reason=finish or "stop", count=0),
         ]
 
     async def _draft(self, context: Context, k: int, run: _Run) -> Draft | None:

@@ -1,0 +1,151 @@
+"""Conformance: one request through specapi and the same request to the target alone give the same response.
+
+The oracle is the target alone, asked through the plain SDK (`openai.AsyncOpenAI`), which shares no code
+with specapi. For each case (a set of `create` arguments) and each verification path, the response's
+text, finish_reason, usage and number of choices must be the target's, plain and streamed, completions
+and chat. The target is the toy server (tests/toyserver.py) on a socket.
+
+To cover another parameter, add a `Case` to `CASES` (or to `CHAT_CASES`): every path and both stream
+modes then check it. Cases that the target alone serves (a reason in `speculative.fallback_reason`)
+are checked the same way: the answer is still the target's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import openai
+import pytest
+
+from specapi import AsyncSpeculativeOpenAI, Endpoint
+from toyserver import ToyServer
+
+PROMPT = "ab cafe"  # greedy: "Ab:Udfedfcfa:Ub \nU d : " then end of text
+MESSAGES = [{"role": "user", "content": "fa c"}]
+#: Completion paths the toy server serves; "none" is the target-alone path.
+PATHS = ("echo", "prefill-fanout", "none")
+#: Chat paths: the toy renders chat with vLLM's continue_final_message, so prefill-fanout verifies chat.
+CHAT_PATHS = ("prefill-fanout", "none")
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    args: dict[str, Any] = field(default_factory=dict)
+
+
+CASES = (
+    Case("max_tokens", {"max_tokens": 30, "temperature": 0}),
+    # The stop string ends inside the text: the target counts the tokens up to the one completing it.
+    Case("stop-mid-text", {"max_tokens": 40, "temperature": 0, "stop": "fa:"}),
+    Case("stop-list", {"max_tokens": 40, "temperature": 0, "stop": ["zz", " \n"]}),
+    Case("stop-one-char", {"max_tokens": 40, "temperature": 0, "stop": "c"}),
+)
+CHAT_CASES = (
+    Case("max_tokens", {"max_tokens": 30, "temperature": 0}),
+    Case("stop-mid-text", {"max_tokens": 40, "temperature": 0, "stop": " "}),
+    Case("stop-list", {"max_tokens": 40, "temperature": 0, "stop": ["zz", "d"]}),
+)
+
+
+@pytest.fixture(scope="module")
+def toy():
+    with ToyServer() as server:
+        yield server
+
+
+def sdk(toy: ToyServer) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=toy.base_url, api_key="sk-toy", max_retries=0)
+
+
+def speculative(toy: ToyServer, verification: str) -> AsyncSpeculativeOpenAI:
+    return AsyncSpeculativeOpenAI(
+        target=Endpoint(model="target", base_url=toy.base_url, api_key="sk-toy", max_retries=0),
+        draft=Endpoint(model="draft", base_url=toy.base_url, api_key="sk-toy", max_retries=0),
+        verification=verification, policy="fixed", drafter="model", pipeline=False,
+    )
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What a caller can see of one response, as compared here."""
+
+    texts: tuple[str, ...]
+    finish_reasons: tuple[str | None, ...]
+    usage: tuple[int | None, int | None] | None  # (prompt_tokens, completion_tokens)
+
+
+def _usage(usage: Any) -> tuple[int | None, int | None] | None:
+    return None if usage is None else (usage.prompt_tokens, usage.completion_tokens)
+
+
+async def observe(create: Any, chat: bool, stream: bool, **args: Any) -> Observed:
+    """Call `create` (the SDK's or specapi's) and read the response, collecting a stream."""
+    if not stream:
+        response = await create(**args)
+        texts = tuple((c.message.content or "") if chat else c.text for c in response.choices)
+        return Observed(texts, tuple(c.finish_reason for c in response.choices), _usage(response.usage))
+    chunks = [chunk async for chunk in await create(stream=True, **args)]
+    pieces: dict[int, list[str]] = {}
+    finishes: dict[int, str | None] = {}
+    usage = None
+    for chunk in chunks:
+        usage = _usage(chunk.usage) if chunk.usage is not None else usage
+        for choice in chunk.choices:
+            piece = (choice.delta.content or "") if chat else choice.text
+            pieces.setdefault(choice.index, []).append(piece)
+            finishes[choice.index] = choice.finish_reason or finishes.get(choice.index)
+    order = sorted(pieces)
+    return Observed(tuple("".join(pieces[i]) for i in order), tuple(finishes[i] for i in order), usage)
+
+
+async def compare(toy: ToyServer, verification: str, chat: bool, stream: bool, args: dict[str, Any]) -> tuple[Observed, Observed]:
+    """(specapi's, the target alone's) for one request."""
+    base = {"messages": MESSAGES} if chat else {"prompt": PROMPT}
+    request = {**base, **args}
+    if stream and "stream_options" not in request:
+        request["stream_options"] = {"include_usage": True}
+    alone = sdk(toy)
+    client = speculative(toy, verification)
+    try:
+        alone_create = alone.chat.completions.create if chat else alone.completions.create
+        spec_create = client.chat.completions.create if chat else client.completions.create
+        expected = await observe(alone_create, chat, stream, model="target", **request)
+        got = await observe(spec_create, chat, stream, **request)
+    finally:
+        await client.close()
+        await alone.close()
+    return got, expected
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+@pytest.mark.parametrize("verification", PATHS)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+async def test_completions_match_the_target_alone(toy: ToyServer, case: Case, verification: str, stream: bool) -> None:
+    got, expected = await compare(toy, verification, False, stream, case.args)
+    assert got == expected
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+@pytest.mark.parametrize("verification", CHAT_PATHS)
+@pytest.mark.parametrize("case", CHAT_CASES, ids=lambda c: c.name)
+async def test_chat_matches_the_target_alone(toy: ToyServer, case: Case, verification: str, stream: bool) -> None:
+    got, expected = await compare(toy, verification, True, stream, case.args)
+    assert got == expected
+
+
+async def test_a_stop_string_ends_a_speculated_round_and_usage_counts_the_targets_tokens(toy: ToyServer) -> None:
+    """The stop case really speculates (a round's tokens run past the stop) and the count is the target's."""
+    client = speculative(toy, "echo")
+    alone = sdk(toy)
+    try:
+        response = await client.completions.create(prompt=PROMPT, max_tokens=40, temperature=0, stop="fa:")
+        expected = await alone.completions.create(model="target", prompt=PROMPT, max_tokens=40, temperature=0, stop="fa:")
+    finally:
+        await client.close()
+        await alone.close()
+    assert response.speculative.rounds, response.speculative.fallback_reason
+    assert response.choices[0].text == expected.choices[0].text == "Ab:Udfedfc"
+    assert expected.usage.completion_tokens == 13  # ten characters and the three of the stop string
+    assert response.usage.completion_tokens == 13
