@@ -26,6 +26,7 @@ from .lossy import EXACT, lossy_path_note
 from .drafters import Draft, Drafter, ModelDrafter, usable_prefix
 from .load import current_request, queue_delay
 from .policy import RECHECK, TARGET_ALONE, DraftLengthPolicy, PolicyState, pipeline_pays
+from .probe import Capabilities
 from .stats import MODEL_DRAFTER, PIPELINED, RoleUsage, RoundRecord, SpeculativeStats, drafter_of
 from .paths import Path, PathResolver
 from .verifiers import PlainStep, Verification, Verifier, plain_step, plain_stream, plain_stream_batches
@@ -399,6 +400,13 @@ class Engine:
                 f"the request's sampler (top_k, min_p, ...) cannot be reproduced from the logprob lists of the "
                 f"{getattr(self.verifier, 'name', '')} path: the target alone generates"
             )
+        if speculate and request.max_tokens is None and not request.context.is_chat:
+            # The caller set no limit: the target alone would stop at its server's default for completions
+            # (OpenAI's and vLLM's 16; llama-server's n_predict). Rounds end there too; None: the context's end.
+            default = caps.default_max_tokens if caps is not None else Capabilities().default_max_tokens
+            if default is not None:
+                request = replace(request, max_tokens=default)
+                run.request = request
         mode = self.policy.start_request() if speculate else TARGET_ALONE
         if speculate and mode == TARGET_ALONE:
             speculate = False

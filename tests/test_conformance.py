@@ -149,3 +149,18 @@ async def test_a_stop_string_ends_a_speculated_round_and_usage_counts_the_target
     assert response.choices[0].text == expected.choices[0].text == "Ab:Udfedfc"
     assert expected.usage.completion_tokens == 13  # ten characters and the three of the stop string
     assert response.usage.completion_tokens == 13
+
+
+async def test_completions_without_max_tokens_leave_the_limit_to_the_server(toy: ToyServer) -> None:
+    """No `max_tokens`: speculation ends where the server's default would (the toy's 16, as vLLM's and
+    OpenAI's), and the target alone is sent none at all."""
+    for verification in PATHS:
+        before = len(toy.log)
+        got, expected = await compare(toy, verification, False, False, {"temperature": 0, "prompt": "c"})
+        assert got == expected, verification
+        assert expected.usage[1] == 16 and expected.finish_reasons == ("length",)
+        bodies = [r.body for r in toy.log[before:] if r.body.get("model") == "target"]
+        if verification == "none":
+            assert bodies and all("max_tokens" not in b for b in bodies)
+        else:
+            assert any(b.get("echo") or b.get("max_tokens") == 1 for b in bodies)  # speculated
