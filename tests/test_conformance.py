@@ -164,3 +164,52 @@ async def test_completions_without_max_tokens_leave_the_limit_to_the_server(toy:
             assert bodies and all("max_tokens" not in b for b in bodies)
         else:
             assert any(b.get("echo") or b.get("max_tokens") == 1 for b in bodies)  # speculated
+
+
+_NEVER_CLOSED = """
+import asyncio, sys
+sys.path[:0] = [{tests!r}]
+import openai
+from specapi import AsyncSpeculativeOpenAI, Endpoint, SpeculativeOpenAI
+from toyserver import ToyServer
+
+server = ToyServer().start()
+kind = sys.argv[1]
+if kind == "sync":
+    client = SpeculativeOpenAI(target=Endpoint(model="target", base_url=server.base_url, api_key="x"),
+                               draft=Endpoint(model="draft", base_url=server.base_url, api_key="x"))
+    print(client.completions.create(prompt="ab cafe", max_tokens=8, temperature=0).choices[0].text)
+else:
+    if kind == "sdk":
+        client = openai.AsyncOpenAI(base_url=server.base_url, api_key="x")
+        create = lambda: client.completions.create(model="target", prompt="ab cafe", max_tokens=8, temperature=0)
+    else:
+        client = AsyncSpeculativeOpenAI(target=Endpoint(model="target", base_url=server.base_url, api_key="x"),
+                                        draft=Endpoint(model="draft", base_url=server.base_url, api_key="x"))
+        create = lambda: client.completions.create(prompt="ab cafe", max_tokens=8, temperature=0)
+
+    async def main():
+        print((await create()).choices[0].text)
+        stream = await client.chat.completions.create(
+            model="target", messages=[{{"role": "user", "content": "fa c"}}], max_tokens=4, temperature=0, stream=True)
+        async for _ in stream:
+            pass
+
+    asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize("kind", ["sdk", "async", "sync"])
+def test_a_client_never_closed_exits_silently(kind: str, tmp_path: Any) -> None:
+    """As a script uses `openai.AsyncOpenAI`: requests, no close, the end of the program. With warnings
+    as errors, nothing is printed (the SDK's client is the reference, run the same way)."""
+    import pathlib
+    import subprocess
+    import sys
+
+    script = tmp_path / "never_closed.py"
+    script.write_text(_NEVER_CLOSED.format(tests=str(pathlib.Path(__file__).parent)))
+    done = subprocess.run([sys.executable, "-W", "error", str(script), kind], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+    assert done.stdout.strip() == "Ab:Udfed"
