@@ -947,7 +947,34 @@ def _with_server_defaults(request: GenerationRequest, defaults: Mapping[str, flo
             f"{server} applies repeat_penalty {extras['repeat_penalty']} to requests that do not set it, which verification "
             "cannot reproduce: the target alone generates (send extra_body={'repeat_penalty': 1.0} to speculate)"
         )
+    # Every other default the server reports that changes its pick, at a value that does: the text would
+    # differ from what the verification calls score.
+    active = {
+        name: defaults[name] for name, neutral in _NEUTRAL_DEFAULTS.items()
+        if name not in extras and name in defaults and not neutral(_number(defaults[name]))
+    }  # fmt: skip
+    if reason is None and active:
+        settings = ", ".join(f"{name} {value:g}" for name, value in active.items())
+        reason = (
+            f"{server} applies {settings} to requests that do not set them, which verification cannot reproduce: "
+            "the target alone generates (send the neutral values in extra_body to speculate)"
+        )
     return replace(request, context=replace(context, sampling=sampling, extras=extras)), reason
+
+
+#: llama-server's sampling settings (as `/props` reports its defaults) and the values that leave the
+#: target's pick alone: a penalty, DRY, XTC, typical-p, top-n-sigma, mirostat or dynamic temperature at any
+#: other value changes the distribution the target samples from, which the verification calls do not see.
+_NEUTRAL_DEFAULTS: dict[str, Callable[[float], bool]] = {
+    "presence_penalty": lambda v: v == 0.0,
+    "frequency_penalty": lambda v: v == 0.0,
+    "dry_multiplier": lambda v: v == 0.0,
+    "xtc_probability": lambda v: v == 0.0,
+    "typical_p": lambda v: v >= 1.0,
+    "top_n_sigma": lambda v: v <= 0.0,
+    "mirostat": lambda v: v == 0,
+    "dynatemp_range": lambda v: v == 0.0,
+}
 
 
 def _lossy_where_possible(request: GenerationRequest, path: Path, books: _Books) -> GenerationRequest:

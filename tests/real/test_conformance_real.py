@@ -1,0 +1,93 @@
+"""Conformance on the real llama-server: specapi's response to a request is the target alone's.
+
+The oracle is the same llama-server answering the same request through the plain SDK
+(`openai.AsyncOpenAI`). Compared: text, finish_reason and usage, completions and chat, plain and
+streamed, on each verification path llama-server serves (the default, token ids, prefill-fanout), with
+a fixed draft length so that rounds run. To cover another parameter, add a `Case`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import openai
+import pytest
+
+from real_helpers import Server, ServerPair
+from specapi import AsyncSpeculativeOpenAI
+from test_conformance import Case, Observed, observe
+
+PROMPT = "def fibonacci(n):"
+MESSAGES = [{"role": "user", "content": "Write a function that adds two numbers."}]
+PATHS = ("auto", "token-ids", "prefill-fanout")
+CHAT_PATHS = ("auto", "prefill-fanout")
+
+
+async def _compare(pair: ServerPair, verification: str, chat: bool, stream: bool, args: dict[str, Any]) -> tuple[Observed, Observed]:
+    request = {**({"messages": MESSAGES} if chat else {"prompt": PROMPT}), **args}
+    if stream:
+        request["stream_options"] = {"include_usage": True}
+    alone = openai.AsyncOpenAI(base_url=pair.target.base_url, api_key="sk-none", max_retries=0)
+    client = AsyncSpeculativeOpenAI(
+        target=pair.target.endpoint(), draft=pair.draft.endpoint(), verification=verification, policy="fixed", drafter="model", pipeline=False
+    )
+    try:
+        expected = await observe(alone.chat.completions.create if chat else alone.completions.create, chat, stream, model=pair.target.model, **request)
+        got = await observe(client.chat.completions.create if chat else client.completions.create, chat, stream, **request)
+    finally:
+        await client.close()
+        await alone.close()
+    return got, expected
+
+
+async def _greedy_text(pair: ServerPair, chat: bool) -> str:
+    alone = openai.AsyncOpenAI(base_url=pair.target.base_url, api_key="sk-none", max_retries=0)
+    try:
+        if chat:
+            response = await alone.chat.completions.create(model=pair.target.model, messages=MESSAGES, max_tokens=40, temperature=0)
+            return response.choices[0].message.content or ""
+        return (await alone.completions.create(model=pair.target.model, prompt=PROMPT, max_tokens=40, temperature=0)).choices[0].text
+    finally:
+        await alone.close()
+
+
+def _stop_cases(text: str) -> list[Case]:
+    """Stop strings that end the greedy text inside it (a piece from its middle, as a user would pick)."""
+    middle = text[len(text) // 2 :].strip()
+    assert len(middle) >= 4, text
+    return [Case("stop-mid-text", {"max_tokens": 40, "temperature": 0, "stop": middle[:3]}), Case("max_tokens", {"max_tokens": 24, "temperature": 0})]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+@pytest.mark.parametrize("verification", PATHS)
+async def test_completions_match_llama_server_alone(ls: ServerPair, verification: str, stream: bool) -> None:
+    for case in _stop_cases(await _greedy_text(ls, False)):
+        got, expected = await _compare(ls, verification, False, stream, case.args)
+        assert got == expected, case.name
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+@pytest.mark.parametrize("verification", CHAT_PATHS)
+async def test_chat_matches_llama_server_alone(ls: ServerPair, verification: str, stream: bool) -> None:
+    for case in _stop_cases(await _greedy_text(ls, True)):
+        got, expected = await _compare(ls, verification, True, stream, case.args)
+        assert got == expected, case.name
+
+
+@pytest.mark.parametrize("chat", [False, True], ids=["completions", "chat"])
+async def test_a_default_penalty_keeps_the_target_alone(ls_penalised: Server, ls: ServerPair, chat: bool) -> None:
+    """A server started with `--frequency-penalty 0.3` applies it to every request that sets none: its
+    text is not what verification scores, so the target alone answers, and says why."""
+    pair = ServerPair(ls_penalised, ls.draft)
+    got, expected = await _compare(pair, "auto", chat, False, {"max_tokens": 40, "temperature": 0})
+    assert got == expected
+    client = AsyncSpeculativeOpenAI(target=ls_penalised.endpoint(), draft=ls.draft.endpoint(), policy="fixed", drafter="model")
+    try:
+        if chat:
+            response = await client.chat.completions.create(messages=MESSAGES, max_tokens=40, temperature=0)
+        else:
+            response = await client.completions.create(prompt=PROMPT, max_tokens=40, temperature=0)
+    finally:
+        await client.close()
+    assert not response.speculative.rounds
+    assert "frequency_penalty 0.3" in (response.speculative.fallback_reason or "")
