@@ -58,6 +58,8 @@ class Finished:
     #: The target's own usage object (every field it sent: cached tokens, details) when the whole answer
     #: is one target call; None when the answer was assembled from several calls.
     usage: Mapping[str, Any] | None = None
+    #: The target alone's stream would carry the usage unasked, on its last chunk (llama-server's completions).
+    stream_usage: bool = False
 
 
 @dataclass
@@ -622,7 +624,12 @@ class Engine:
         # One target call wrote the whole answer: its usage is the answer's, as the target alone reports it.
         alone = not books.rounds and books.plain_calls == 1 and not books.retokenized and isinstance(books.plain_usage, Mapping)
         usage = books.plain_usage if alone else None
-        return Finished(finish_reason=finish_reason, stats=stats, prompt_tokens=books.prompt_tokens, completion_tokens=produced, usage=usage)
+        caps = self.paths.capabilities
+        stream_usage = caps is not None and caps.stream_usage_unasked and not self.chat
+        return Finished(
+            finish_reason=finish_reason, stats=stats, prompt_tokens=books.prompt_tokens, completion_tokens=produced, usage=usage,
+            stream_usage=stream_usage,
+        )
 
     async def _whole(self, path: Path, request: GenerationRequest, run: _Run, started: float) -> AsyncIterator[Piece | Finished]:
         """Whole-answer paths: one draft and one target call; the target's text is the answer."""

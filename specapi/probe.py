@@ -138,6 +138,9 @@ class Capabilities:
     default_max_tokens: int | None = 16
     #: The server's context window in tokens (llama-server's slot `n_ctx`, vLLM's `max_model_len`), if known.
     context_window: int | None = None
+    #: A completions stream ends with the usage though the request did not ask for it (`stream_options`):
+    #: llama-server puts it on the chunk with the finish_reason (its chat streams do not).
+    stream_usage_unasked: bool = False
     notes: tuple[str, ...] = field(default=())
 
     def to_dict(self) -> dict[str, Any]:
@@ -309,7 +312,10 @@ async def _probe(client: RoleClient, meter: Meter, defaults_task: asyncio.Future
     server, defaults, limits = await defaults_task
     found.update(default_max_tokens=limits.default_max_tokens, context_window=limits.context_window)
     if server is not None:
-        found.update(server=server, sampler_defaults=defaults, final_stretch=16 if server == "llama-cpp-python" else 0)
+        found.update(
+            server=server, sampler_defaults=defaults, final_stretch=16 if server == "llama-cpp-python" else 0,
+            stream_usage_unasked=server == "llama-server",
+        )
         if defaults:
             notes.append(f"{server}: applies {defaults} to requests that do not set them")
         dialect = native_dialect(server)

@@ -23,9 +23,11 @@ PATHS = ("auto", "token-ids", "prefill-fanout")
 CHAT_PATHS = ("auto", "prefill-fanout")
 
 
-async def _compare(pair: ServerPair, verification: str, chat: bool, stream: bool, args: dict[str, Any]) -> tuple[Observed, Observed]:
+async def _compare(
+    pair: ServerPair, verification: str, chat: bool, stream: bool, args: dict[str, Any], *, ask_usage: bool = True
+) -> tuple[Observed, Observed]:
     request = {**({"messages": MESSAGES} if chat else {"prompt": PROMPT}), **args}
-    if stream:
+    if stream and ask_usage:
         request["stream_options"] = {"include_usage": True}
     alone = openai.AsyncOpenAI(base_url=pair.target.base_url, api_key="sk-none", max_retries=0)
     client = AsyncSpeculativeOpenAI(
@@ -91,3 +93,14 @@ async def test_a_default_penalty_keeps_the_target_alone(ls_penalised: Server, ls
         await client.close()
     assert not response.speculative.rounds
     assert "frequency_penalty 0.3" in (response.speculative.fallback_reason or "")
+
+
+@pytest.mark.parametrize("chat", [False, True], ids=["completions", "chat"])
+@pytest.mark.parametrize("verification", ["auto", "token-ids"])
+async def test_a_stream_without_stream_options_ends_as_llama_servers(ls: ServerPair, verification: str, chat: bool) -> None:
+    """llama-server ends a completions stream with the usage though nobody asked (on the chunk with the
+    finish_reason), a chat stream without: specapi's stream ends the same way. (The probe learns which
+    server it is: a completions path forced without probing, such as prefill-fanout, does not know.)"""
+    got, expected = await _compare(ls, verification, chat, True, {"max_tokens": 24, "temperature": 0}, ask_usage=False)
+    assert (expected.usage is None) == chat  # what this llama-server does
+    assert got == expected
