@@ -459,6 +459,13 @@ class Engine:
                 # The caller's last tokens come from one target call, so the server ends the text its
                 # own way (a character cut at the limit, or finished past it, as each server does).
                 final = remaining is not None and remaining <= stretch
+                room = _room(caps, out, run)
+                if speculate and room is not None and (room < 2 + _WINDOW_STRETCH or (remaining is not None and remaining > room and not _runs_to_window(caps))):
+                    # The context window ends within the request: the target alone ends it as it would (at
+                    # the window with "length" on llama-server; with its own error where the request as a
+                    # whole does not fit).
+                    speculate = False
+                    run.books.fallback_reason = run.books.fallback_reason or "the request reaches the end of the target's context window: the target alone ends it"
                 k = 0
                 if speculate and not target_decides and not final:
                     budget = remaining if remaining is not None else _UNBOUNDED
@@ -468,6 +475,9 @@ class Engine:
                         chosen = self._choose(run, remaining, mode)
                     speculate = chosen > 0  # else the policy predicts the target alone is faster from here
                     k = min(chosen, budget - 1 - (stretch if remaining is not None else 0))
+                    if room is not None:
+                        # The round's calls fit the window, and its last tokens come from one target call.
+                        k = min(k, room - 1 - _WINDOW_STRETCH)
                 target_decides = False
                 new: list[Emitted] = []
                 if k > 0 and not run.books.rounds and run.queue_delay_s > 0.0:
@@ -672,7 +682,7 @@ class Engine:
         chunks = 0
         started = self.clock()
         last: float | None = None  # when the previous batch with text arrived
-        finished = False
+        finished = stopped_at_length = False
         async with contextlib.aclosing(batches) as stream:
             async for batch in stream:
                 new = []
@@ -681,12 +691,13 @@ class Engine:
                     if text:
                         chunks += 1
                         new.append(Emitted(token=text, data=text.encode("utf-8")))
-                    if finish_reason == "length" and remaining is not None:
-                        new.append(Emitted(token="", data=b"", count=max(0, remaining - chunks)))
+                    if finish_reason == "length":
+                        pass  # settled below, from the server's own count
                     elif finish_reason is not None:
                         new.append(Emitted(token="", data=b"", eos=True, finish_reason=finish_reason, count=0))
                     if finish_reason is not None:
                         finished = True
+                        stopped_at_length = finish_reason == "length"
                         # What the target alone costs is what the policy compares speculation with.
                         self.policy.observe_plain(remaining if finish_reason == "length" and remaining else chunks, self.clock() - started)
                 if chunks > before:
@@ -698,6 +709,15 @@ class Engine:
                     yield new
         if not finished:
             raise self.target.error("the stream ended without a finish_reason: the text may be incomplete", malformed=True)
+        # A chunk is a token, but not every token is a chunk (a character of several tokens, the end of
+        # text, a stop string): the server's count settles it; without one, a "length" end is the limit.
+        billed = usage.get("completion_tokens")
+        if isinstance(billed, int) and not isinstance(billed, bool) and billed > 0:
+            settle = billed - chunks
+        else:
+            settle = remaining - chunks if remaining is not None and stopped_at_length else 0
+        if settle > 0:
+            yield [Emitted(token="", data=b"", count=settle)]
         run.books.plain_calls += 1
         run.books.plain_usage = run.target_meter.last_usage
         prompt_tokens = usage.get("prompt_tokens")
@@ -754,8 +774,10 @@ class Engine:
             data = step.data if step.data is not None else step.text.encode("utf-8")
             new.append(Emitted(token=step.text, data=data, count=max(count, 1), ids=step.ids))
             count = 0  # counted with the text
-        if step.finish_reason != "length" or step_tokens is None:
-            # A step of no text that ended still generated its end-of-text token, when its server says so.
+        window_end = step.finish_reason == "length" and step_tokens is not None and 0 < (step.completion_tokens or 0) < step_tokens
+        if step.finish_reason != "length" or step_tokens is None or window_end:
+            # A step of no text that ended still generated its end-of-text token, when its server says so;
+            # one that stopped short of its limit with "length" met the end of the context window.
             new.append(Emitted(token="", data=b"", eos=True, finish_reason=step.finish_reason or "stop", count=count))
         return new
 
@@ -1003,10 +1025,32 @@ def _lossy_where_possible(request: GenerationRequest, path: Path, books: _Books)
 
 def _tokens_of(step: PlainStep, asked: int | None) -> int:
     """The target tokens a plain step produced. At its limit a server stopped at the tokens it was
-    allowed, or past them to finish a character (llama-cpp-python): its own count says which."""
+    allowed, or past them to finish a character (llama-cpp-python), or before them at the end of its
+    context window (llama-server): its own count says which."""
     if step.finish_reason == "length" and asked is not None:
-        return max(asked, step.completion_tokens or 0)
+        return step.completion_tokens or asked
     return step.completion_tokens or (1 if step.text else 0)
+
+
+#: The tokens before the end of the context window that one target call writes, so that the text ends
+#: there as the server ends it (a character cut at the window is rendered the server's way).
+_WINDOW_STRETCH = 16
+
+
+def _room(caps: Capabilities | None, out: _Output, run: _Run) -> int | None:
+    """How many more tokens the target's context window holds after the output so far; None: unknown."""
+    window = caps.context_window if caps is not None else None
+    ids = out.request.context.token_ids
+    prompt = run.books.prompt_tokens if run.books.prompt_tokens is not None else (len(ids) if ids is not None else None)
+    if window is None or prompt is None:
+        return None
+    return window - prompt - out.produced
+
+
+def _runs_to_window(caps: Capabilities | None) -> bool:
+    """The server runs a request whose limit is past its window up to the window (llama-server), where
+    others refuse it (vLLM, OpenAI)."""
+    return caps is not None and caps.server in ("llama-server", "llama-cpp-python")
 
 
 def _number(value: Any) -> float:

@@ -213,3 +213,27 @@ def test_a_client_never_closed_exits_silently(kind: str, tmp_path: Any) -> None:
     assert done.returncode == 0, done.stderr
     assert done.stderr == ""
     assert done.stdout.strip() == "Ab:Udfed"
+
+
+@pytest.mark.parametrize("chat", [False, True], ids=["completions", "chat"])
+async def test_a_request_past_the_context_window_ends_as_the_target_alone(chat: bool) -> None:
+    """The toy, as vLLM, refuses a request whose prompt and max_tokens overflow its window (it lists the
+    window as `max_model_len` in /v1/models), even when its text would end before the window: specapi's
+    answer is that refusal too, not speculated text. (The probe learns the window: "auto".)"""
+    with ToyServer(max_model_len=40) as small:
+        args = {"max_tokens": 38, "temperature": 0}  # the greedy text ends (end of text) after 24 tokens
+        with pytest.raises(openai.BadRequestError) as alone:
+            await compare(small, "none", chat, False, args)  # the SDK's call comes first in `compare`
+        assert "maximum context length" in str(alone.value)
+        client = speculative(small, "auto")
+        try:
+            with pytest.raises(openai.BadRequestError, match="maximum context length"):
+                if chat:
+                    await client.chat.completions.create(messages=MESSAGES, **args)
+                else:
+                    await client.completions.create(prompt=PROMPT, **args)
+        finally:
+            await client.close()
+        # Within the window the same requests speculate as before.
+        got, expected = await compare(small, "auto", chat, False, {"max_tokens": 24, "temperature": 0})
+        assert got == expected

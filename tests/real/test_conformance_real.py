@@ -104,3 +104,16 @@ async def test_a_stream_without_stream_options_ends_as_llama_servers(ls: ServerP
     got, expected = await _compare(ls, verification, chat, True, {"max_tokens": 24, "temperature": 0}, ask_usage=False)
     assert (expected.usage is None) == chat  # what this llama-server does
     assert got == expected
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+@pytest.mark.parametrize("chat", [False, True], ids=["completions", "chat"])
+async def test_the_context_end_as_llama_server_alone(ls: ServerPair, chat: bool, stream: bool) -> None:
+    """A prompt near the end of the slot's context (1,024 tokens) and a max_tokens past it: llama-server
+    alone writes up to the window and says "length" with the tokens it wrote; so does specapi, with the
+    same count (not max_tokens). The probe learns the window from `/props`."""
+    long = "Speculative decoding " * 90  # about 990 tokens
+    args = {"max_tokens": 200, "temperature": 0, **({"messages": [{"role": "user", "content": long}]} if chat else {"prompt": long})}
+    got, expected = await _compare(ls, "auto", chat, stream, args)
+    assert expected.finish_reasons == ("length",) and expected.usage is not None and expected.usage[1] < 200
+    assert got == expected
