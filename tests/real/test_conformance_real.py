@@ -117,3 +117,14 @@ async def test_the_context_end_as_llama_server_alone(ls: ServerPair, chat: bool,
     got, expected = await _compare(ls, "auto", chat, stream, args)
     assert expected.finish_reasons == ("length",) and expected.usage is not None and expected.usage[1] < 200
     assert got == expected
+
+
+@pytest.mark.parametrize("prompt", ["short", "near-the-window"])
+async def test_completions_without_max_tokens_as_llama_server_alone(ls: ServerPair, prompt: str) -> None:
+    """No max_tokens: llama-server's own default (n_predict -1) runs to the end of text or of the context,
+    where OpenAI's would stop at 16; specapi leaves it to the server on every round."""
+    text = PROMPT if prompt == "short" else "Speculative decoding " * 90
+    for verification in ("auto", "token-ids"):
+        got, expected = await _compare(ls, verification, False, False, {"prompt": text, "temperature": 0})
+        assert expected.usage is not None and expected.usage[1] > 16
+        assert got == expected
