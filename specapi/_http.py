@@ -158,6 +158,17 @@ def _line_end(buffer: bytes) -> tuple[int, int] | None:
     return None if n == -1 else (n, 1)
 
 
+async def _closed_at_shutdown(session: Any) -> AsyncIterator[None]:
+    """Waits, started, until its loop shuts its async generators down (`asyncio.run` does at its end,
+    the sync client's loop thread on close or at exit), then closes `session`: a client the caller never
+    closed ends without aiohttp's "Unclosed client session" warnings, as the SDK's clients do."""
+    try:
+        yield
+    finally:
+        if not session.closed:
+            await session.close()
+
+
 class AiohttpTransport:
     """aiohttp with one pooled session per event loop (made on first use, closed by `aclose`)."""
 
@@ -167,6 +178,9 @@ class AiohttpTransport:
         self._session: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._timeouts: dict[Timeout, Any] = {}
+        #: Closes the session when its loop shuts its async generators down (see `_closed_at_shutdown`).
+        self._guard: AsyncIterator[None] | None = None
+        self._guard_started = False
 
     def _session_for_loop(self) -> Any:
         import aiohttp
@@ -182,6 +196,7 @@ class AiohttpTransport:
                 connector=connector, trust_env=bool(getproxies()), auto_decompress=True, skip_auto_headers=("User-Agent",)
             )
             self._loop = loop
+            self._guard, self._guard_started = _closed_at_shutdown(self._session), False
         return self._session
 
     def _timeout(self, timeout: Timeout) -> Any:
@@ -196,6 +211,9 @@ class AiohttpTransport:
         import aiohttp
 
         session = self._session_for_loop()
+        if not self._guard_started and self._guard is not None:
+            self._guard_started = True
+            await self._guard.__anext__()  # now the loop knows it: asyncio.run closes it at the end
         try:
             return await session.request(method, url, headers=headers, data=body, timeout=self._timeout(timeout), allow_redirects=True)
         except asyncio.TimeoutError as exc:

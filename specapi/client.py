@@ -644,6 +644,12 @@ def _validated_max_tokens(value: Any, default: int | None) -> int | None:
     return value
 
 
+def _with_limit(body: dict[str, Any], name: str, limit: int | None) -> dict[str, Any]:
+    """A target-alone body with the caller's limit under the caller's name; none when the caller set none
+    (the server's own default applies, as it would to the caller's request)."""
+    return body if limit is None else {**body, name: limit}
+
+
 def _validated_seed(value: Any) -> int | None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
         raise ConfigurationError(f"seed must be an integer, got {value!r}")
@@ -962,7 +968,7 @@ class AsyncCompletions(_Resource):
             kwargs, options = _request_options(params, self._runtime.request_timeout)
             prompt = kwargs.pop("prompt")
             model = kwargs.pop("model", None)
-            max_tokens = kwargs.pop("max_tokens", 16)
+            max_tokens = kwargs.pop("max_tokens", None)
             seconds = _seconds(options.get("timeout"))
             return await _deadline(self._create_checked(prompt, model, max_tokens, kwargs, options), seconds, self._runtime)
 
@@ -974,7 +980,9 @@ class AsyncCompletions(_Resource):
         sampling = _validated_sampling(kwargs, target, runtime.draft.endpoint if runtime.draft else None)
         # max_tokens=0 with echo scores the prompt alone: the target answers as it does, 200 or its own 400.
         scores_only = max_tokens == 0 and not isinstance(max_tokens, bool) and kwargs.get("echo") is True
-        limit = 0 if scores_only else _validated_max_tokens(max_tokens, 16)
+        # None: the caller set none, and the server's own default applies (OpenAI's and vLLM's 16, llama-server's
+        # to the end of the context), on every path.
+        limit = 0 if scores_only else _validated_max_tokens(max_tokens, None)
         seed = _validated_seed(kwargs.get("seed"))
         stop = _stops(kwargs.get("stop"))
         stream, include_usage = _stream_options(kwargs)
@@ -983,11 +991,11 @@ class AsyncCompletions(_Resource):
             return await self._passthrough("/completions", {"prompt": prompt, "model": model, "max_tokens": 0, **kwargs}, "max_tokens=0 with echo (the prompt scored) is served by the target alone", options)
         if not isinstance(prompt, str):
             if isinstance(prompt, list) and prompt:
-                return await self._passthrough("/completions", {"prompt": prompt, "model": model, "max_tokens": limit, **kwargs}, "a list prompt (batch or token ids) is served by the target alone", options)
+                return await self._passthrough("/completions", _with_limit({"prompt": prompt, "model": model, **kwargs}, "max_tokens", limit), "a list prompt (batch or token ids) is served by the target alone", options)
             raise ConfigurationError(f"prompt must be a string, got {type(prompt).__name__}")
         reason = _unverifiable(kwargs, _COMPLETION_ARGS)
         if reason is not None:
-            return await self._passthrough("/completions", {"prompt": prompt, "model": model, "max_tokens": limit, **kwargs}, reason, options)
+            return await self._passthrough("/completions", _with_limit({"prompt": prompt, "model": model, **kwargs}, "max_tokens", limit), reason, options)
         extras, truncated = _request_fields(kwargs)
         sampling = replace(sampling, target_sampler_only=truncated and not sampling.greedy)
         context = Context(prompt=prompt, sampling=sampling, seed=seed, extras=extras, options=options)
@@ -1169,8 +1177,10 @@ class AsyncChatCompletions(_Resource):
         for message in messages:
             if not isinstance(message, Mapping) or "role" not in message:
                 raise ConfigurationError(f"each message needs a 'role', got {message!r}")
+        limit_field = "max_tokens"
         if max_tokens is None:
             max_tokens = kwargs.pop("max_completion_tokens", None)
+            limit_field = "max_completion_tokens"
         else:
             kwargs.pop("max_completion_tokens", None)
         sampling = _validated_sampling(kwargs, target, runtime.draft.endpoint if runtime.draft else None)
@@ -1185,9 +1195,7 @@ class AsyncChatCompletions(_Resource):
         if reason is None and messages[-1].get("role") == "assistant":
             reason = "a final assistant message (prefill) is served by the target alone"
         if reason is not None:
-            body = {"messages": list(messages), "model": model, **kwargs}
-            if max_tokens is not None:
-                body["max_tokens"] = max_tokens
+            body = _with_limit({"messages": list(messages), "model": model, **kwargs}, limit_field, max_tokens)
             return await self._passthrough("/chat/completions", body, reason, options)
         extras, truncated = _request_fields(kwargs)
         sampling = replace(sampling, target_sampler_only=truncated and not sampling.greedy)

@@ -26,6 +26,7 @@ from .lossy import EXACT, lossy_path_note
 from .drafters import Draft, Drafter, ModelDrafter, usable_prefix
 from .load import current_request, queue_delay
 from .policy import RECHECK, TARGET_ALONE, DraftLengthPolicy, PolicyState, pipeline_pays
+from .probe import Capabilities
 from .stats import MODEL_DRAFTER, PIPELINED, RoleUsage, RoundRecord, SpeculativeStats, drafter_of
 from .paths import Path, PathResolver
 from .verifiers import PlainStep, Verification, Verifier, plain_step, plain_stream, plain_stream_batches
@@ -57,6 +58,8 @@ class Finished:
     #: The target's own usage object (every field it sent: cached tokens, details) when the whole answer
     #: is one target call; None when the answer was assembled from several calls.
     usage: Mapping[str, Any] | None = None
+    #: The target alone's stream would carry the usage unasked, on its last chunk (llama-server's completions).
+    stream_usage: bool = False
 
 
 @dataclass
@@ -130,6 +133,9 @@ class _Output:
         ids: list[int] | None = []  # the target's ids of the new tokens, while all are known
         for index, token in enumerate(new):
             if token.eos:
+                # A target's end-of-text token is one it generated, and servers count it (a plain
+                # step's finish mark has count 0: the step's own count already holds it).
+                self.produced += token.count
                 self.finish_reason, self.ended = token.finish_reason, True
                 break
             if ids is not None and token.ids is not None and len(token.ids) == token.count:
@@ -144,6 +150,10 @@ class _Output:
                 self.invalid_bytes = self.invalid_bytes or added.count("\ufffd") > token.data.count(b"\xef\xbf\xbd")
                 self.text += added
             self.produced += token.count
+            if request.stop and token.data and _find_stop(self.text, request.stop, before) is not None:
+                # The target stops at the token that completes a stop string: later tokens of the
+                # round were never its own, and are not counted (cut below).
+                break
             if limit is not None and self.produced >= limit:
                 # The end of text right after the last allowed token still counts as a stop.
                 if any(t.eos and t.finish_reason == "stop" for t in new[index + 1 : index + 2]):
@@ -392,6 +402,13 @@ class Engine:
                 f"the request's sampler (top_k, min_p, ...) cannot be reproduced from the logprob lists of the "
                 f"{getattr(self.verifier, 'name', '')} path: the target alone generates"
             )
+        if speculate and request.max_tokens is None and not request.context.is_chat:
+            # The caller set no limit: the target alone would stop at its server's default for completions
+            # (OpenAI's and vLLM's 16; llama-server's n_predict). Rounds end there too; None: the context's end.
+            default = caps.default_max_tokens if caps is not None else Capabilities().default_max_tokens
+            if default is not None:
+                request = replace(request, max_tokens=default)
+                run.request = request
         mode = self.policy.start_request() if speculate else TARGET_ALONE
         if speculate and mode == TARGET_ALONE:
             speculate = False
@@ -442,6 +459,13 @@ class Engine:
                 # The caller's last tokens come from one target call, so the server ends the text its
                 # own way (a character cut at the limit, or finished past it, as each server does).
                 final = remaining is not None and remaining <= stretch
+                room = _room(caps, out, run)
+                if speculate and room is not None and (room < 2 + _WINDOW_STRETCH or (remaining is not None and remaining > room and not _runs_to_window(caps))):
+                    # The context window ends within the request: the target alone ends it as it would (at
+                    # the window with "length" on llama-server; with its own error where the request as a
+                    # whole does not fit).
+                    speculate = False
+                    run.books.fallback_reason = run.books.fallback_reason or "the request reaches the end of the target's context window: the target alone ends it"
                 k = 0
                 if speculate and not target_decides and not final:
                     budget = remaining if remaining is not None else _UNBOUNDED
@@ -451,6 +475,9 @@ class Engine:
                         chosen = self._choose(run, remaining, mode)
                     speculate = chosen > 0  # else the policy predicts the target alone is faster from here
                     k = min(chosen, budget - 1 - (stretch if remaining is not None else 0))
+                    if room is not None:
+                        # The round's calls fit the window, and its last tokens come from one target call.
+                        k = min(k, room - 1 - _WINDOW_STRETCH)
                 target_decides = False
                 new: list[Emitted] = []
                 if k > 0 and not run.books.rounds and run.queue_delay_s > 0.0:
@@ -607,7 +634,12 @@ class Engine:
         # One target call wrote the whole answer: its usage is the answer's, as the target alone reports it.
         alone = not books.rounds and books.plain_calls == 1 and not books.retokenized and isinstance(books.plain_usage, Mapping)
         usage = books.plain_usage if alone else None
-        return Finished(finish_reason=finish_reason, stats=stats, prompt_tokens=books.prompt_tokens, completion_tokens=produced, usage=usage)
+        caps = self.paths.capabilities
+        stream_usage = caps is not None and caps.stream_usage_unasked and not self.chat
+        return Finished(
+            finish_reason=finish_reason, stats=stats, prompt_tokens=books.prompt_tokens, completion_tokens=produced, usage=usage,
+            stream_usage=stream_usage,
+        )
 
     async def _whole(self, path: Path, request: GenerationRequest, run: _Run, started: float) -> AsyncIterator[Piece | Finished]:
         """Whole-answer paths: one draft and one target call; the target's text is the answer."""
@@ -650,7 +682,7 @@ class Engine:
         chunks = 0
         started = self.clock()
         last: float | None = None  # when the previous batch with text arrived
-        finished = False
+        finished = stopped_at_length = False
         async with contextlib.aclosing(batches) as stream:
             async for batch in stream:
                 new = []
@@ -659,12 +691,13 @@ class Engine:
                     if text:
                         chunks += 1
                         new.append(Emitted(token=text, data=text.encode("utf-8")))
-                    if finish_reason == "length" and remaining is not None:
-                        new.append(Emitted(token="", data=b"", count=max(0, remaining - chunks)))
+                    if finish_reason == "length":
+                        pass  # settled below, from the server's own count
                     elif finish_reason is not None:
-                        new.append(Emitted(token="", data=b"", eos=True, finish_reason=finish_reason))
+                        new.append(Emitted(token="", data=b"", eos=True, finish_reason=finish_reason, count=0))
                     if finish_reason is not None:
                         finished = True
+                        stopped_at_length = finish_reason == "length"
                         # What the target alone costs is what the policy compares speculation with.
                         self.policy.observe_plain(remaining if finish_reason == "length" and remaining else chunks, self.clock() - started)
                 if chunks > before:
@@ -676,6 +709,15 @@ class Engine:
                     yield new
         if not finished:
             raise self.target.error("the stream ended without a finish_reason: the text may be incomplete", malformed=True)
+        # A chunk is a token, but not every token is a chunk (a character of several tokens, the end of
+        # text, a stop string): the server's count settles it; without one, a "length" end is the limit.
+        billed = usage.get("completion_tokens")
+        if isinstance(billed, int) and not isinstance(billed, bool) and billed > 0:
+            settle = billed - chunks
+        else:
+            settle = remaining - chunks if remaining is not None and stopped_at_length else 0
+        if settle > 0:
+            yield [Emitted(token="", data=b"", count=settle)]
         run.books.plain_calls += 1
         run.books.plain_usage = run.target_meter.last_usage
         prompt_tokens = usage.get("prompt_tokens")
@@ -731,8 +773,12 @@ class Engine:
         if step.text or (step.finish_reason == "length" and count):
             data = step.data if step.data is not None else step.text.encode("utf-8")
             new.append(Emitted(token=step.text, data=data, count=max(count, 1), ids=step.ids))
-        if step.finish_reason != "length" or step_tokens is None:
-            new.append(Emitted(token="", data=b"", eos=True, finish_reason=step.finish_reason or "stop"))
+            count = 0  # counted with the text
+        window_end = step.finish_reason == "length" and step_tokens is not None and 0 < (step.completion_tokens or 0) < step_tokens
+        if step.finish_reason != "length" or step_tokens is None or window_end:
+            # A step of no text that ended still generated its end-of-text token, when its server says so;
+            # one that stopped short of its limit with "length" met the end of the context window.
+            new.append(Emitted(token="", data=b"", eos=True, finish_reason=step.finish_reason or "stop", count=count))
         return new
 
     async def _target_call(
@@ -785,7 +831,7 @@ class Engine:
         rest = text[len(sent) :]
         return [
             Emitted(token=rest, data=rest.encode("utf-8"), count=_tokens_of(step, request.max_tokens)),
-            Emitted(token="", data=b"", eos=True, finish_reason=finish or "stop"),
+            Emitted(token="", data=b"", eos=True, finish_reason=finish or "stop", count=0),
         ]
 
     async def _draft(self, context: Context, k: int, run: _Run) -> Draft | None:
@@ -930,7 +976,34 @@ def _with_server_defaults(request: GenerationRequest, defaults: Mapping[str, flo
             f"{server} applies repeat_penalty {extras['repeat_penalty']} to requests that do not set it, which verification "
             "cannot reproduce: the target alone generates (send extra_body={'repeat_penalty': 1.0} to speculate)"
         )
+    # Every other default the server reports that changes its pick, at a value that does: the text would
+    # differ from what the verification calls score.
+    active = {
+        name: defaults[name] for name, neutral in _NEUTRAL_DEFAULTS.items()
+        if name not in extras and name in defaults and not neutral(_number(defaults[name]))
+    }  # fmt: skip
+    if reason is None and active:
+        settings = ", ".join(f"{name} {value:g}" for name, value in active.items())
+        reason = (
+            f"{server} applies {settings} to requests that do not set them, which verification cannot reproduce: "
+            "the target alone generates (send the neutral values in extra_body to speculate)"
+        )
     return replace(request, context=replace(context, sampling=sampling, extras=extras)), reason
+
+
+#: llama-server's sampling settings (as `/props` reports its defaults) and the values that leave the
+#: target's pick alone: a penalty, DRY, XTC, typical-p, top-n-sigma, mirostat or dynamic temperature at any
+#: other value changes the distribution the target samples from, which the verification calls do not see.
+_NEUTRAL_DEFAULTS: dict[str, Callable[[float], bool]] = {
+    "presence_penalty": lambda v: v == 0.0,
+    "frequency_penalty": lambda v: v == 0.0,
+    "dry_multiplier": lambda v: v == 0.0,
+    "xtc_probability": lambda v: v == 0.0,
+    "typical_p": lambda v: v >= 1.0,
+    "top_n_sigma": lambda v: v <= 0.0,
+    "mirostat": lambda v: v == 0,
+    "dynatemp_range": lambda v: v == 0.0,
+}
 
 
 def _lossy_where_possible(request: GenerationRequest, path: Path, books: _Books) -> GenerationRequest:
@@ -952,10 +1025,32 @@ def _lossy_where_possible(request: GenerationRequest, path: Path, books: _Books)
 
 def _tokens_of(step: PlainStep, asked: int | None) -> int:
     """The target tokens a plain step produced. At its limit a server stopped at the tokens it was
-    allowed, or past them to finish a character (llama-cpp-python): its own count says which."""
+    allowed, or past them to finish a character (llama-cpp-python), or before them at the end of its
+    context window (llama-server): its own count says which."""
     if step.finish_reason == "length" and asked is not None:
-        return max(asked, step.completion_tokens or 0)
+        return step.completion_tokens or asked
     return step.completion_tokens or (1 if step.text else 0)
+
+
+#: The tokens before the end of the context window that one target call writes, so that the text ends
+#: there as the server ends it (a character cut at the window is rendered the server's way).
+_WINDOW_STRETCH = 16
+
+
+def _room(caps: Capabilities | None, out: _Output, run: _Run) -> int | None:
+    """How many more tokens the target's context window holds after the output so far; None: unknown."""
+    window = caps.context_window if caps is not None else None
+    ids = out.request.context.token_ids
+    prompt = run.books.prompt_tokens if run.books.prompt_tokens is not None else (len(ids) if ids is not None else None)
+    if window is None or prompt is None:
+        return None
+    return window - prompt - out.produced
+
+
+def _runs_to_window(caps: Capabilities | None) -> bool:
+    """The server runs a request whose limit is past its window up to the window (llama-server), where
+    others refuse it (vLLM, OpenAI)."""
+    return caps is not None and caps.server in ("llama-server", "llama-cpp-python")
 
 
 def _number(value: Any) -> float:

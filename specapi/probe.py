@@ -30,44 +30,81 @@ _PROBE_PROMPT = "a b c d e f a b c d e f a b c"
 #: llama-cpp-python's server applies these to requests that omit them (its request models' defaults,
 #: version 0.3.36); it has no endpoint that reports them.
 LLAMA_CPP_PYTHON_DEFAULTS = {"temperature": 0.8, "top_p": 0.95, "top_k": 40, "min_p": 0.05, "repeat_penalty": 1.1}
-_DEFAULT_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty")
+#: Every sampling setting llama-server reports that changes which token it picks (engine.py says which
+#: values leave the pick alone: anything else keeps the target alone).
+_DEFAULT_FIELDS = (
+    "temperature", "top_p", "top_k", "min_p", "repeat_penalty", "presence_penalty", "frequency_penalty",
+    "dry_multiplier", "xtc_probability", "typical_p", "top_n_sigma", "mirostat", "dynatemp_range",
+)  # fmt: skip
 
 
-async def _server_defaults(client: RoleClient) -> tuple[str | None, dict[str, float] | None]:
-    """Which server this is, if recognised, and the sampling defaults it applies: llama-server answers
-    `/props` (with its defaults), vLLM `/version`, SGLang `/get_model_info`; llama-cpp-python names
-    itself the owner "me" of its models (its defaults are known). GETs bill nothing and are not metered."""
+@dataclass(frozen=True)
+class _Limits:
+    """How long a server lets a request run when the request sets no limit."""
+
+    #: The limit of a completions request that sets none (None: to the end of the context window).
+    default_max_tokens: int | None = 16  # OpenAI's and vLLM's
+    context_window: int | None = None  # tokens, prompt and output together; None: not reported
+
+
+async def _server_defaults(client: RoleClient) -> tuple[str | None, dict[str, float] | None, _Limits]:
+    """Which server this is, if recognised, the sampling defaults it applies and its limits: llama-server
+    answers `/props` (with its defaults, `n_predict` and the slot's `n_ctx`), vLLM `/version` (and lists
+    each model's `max_model_len`), SGLang `/get_model_info`; llama-cpp-python names itself the owner "me"
+    of its models (its defaults are known). GETs bill nothing and are not metered."""
     meter = Meter(client.endpoint)
     root = server_root(client)
     try:
         props = await client.get(root + "/props", meter)
-        params = (props.get("default_generation_settings") or {}).get("params") or {}
+        settings = props.get("default_generation_settings") or {}
+        params = settings.get("params") or {}
         # As the server reports them: top_k stays an integer (a float is refused by stricter servers).
         defaults = {k: params[k] for k in _DEFAULT_FIELDS if isinstance(params.get(k), (int, float)) and not isinstance(params.get(k), bool)}
         if defaults:
-            return "llama-server", defaults
+            n_predict, n_ctx = params.get("n_predict"), settings.get("n_ctx")
+            limits = _Limits(
+                default_max_tokens=n_predict if _count(n_predict) else None,  # -1: to the context's end
+                context_window=n_ctx if _count(n_ctx) else None,
+            )
+            return "llama-server", defaults, limits
     except (EndpointError, AttributeError, TypeError, ValueError):
         pass
     try:
         version = await client.get(root + "/version", meter)
         if isinstance(version, dict) and isinstance(version.get("version"), str):
-            return "vllm", None
+            return "vllm", None, _Limits(context_window=await _max_model_len(client, meter))
     except (EndpointError, AttributeError, TypeError, ValueError):
         pass
     try:
         info = await client.get(root + "/get_model_info", meter)
         if isinstance(info, dict) and "model_path" in info:
-            return "sglang", None
+            return "sglang", None, _Limits()
     except (EndpointError, AttributeError, TypeError, ValueError):
         pass
     try:
         models = await client.get("/models", meter)
         owners = {m.get("owned_by") for m in models.get("data") or [] if isinstance(m, dict)}
         if owners == {"me"}:  # llama-cpp-python's server names itself so
-            return "llama-cpp-python", dict(LLAMA_CPP_PYTHON_DEFAULTS)
+            return "llama-cpp-python", dict(LLAMA_CPP_PYTHON_DEFAULTS), _Limits()
     except (EndpointError, AttributeError, TypeError, ValueError):
         pass
-    return None, None
+    return None, None, _Limits(context_window=await _max_model_len(client, meter))
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+async def _max_model_len(client: RoleClient, meter: Meter) -> int | None:
+    """The model's context window as vLLM lists it in `/models` (`max_model_len`); None when not listed."""
+    try:
+        models = await client.get("/models", meter)
+        for model in models.get("data") or []:
+            if isinstance(model, dict) and model.get("id") == client.endpoint.model and _count(model.get("max_model_len")):
+                return model["max_model_len"]
+    except (EndpointError, AttributeError, TypeError, ValueError):
+        pass
+    return None
 
 
 @dataclass(frozen=True)
@@ -97,6 +134,13 @@ class Capabilities:
     #: llama-cpp-python finishes it past the limit, but only once its call has generated three bytes,
     #: and one of its one-token steps can run many tokens on.
     final_stretch: int = 0
+    #: The limit the server gives a completions request that sets none (None: to the context's end).
+    default_max_tokens: int | None = 16
+    #: The server's context window in tokens (llama-server's slot `n_ctx`, vLLM's `max_model_len`), if known.
+    context_window: int | None = None
+    #: A completions stream ends with the usage though the request did not ask for it (`stream_options`):
+    #: llama-server puts it on the chunk with the finish_reason (its chat streams do not).
+    stream_usage_unasked: bool = False
     notes: tuple[str, ...] = field(default=())
 
     def to_dict(self) -> dict[str, Any]:
@@ -167,7 +211,7 @@ async def probe_endpoint(client: RoleClient, meter: Meter) -> Capabilities:
             await asyncio.gather(defaults, return_exceptions=True)
 
 
-async def _probe(client: RoleClient, meter: Meter, defaults_task: asyncio.Future[tuple[str | None, dict[str, float] | None]]) -> Capabilities:
+async def _probe(client: RoleClient, meter: Meter, defaults_task: asyncio.Future[tuple[str | None, dict[str, float] | None, _Limits]]) -> Capabilities:
     found: dict[str, Any] = {}
     notes: list[str] = []
     prompt = _PROBE_PROMPT
@@ -265,9 +309,13 @@ async def _probe(client: RoleClient, meter: Meter, defaults_task: asyncio.Future
             found["predicted_outputs"] = "accepted_prediction_tokens" in details
         notes.append("Predicted Outputs: " + ("yes" if found.get("predicted_outputs") else "no"))
 
-    server, defaults = await defaults_task
+    server, defaults, limits = await defaults_task
+    found.update(default_max_tokens=limits.default_max_tokens, context_window=limits.context_window)
     if server is not None:
-        found.update(server=server, sampler_defaults=defaults, final_stretch=16 if server == "llama-cpp-python" else 0)
+        found.update(
+            server=server, sampler_defaults=defaults, final_stretch=16 if server == "llama-cpp-python" else 0,
+            stream_usage_unasked=server == "llama-server",
+        )
         if defaults:
             notes.append(f"{server}: applies {defaults} to requests that do not set them")
         dialect = native_dialect(server)

@@ -117,6 +117,8 @@ async def completion_chunks(events: AsyncIterator[Piece | Finished], model: str,
             if include_usage:
                 yield last
                 last = {**chunk("", None), "choices": [], "usage": _usage(event)}
+            elif event.stream_usage:
+                last["usage"] = _usage(event)  # as the target alone's stream ends (see Capabilities.stream_usage_unasked)
             last["_speculative"] = event.stats
             yield last
     finally:

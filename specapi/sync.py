@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import functools
 import threading
+import weakref
 from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping
 from typing import Any, Dict, Generic, List, Literal, Optional, TypeVar, Union, overload
 
@@ -49,6 +50,7 @@ class _LoopThread:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._finalizer: weakref.finalize | None = None
 
     def run(self, coro: Coroutine[Any, Any, T]) -> T:
         with self._lock:
@@ -56,17 +58,29 @@ class _LoopThread:
                 self._loop = asyncio.new_event_loop()
                 self._thread = threading.Thread(target=self._loop.run_forever, name="specapi-sync", daemon=True)
                 self._thread.start()
+                # A client never closed is stopped at exit (or when dropped), as `asyncio.run` ends its loop:
+                # its connections close quietly, as the SDK's do.
+                self._finalizer = weakref.finalize(self, _stop_loop, self._loop, self._thread)
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
     def stop(self) -> None:
         with self._lock:
             if self._loop is not None:
-                self._loop.call_soon_threadsafe(self._loop.stop)
-                assert self._thread is not None
-                self._thread.join(timeout=5)
-                self._loop.close()
+                if self._finalizer is not None:
+                    self._finalizer.detach()
+                _stop_loop(self._loop, self._thread)
                 self._loop = None
                 self._thread = None
+
+
+def _stop_loop(loop: asyncio.AbstractEventLoop, thread: threading.Thread | None) -> None:
+    """Close the loop's async generators (the transport's session guards among them), then the loop."""
+    if thread is not None and thread.is_alive():
+        with contextlib.suppress(Exception):
+            asyncio.run_coroutine_threadsafe(loop.shutdown_asyncgens(), loop).result(timeout=5)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=5)
+    loop.close()
 
 
 class SpeculativeOpenAI(openai.OpenAI):

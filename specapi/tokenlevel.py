@@ -244,7 +244,7 @@ def _decide(pieces: Sequence[tuple[int, bytes | None]], picks: Sequence[Pick], d
             if pick.uncounted:
                 # The server counts its end-of-text token as generated: so does the response.
                 emitted.append(Emitted(token="", data=b"", count=pick.uncounted))
-            emitted.append(Emitted(token="", data=b"", eos=True))
+            emitted.append(Emitted(token="", data=b"", eos=True, count=0))
             break
         data = pick.data
         if data is None and j < len(pieces) and pieces[j][0] == pick.id:

@@ -229,8 +229,8 @@ async def plain_step(
 ) -> PlainStep:
     """The target alone generates up to `max_tokens` tokens from the context (exact by construction).
 
-    With `count_tokens`, logprobs are requested just to count the text's tokens exactly (usage counts
-    an end-of-text token too, on most servers).
+    With `count_tokens`, logprobs are requested just to count the tokens exactly; an end-of-text
+    token counts, as servers count it in usage (the target alone's usage does).
     """
     form = openai_format(context)
     path, body = generation_request(context, max_tokens, seed, stop, prefill)
@@ -247,11 +247,10 @@ async def plain_step(
     usage = response.get("usage") or {}
     completion = usage.get("completion_tokens")
     if max_tokens == 1 and choice.get("finish_reason") != "length":
-        completion = 1 if text else 0  # usage may count an end-of-text token
+        completion = 1  # the one token: text, a stop string's last token or the end of text
     elif count_tokens:
         try:
-            tokens = form.tokens(choice)
-            completion = sum(1 for t in tokens if t.text not in DEFAULT_EOS_TOKENS)
+            completion = len(form.tokens(choice))
         except (WireError, TypeError, AttributeError):
             pass  # keep the billed count
     return PlainStep(

@@ -207,3 +207,17 @@ def ls(real_build: pathlib.Path, tiny_models: tuple[pathlib.Path, pathlib.Path],
         specs.append(("llama-server", role, model, argv, "/health"))
     with _servers(specs, logs) as (target, draft):
         yield ServerPair(target, draft)
+
+
+@pytest.fixture(scope="session")
+def ls_penalised(real_build: pathlib.Path, tiny_models: tuple[pathlib.Path, pathlib.Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A target `llama-server` started with a default penalty (`--frequency-penalty 0.3`): requests that do
+    not set one get it (test_conformance_real.py)."""
+    logs = tmp_path_factory.mktemp("llama-server-penalised")
+    argv = [
+        str(real_build), "--model", str(tiny_models[0]), "--alias", "tiny-target",
+        "--host", "127.0.0.1", "--port", "{port}", "--ctx-size", "1024", "--parallel", "1",
+        "--threads", "1", "--threads-batch", "1", "--no-webui", "--frequency-penalty", "0.3",
+    ]  # fmt: skip
+    with _servers([("llama-server", "target", "tiny-target", argv, "/health")], logs) as (target,):
+        yield target

@@ -1,0 +1,239 @@
+"""Conformance: one request through specapi and the same request to the target alone give the same response.
+
+The oracle is the target alone, asked through the plain SDK (`openai.AsyncOpenAI`), which shares no code
+with specapi. For each case (a set of `create` arguments) and each verification path, the response's
+text, finish_reason, usage and number of choices must be the target's, plain and streamed, completions
+and chat. The target is the toy server (tests/toyserver.py) on a socket.
+
+To cover another parameter, add a `Case` to `CASES` (or to `CHAT_CASES`): every path and both stream
+modes then check it. Cases that the target alone serves (a reason in `speculative.fallback_reason`)
+are checked the same way: the answer is still the target's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import openai
+import pytest
+
+from specapi import AsyncSpeculativeOpenAI, Endpoint
+from toyserver import ToyServer
+
+PROMPT = "ab cafe"  # greedy: "Ab:Udfedfcfa:Ub \nU d : " then end of text
+MESSAGES = [{"role": "user", "content": "fa c"}]
+#: Completion paths the toy server serves; "none" is the target-alone path.
+PATHS = ("echo", "prefill-fanout", "none")
+#: Chat paths: the toy renders chat with vLLM's continue_final_message, so prefill-fanout verifies chat.
+CHAT_PATHS = ("prefill-fanout", "none")
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    args: dict[str, Any] = field(default_factory=dict)
+
+
+CASES = (
+    Case("max_tokens", {"max_tokens": 30, "temperature": 0}),
+    # The stop string ends inside the text: the target counts the tokens up to the one completing it.
+    Case("stop-mid-text", {"max_tokens": 40, "temperature": 0, "stop": "fa:"}),
+    Case("stop-list", {"max_tokens": 40, "temperature": 0, "stop": ["zz", " \n"]}),
+    Case("stop-one-char", {"max_tokens": 40, "temperature": 0, "stop": "c"}),
+)
+CHAT_CASES = (
+    Case("max_tokens", {"max_tokens": 30, "temperature": 0}),
+    Case("stop-mid-text", {"max_tokens": 40, "temperature": 0, "stop": " "}),
+    Case("stop-list", {"max_tokens": 40, "temperature": 0, "stop": ["zz", "d"]}),
+)
+
+
+@pytest.fixture(scope="module")
+def toy():
+    with ToyServer() as server:
+        yield server
+
+
+def sdk(toy: ToyServer) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=toy.base_url, api_key="sk-toy", max_retries=0)
+
+
+def speculative(toy: ToyServer, verification: str) -> AsyncSpeculativeOpenAI:
+    return AsyncSpeculativeOpenAI(
+        target=Endpoint(model="target", base_url=toy.base_url, api_key="sk-toy", max_retries=0),
+        draft=Endpoint(model="draft", base_url=toy.base_url, api_key="sk-toy", max_retries=0),
+        verification=verification, policy="fixed", drafter="model", pipeline=False,
+    )
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What a caller can see of one response, as compared here."""
+
+    texts: tuple[str, ...]
+    finish_reasons: tuple[str | None, ...]
+    usage: tuple[int | None, int | None] | None  # (prompt_tokens, completion_tokens)
+
+
+def _usage(usage: Any) -> tuple[int | None, int | None] | None:
+    return None if usage is None else (usage.prompt_tokens, usage.completion_tokens)
+
+
+async def observe(create: Any, chat: bool, stream: bool, **args: Any) -> Observed:
+    """Call `create` (the SDK's or specapi's) and read the response, collecting a stream."""
+    if not stream:
+        response = await create(**args)
+        texts = tuple((c.message.content or "") if chat else c.text for c in response.choices)
+        return Observed(texts, tuple(c.finish_reason for c in response.choices), _usage(response.usage))
+    chunks = [chunk async for chunk in await create(stream=True, **args)]
+    pieces: dict[int, list[str]] = {}
+    finishes: dict[int, str | None] = {}
+    usage = None
+    for chunk in chunks:
+        usage = _usage(chunk.usage) if chunk.usage is not None else usage
+        for choice in chunk.choices:
+            piece = (choice.delta.content or "") if chat else choice.text
+            pieces.setdefault(choice.index, []).append(piece)
+            finishes[choice.index] = choice.finish_reason or finishes.get(choice.index)
+    order = sorted(pieces)
+    return Observed(tuple("".join(pieces[i]) for i in order), tuple(finishes[i] for i in order), usage)
+
+
+async def compare(toy: ToyServer, verification: str, chat: bool, stream: bool, args: dict[str, Any]) -> tuple[Observed, Observed]:
+    """(specapi's, the target alone's) for one request."""
+    base = {"messages": MESSAGES} if chat else {"prompt": PROMPT}
+    request = {**base, **args}
+    if stream and "stream_options" not in request:
+        request["stream_options"] = {"include_usage": True}
+    alone = sdk(toy)
+    client = speculative(toy, verification)
+    try:
+        alone_create = alone.chat.completions.create if chat else alone.completions.create
+        spec_create = client.chat.completions.create if chat else client.completions.create
+        expected = await observe(alone_create, chat, stream, model="target", **request)
+        got = await observe(spec_create, chat, stream, **request)
+    finally:
+        await client.close()
+        await alone.close()
+    return got, expected
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+@pytest.mark.parametrize("verification", PATHS)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+async def test_completions_match_the_target_alone(toy: ToyServer, case: Case, verification: str, stream: bool) -> None:
+    got, expected = await compare(toy, verification, False, stream, case.args)
+    assert got == expected
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+@pytest.mark.parametrize("verification", CHAT_PATHS)
+@pytest.mark.parametrize("case", CHAT_CASES, ids=lambda c: c.name)
+async def test_chat_matches_the_target_alone(toy: ToyServer, case: Case, verification: str, stream: bool) -> None:
+    got, expected = await compare(toy, verification, True, stream, case.args)
+    assert got == expected
+
+
+async def test_a_stop_string_ends_a_speculated_round_and_usage_counts_the_targets_tokens(toy: ToyServer) -> None:
+    """The stop case really speculates (a round's tokens run past the stop) and the count is the target's."""
+    client = speculative(toy, "echo")
+    alone = sdk(toy)
+    try:
+        response = await client.completions.create(prompt=PROMPT, max_tokens=40, temperature=0, stop="fa:")
+        expected = await alone.completions.create(model="target", prompt=PROMPT, max_tokens=40, temperature=0, stop="fa:")
+    finally:
+        await client.close()
+        await alone.close()
+    assert response.speculative.rounds, response.speculative.fallback_reason
+    assert response.choices[0].text == expected.choices[0].text == "Ab:Udfedfc"
+    assert expected.usage.completion_tokens == 13  # ten characters and the three of the stop string
+    assert response.usage.completion_tokens == 13
+
+
+async def test_completions_without_max_tokens_leave_the_limit_to_the_server(toy: ToyServer) -> None:
+    """No `max_tokens`: speculation ends where the server's default would (the toy's 16, as vLLM's and
+    OpenAI's), and the target alone is sent none at all."""
+    for verification in PATHS:
+        before = len(toy.log)
+        got, expected = await compare(toy, verification, False, False, {"temperature": 0, "prompt": "c"})
+        assert got == expected, verification
+        assert expected.usage[1] == 16 and expected.finish_reasons == ("length",)
+        bodies = [r.body for r in toy.log[before:] if r.body.get("model") == "target"]
+        if verification == "none":
+            assert bodies and all("max_tokens" not in b for b in bodies)
+        else:
+            assert any(b.get("echo") or b.get("max_tokens") == 1 for b in bodies)  # speculated
+
+
+_NEVER_CLOSED = """
+import asyncio, sys
+sys.path[:0] = [{tests!r}]
+import openai
+from specapi import AsyncSpeculativeOpenAI, Endpoint, SpeculativeOpenAI
+from toyserver import ToyServer
+
+server = ToyServer().start()
+kind = sys.argv[1]
+if kind == "sync":
+    client = SpeculativeOpenAI(target=Endpoint(model="target", base_url=server.base_url, api_key="x"),
+                               draft=Endpoint(model="draft", base_url=server.base_url, api_key="x"))
+    print(client.completions.create(prompt="ab cafe", max_tokens=8, temperature=0).choices[0].text)
+else:
+    if kind == "sdk":
+        client = openai.AsyncOpenAI(base_url=server.base_url, api_key="x")
+        create = lambda: client.completions.create(model="target", prompt="ab cafe", max_tokens=8, temperature=0)
+    else:
+        client = AsyncSpeculativeOpenAI(target=Endpoint(model="target", base_url=server.base_url, api_key="x"),
+                                        draft=Endpoint(model="draft", base_url=server.base_url, api_key="x"))
+        create = lambda: client.completions.create(prompt="ab cafe", max_tokens=8, temperature=0)
+
+    async def main():
+        print((await create()).choices[0].text)
+        stream = await client.chat.completions.create(
+            model="target", messages=[{{"role": "user", "content": "fa c"}}], max_tokens=4, temperature=0, stream=True)
+        async for _ in stream:
+            pass
+
+    asyncio.run(main())
+"""
+
+
+@pytest.mark.parametrize("kind", ["sdk", "async", "sync"])
+def test_a_client_never_closed_exits_silently(kind: str, tmp_path: Any) -> None:
+    """As a script uses `openai.AsyncOpenAI`: requests, no close, the end of the program. With warnings
+    as errors, nothing is printed (the SDK's client is the reference, run the same way)."""
+    import pathlib
+    import subprocess
+    import sys
+
+    script = tmp_path / "never_closed.py"
+    script.write_text(_NEVER_CLOSED.format(tests=str(pathlib.Path(__file__).parent)))
+    done = subprocess.run([sys.executable, "-W", "error", str(script), kind], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == ""
+    assert done.stdout.strip() == "Ab:Udfed"
+
+
+@pytest.mark.parametrize("chat", [False, True], ids=["completions", "chat"])
+async def test_a_request_past_the_context_window_ends_as_the_target_alone(chat: bool) -> None:
+    """The toy, as vLLM, refuses a request whose prompt and max_tokens overflow its window (it lists the
+    window as `max_model_len` in /v1/models), even when its text would end before the window: specapi's
+    answer is that refusal too, not speculated text. (The probe learns the window: "auto".)"""
+    with ToyServer(max_model_len=40) as small:
+        args = {"max_tokens": 38, "temperature": 0}  # the greedy text ends (end of text) after 24 tokens
+        with pytest.raises(openai.BadRequestError) as alone:
+            await compare(small, "none", chat, False, args)  # the SDK's call comes first in `compare`
+        assert "maximum context length" in str(alone.value)
+        client = speculative(small, "auto")
+        try:
+            with pytest.raises(openai.BadRequestError, match="maximum context length"):
+                if chat:
+                    await client.chat.completions.create(messages=MESSAGES, **args)
+                else:
+                    await client.completions.create(prompt=PROMPT, **args)
+        finally:
+            await client.close()
+        # Within the window the same requests speculate as before.
+        got, expected = await compare(small, "auto", chat, False, {"max_tokens": 24, "temperature": 0})
+        assert got == expected
