@@ -12,6 +12,7 @@ import pytest
 from specapi.sim import models
 from specapi.sim.corpus import encode_text
 from specapi.sim.models import ModelSpec, get_model
+from specapi.sim import scoretable as scoretable_module
 from specapi.sim.scoretable import ScoreTable
 
 
@@ -47,15 +48,19 @@ def test_slots_must_be_a_power_of_two(slots):
 def test_the_table_takes_no_memory_as_rows_come_in():
     table = ScoreTable(slots=1024, width=5)
     gc.collect()
+    # Only what this test and the table allocate: tracemalloc sees every thread, and threads other tests
+    # left behind (a client's loop thread, a library's) allocate while this runs.
+    own = [tracemalloc.Filter(True, __file__), tracemalloc.Filter(True, scoretable_module.__file__)]
     tracemalloc.start()
     try:
-        before = tracemalloc.get_traced_memory()[0]
+        before = tracemalloc.take_snapshot().filter_traces(own)
         for key in range(1, 20_001):
             table.put(key * 0x9E3779B97F4A7C15 % (1 << 64) or 1, -key / 7, key % 50, tuple((key + j, -j / 3) for j in range(5)))
             if key % 1000 == 0:
                 table.get_many(list(range(key - 999, key + 1)))
         gc.collect()
-        grown = tracemalloc.get_traced_memory()[0] - before
+        after = tracemalloc.take_snapshot().filter_traces(own)
+        grown = sum(stat.size_diff for stat in after.compare_to(before, "filename"))
     finally:
         tracemalloc.stop()
     assert grown < 10_000, f"the table held {grown} bytes more after 20,000 rows (allocated: {table.nbytes})"
