@@ -127,13 +127,15 @@ class TokenIdVerifier:
         if context.token_ids is None:
             raise self.client.error("token-id verification needs the context's token ids", malformed=True)
         n_probs = self.processed_list(context)
+        refused = False  # the target refused the processed-list request of this round
         if n_probs is not None and draft and all(t.drawn_from is not None and t.id is not None for t in draft):
             proposals = [(int(t.id), t.data, dict(t.drawn_from or {})) for t in draft]  # type: ignore[arg-type]
             verification = await self._verify_processed(context, proposals, len(draft), meter, next_seed, n_probs)
             if verification is not None:
                 return verification
+            refused = True
         pieces = await self._draft_ids(draft, meter, draft_meter)
-        if n_probs is not None and pieces and all(t.logprob == 0.0 for t in draft):
+        if n_probs is not None and not refused and pieces and all(t.logprob == 0.0 for t in draft):
             # A point-mass draft (prompt lookup, the suffix index, a prediction, the draft model's most
             # likely tokens: q(x) = 1): its ids are a function of the context, so q_j is a point mass on
             # each of them, whole, and the same rejection sampler applies.
@@ -141,6 +143,7 @@ class TokenIdVerifier:
             verification = await self._verify_processed(context, proposals, len(draft), meter, next_seed, n_probs)
             if verification is not None:
                 return verification
+            refused = True
         drafted = [i for i, _ in pieces]
         base = list(context.token_ids)
         prompts = [base + drafted[:j] for j in range(len(drafted) + 1)]
@@ -154,6 +157,10 @@ class TokenIdVerifier:
                 *(self.dialect.next_tokens(self.client, [p], context.sampling_body(seed), meter, options=context.options) for p, seed in zip(prompts, seeds))
             )
             picks = [a[0] for a in answers]
+        if refused:
+            # The same fields were accepted for picks: the processed lists' shape was refused (e.g. a server
+            # without post_sampling_probs), not the caller's parameters, which would have been refused again.
+            self._processed_refused = True
         latency = self.client.clock() - started
         return Verification(
             positions=(),
@@ -192,8 +199,7 @@ class TokenIdVerifier:
         except EndpointError as exc:
             if not exc.refused_shape:
                 raise
-            self._processed_refused = True  # e.g. a server without post_sampling_probs: the target's picks decide
-            return None
+            return None  # the target's picks decide this round (`verify` learns whether the shape was at fault)
         latency = self.client.clock() - started
         decision = decide_processed(proposals, targets, random.Random(own))
         if len(proposals) != draft_tokens:

@@ -9,6 +9,7 @@ min-p on the raw probabilities, then temperature). Every sampled test uses fixed
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 
 import httpx2
@@ -287,3 +288,54 @@ async def test_sim_point_mass_drafts_run_the_rejection_sampler_on_whole_lists():
     chain = {"temperature": 0.7, "top_k": 20, "top_p": 0.9, "min_p": 0.05}
     assert chisquare_p(counts, sim_sequence_probs("sim-target", LOOKUP_PROMPT, SIM_TOKENS, **chain)) > 1e-3
     assert counts.get(" name in", 0) < 0.95 * SIM_SAMPLES  # power: not the proposal every time (target: 0.85)
+
+
+def _refusing(provider: SimProvider, refuses) -> list[dict]:  # type: ignore[no-untyped-def]
+    """Make `provider` answer HTTP 400 to the bodies `refuses` picks, as a server refuses a field; the
+    list of the bodies it refused."""
+    from specapi.sim.provider import SimResponse
+
+    handle = provider.handle
+    refused: list[dict] = []
+
+    async def refusing_handle(method, path, body=None, headers=None):  # type: ignore[no-untyped-def]
+        parsed = body if isinstance(body, dict) else (json.loads(body) if body else None)
+        if isinstance(parsed, dict) and refuses(parsed):
+            refused.append(parsed)
+            error = {"error": {"message": "unknown field", "type": "invalid_request_error", "code": 400}}
+            return SimResponse(400, {"content-type": "application/json"}, json=error)
+        return await handle(method, path, body, headers)
+
+    provider.handle = refusing_handle  # type: ignore[method-assign]
+    return refused
+
+
+async def test_a_server_that_refuses_processed_lists_is_verified_by_its_picks_for_the_rest_of_the_request():
+    provider = SimProvider(capabilities="llamacpp", latency="instant", seed=0)
+    refused = _refusing(provider, lambda body: bool(body.get("post_sampling_probs")))
+    target, _ = simulated_endpoints(provider=provider)
+    sampling = {"temperature": 0.7, "top_p": 0.9, "extra_body": {"top_k": 20}}
+    async with AsyncSpeculativeOpenAI(target=target, policy="fixed", num_speculative_tokens=2, drafter="lookup") as client:
+        for seed in range(3):
+            response = await client.completions.create(prompt=LOOKUP_PROMPT, max_tokens=SIM_TOKENS, seed=seed, **sampling)
+            assert response.speculative.exact and response.speculative.accepted_tokens > 0
+    # Learnt in each request's first round (a request resolves its own verifier): its later rounds are
+    # decided by the target's picks, not asked for the lists again.
+    assert len(refused) == 3
+
+
+async def test_a_callers_refused_parameter_does_not_turn_the_processed_lists_off():
+    """A field the target refuses in every request shape is the caller's error: it reaches the caller,
+    and later requests still get the full rejection sampler on the server's lists."""
+    provider = SimProvider(capabilities="llamacpp", latency="instant", seed=0)
+    _refusing(provider, lambda body: "bogus" in body)
+    target, _ = simulated_endpoints(provider=provider)
+    sampling = {"temperature": 0.7, "top_p": 0.9}
+    async with AsyncSpeculativeOpenAI(target=target, policy="fixed", num_speculative_tokens=2, drafter="lookup") as client:
+        with pytest.raises(openai.BadRequestError):
+            await client.completions.create(prompt=LOOKUP_PROMPT, max_tokens=SIM_TOKENS, seed=1, extra_body={"top_k": 20, "bogus": 1}, **sampling)
+        before = len(provider.calls)
+        response = await client.completions.create(prompt=LOOKUP_PROMPT, max_tokens=SIM_TOKENS, seed=2, extra_body={"top_k": 20}, **sampling)
+    assert response.speculative.exact and response.speculative.accepted_tokens > 0
+    listed = [c for c in provider.calls[before:] if isinstance(c.body, dict) and c.body.get("post_sampling_probs")]
+    assert listed  # still asked for the lists after the caller's bad request
