@@ -1,6 +1,6 @@
 """The seed-blog section of the HTML report: the three-way table and its charts, and the lossy sweep.
 
-Charts follow `html.py`'s rules (legends below the axes, units on every axis, SVG with text as text):
+Charts follow the report's rules (`charts.py`) (legends below the axes, units on every axis, SVG with text as text):
 time per way (wall time, time to first token marked), cost and billed tokens per way and role, and
 the sweep's speedup against divergence, one point per acceptance setting.
 """
@@ -13,7 +13,7 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
-from .html import _BASE, _DRAFT, _LINE, _SPEC, _TARGET, _figure, _legend_below, _svg
+from .charts import BASE, DRAFT, LINE, SPEC, TARGET, figure_html, legend_below, svg
 
 __all__ = ["seed_blog_svg", "sweep_svg", "seed_blog_section"]
 
@@ -25,7 +25,7 @@ def seed_blog_svg(result: dict[str, Any]) -> str:
     figure = Figure(figsize=(11, 3.6), layout="constrained")
     time_ax, cost_ax = figure.subplots(1, 2)
     xs = list(range(len(rows)))
-    colours = [_BASE if r["name"] == "target alone" else _SPEC for r in rows]
+    colours = [BASE if r["name"] == "target alone" else SPEC for r in rows]
     time_ax.bar(xs, [r["wall_s"] for r in rows], color=colours, label="wall time")
     ttft = [(x, r["ttft_s"]) for x, r in zip(xs, rows) if r["ttft_s"] is not None]
     time_ax.scatter([x for x, _ in ttft], [t for _, t in ttft], marker="_", s=400, color="black", zorder=3, label="first token")
@@ -35,14 +35,14 @@ def seed_blog_svg(result: dict[str, Any]) -> str:
     time_ax.set_ylabel("seconds (one request)")
     time_ax.set_title("Time: the blog's loop, the target alone, specapi")
     time_ax.set_ylim(0, max([r["wall_s"] for r in rows] + [0.001]) * 1.15)
-    _legend_below(time_ax, columns=2)
+    legend_below(time_ax, columns=2)
 
     priced = all(r["cost_usd"] is not None for r in rows)
     if priced:
         total = [float(Decimal(r["cost_usd"])) * 1000 for r in rows]
         target_cost = [float(Decimal(r["target_cost_usd"])) * 1000 for r in rows]
-        cost_ax.bar(xs, target_cost, color=_TARGET, label="target")
-        cost_ax.bar(xs, [t - c for t, c in zip(total, target_cost)], bottom=target_cost, color=_DRAFT, label="draft")
+        cost_ax.bar(xs, target_cost, color=TARGET, label="target")
+        cost_ax.bar(xs, [t - c for t, c in zip(total, target_cost)], bottom=target_cost, color=DRAFT, label="draft")
         cost_ax.set_ylabel("USD per 1,000 such requests")
         cost_ax.set_title("Cost (genai-prices)")
         for x, value in zip(xs, total):
@@ -51,13 +51,13 @@ def seed_blog_svg(result: dict[str, Any]) -> str:
     else:
         draft = [sum(r["draft_tokens"]) for r in rows]
         target = [sum(r["target_tokens"]) for r in rows]
-        cost_ax.bar(xs, target, color=_TARGET, label="target")
-        cost_ax.bar(xs, draft, bottom=target, color=_DRAFT, label="draft")
+        cost_ax.bar(xs, target, color=TARGET, label="target")
+        cost_ax.bar(xs, draft, bottom=target, color=DRAFT, label="draft")
         cost_ax.set_ylabel("billed tokens (prompt + completion)")
         cost_ax.set_title("Billed tokens (no price known)")
     cost_ax.set_xticks(xs, names, fontsize=8)
-    _legend_below(cost_ax, columns=2)
-    return _svg(figure)
+    legend_below(cost_ax, columns=2)
+    return svg(figure)
 
 
 def sweep_svg(sweep: dict[str, Any]) -> str:
@@ -68,8 +68,8 @@ def sweep_svg(sweep: dict[str, Any]) -> str:
     xs = [r["divergent_per_100"] for r in rows]
     ys = [r["speedup"] or 0.0 for r in rows]
     threshold = [(x, y) for r, x, y in zip(rows, xs, ys) if r["mode"] == "threshold"]
-    ax.plot([x for x, _ in threshold], [y for _, y in threshold], color=_LINE, linewidth=1, label="threshold rule")
-    ax.scatter(xs, ys, color=[_BASE if r["mode"] == "exact" else _SPEC for r in rows], zorder=3, label="a setting (grey: exact)")
+    ax.plot([x for x, _ in threshold], [y for _, y in threshold], color=LINE, linewidth=1, label="threshold rule")
+    ax.scatter(xs, ys, color=[BASE if r["mode"] == "exact" else SPEC for r in rows], zorder=3, label="a setting (grey: exact)")
     for r, x, y in zip(rows, xs, ys):
         ax.annotate(r["acceptance"], (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
     ax.axhline(1.0, color="black", linewidth=1)
@@ -77,17 +77,17 @@ def sweep_svg(sweep: dict[str, Any]) -> str:
     ax.set_ylabel("speedup over the target alone")
     ax.set_title("Speedup against divergence")
     ax.set_ylim(0, max(ys + [1.0]) * 1.15)
-    _legend_below(ax, columns=2)
+    legend_below(ax, columns=2)
     labels = [r["acceptance"] for r in rows]
     positions = list(range(len(rows)))
-    gap_ax.bar([p - 0.2 for p in positions], [r["acceptance_rate"] * 100 for r in rows], width=0.4, color=_SPEC, label="draft tokens kept (%)")
-    gap_ax.bar([p + 0.2 for p in positions], [r["mean_logprob_gap"] * 100 for r in rows], width=0.4, color=_DRAFT,
+    gap_ax.bar([p - 0.2 for p in positions], [r["acceptance_rate"] * 100 for r in rows], width=0.4, color=SPEC, label="draft tokens kept (%)")
+    gap_ax.bar([p + 0.2 for p in positions], [r["mean_logprob_gap"] * 100 for r in rows], width=0.4, color=DRAFT,
                label="log-probability gap per 100 tokens (nats)")
     gap_ax.set_xticks(positions, labels, fontsize=8, rotation=20)
     gap_ax.set_ylabel("percent / nats per 100 tokens")
     gap_ax.set_title("What each setting keeps, and what it costs in fidelity")
-    _legend_below(gap_ax, columns=2)
-    return _svg(figure)
+    legend_below(gap_ax, columns=2)
+    return svg(figure)
 
 
 def _row(cells: list[str]) -> str:
@@ -120,7 +120,7 @@ def seed_blog_section(summary: dict[str, Any]) -> str:
         f"draft {escape(result['models']['draft'])} (priced as {escape(', '.join(result['models']['priced_as']))})</p>",
         f"<table>{head}{body}</table>",
         notes,
-        _figure(seed_blog_svg(result), "time and cost of one request each way"),
+        figure_html(seed_blog_svg(result), "time and cost of one request each way"),
     ]
     if sweep:
         sweep_head = "<tr><th>acceptance</th><th>s/request</th><th>speedup</th><th>draft tokens kept</th><th>divergent per 100</th><th>gap per token (nats)</th><th>same text as the target</th></tr>"
@@ -136,6 +136,6 @@ def seed_blog_section(summary: dict[str, Any]) -> str:
             f"{sweep['max_tokens']} tokens at temperature {sweep['temperature']:g}, draft model, 4 tokens per round; "
             f"target alone {sweep['target_alone_s']:.3f} s per request</p>",
             f"<table>{sweep_head}{sweep_body}</table>",
-            _figure(sweep_svg(sweep), "each acceptance setting: speedup against the share of tokens that are not the target's own"),
+            figure_html(sweep_svg(sweep), "each acceptance setting: speedup against the share of tokens that are not the target's own"),
         ]
     return "".join(parts)

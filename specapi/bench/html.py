@@ -15,30 +15,21 @@ stays small. The arithmetic behind the predictions is in the repository's docs/p
 
 from __future__ import annotations
 
-import io
-import re
 from collections import Counter
 from decimal import Decimal
 from html import escape
 from pathlib import Path
 from typing import Any
 
-import matplotlib
 from matplotlib.figure import Figure
 
+from .blog_html import seed_blog_section
+from .charts import BAD, BASE, DRAFT, EVEN, GOOD, LINE, SPEC, TARGET, figure_html, legend_below, svg
 from .report import SPEEDUP_BAND
 
 __all__ = ["overview_svg", "render_html", "scenario_svg", "learning_svg", "write_html", "speedup_class"]
 
-_BASE = "#7f8c8d"
-_SPEC = "#2e86de"
-_DRAFT = "#f39c12"
-_TARGET = "#34495e"
-_GOOD = "#27ae60"
-_BAD = "#c0392b"
-_EVEN = "#d4ac0d"
-_LINE = "#8e44ad"
-_COLOURS = {"good": _GOOD, "bad": _BAD, "even": _EVEN}
+_COLOURS = {"good": GOOD, "bad": BAD, "even": EVEN}
 
 
 def speedup_class(value: float | None) -> str:
@@ -46,20 +37,6 @@ def speedup_class(value: float | None) -> str:
     if value is None:
         return "none"
     return "good" if value >= SPEEDUP_BAND[1] else ("bad" if value <= SPEEDUP_BAND[0] else "even")
-
-
-def _svg(figure: Figure) -> str:
-    buffer = io.StringIO()
-    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": "specapi"}):
-        figure.savefig(buffer, format="svg", metadata={"Date": None})
-    text = buffer.getvalue()
-    text = text[text.index("<svg") :]  # inline: without the XML declaration and doctype
-    return re.sub(r"<metadata>.*?</metadata>", "", text, flags=re.S)
-
-
-def _legend_below(ax: Any, columns: int = 3) -> None:
-    """The legend under the axes, so it never covers data."""
-    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=columns, frameon=False)
 
 
 def overview_svg(report: dict[str, Any]) -> str:
@@ -71,7 +48,7 @@ def overview_svg(report: dict[str, Any]) -> str:
     achieved = [s["speedup"] or 0.0 for s in scenarios][::-1]
     predicted = [s["predicted_speedup"] for s in scenarios][::-1]
     rows = range(len(names))
-    colors = [_COLOURS.get(speedup_class(a), _BASE) for a in achieved]
+    colors = [_COLOURS.get(speedup_class(a), BASE) for a in achieved]
     ax.barh([r + 0.18 for r in rows], achieved, height=0.36, color=colors, label="achieved (colour: win, even, loss)")
     ax.barh(
         [r - 0.18 for r in rows], [p or 0.0 for p in predicted], height=0.36, color="none", edgecolor="#34495e", hatch="//", label="predicted"
@@ -84,8 +61,8 @@ def overview_svg(report: dict[str, Any]) -> str:
     ax.set_xlabel("speedup over the target alone (time alone / time with speculation)")
     ax.set_ylim(-0.6, len(names) - 0.2)
     ax.set_xlim(0, max([*achieved, *[p or 0 for p in predicted], 1.0]) * 1.12)
-    _legend_below(ax, columns=2)
-    return _svg(figure)
+    legend_below(ax, columns=2)
+    return svg(figure)
 
 
 def _latency_panel(ax: Any, summary: dict[str, Any]) -> None:
@@ -93,8 +70,8 @@ def _latency_panel(ax: Any, summary: dict[str, Any]) -> None:
     xs = list(range(len(requests)))
     base = [r["baseline_wall_s"] or 0.0 for r in requests]
     spec = [r["speculative_wall_s"] or 0.0 for r in requests]
-    ax.bar([x - 0.2 for x in xs], base, width=0.4, color=_BASE, label="target alone")
-    ax.bar([x + 0.2 for x in xs], spec, width=0.4, color=_SPEC, label="speculative")
+    ax.bar([x - 0.2 for x in xs], base, width=0.4, color=BASE, label="target alone")
+    ax.bar([x + 0.2 for x in xs], spec, width=0.4, color=SPEC, label="speculative")
     base_ttft = [r["baseline_ttft_s"] for r in requests]
     spec_ttft = [r["speculative_ttft_s"] for r in requests]
     ax.scatter([x - 0.2 for x, t in zip(xs, base_ttft) if t is not None], [t for t in base_ttft if t is not None], marker="_", s=300, color="black", zorder=3, label="first token")
@@ -105,7 +82,7 @@ def _latency_panel(ax: Any, summary: dict[str, Any]) -> None:
     speedup = summary["speedup"]
     ax.set_title("Latency per request" + (f" (speedup {speedup:.2f}x)" if speedup else ""))
     ax.set_ylim(0, max([*base, *spec, 0.001]) * 1.08)
-    _legend_below(ax)
+    legend_below(ax)
 
 
 def _rounds_panel(ax: Any, summary: dict[str, Any]) -> None:
@@ -117,19 +94,19 @@ def _rounds_panel(ax: Any, summary: dict[str, Any]) -> None:
         ax.set_yticks([])
         return
     xs = sorted(counts)
-    ax.bar(xs, [counts[x] for x in xs], color=_SPEC, width=0.8)
+    ax.bar(xs, [counts[x] for x in xs], color=SPEC, width=0.8)
     mean = sum(summary["tokens_per_round"]) / len(summary["tokens_per_round"])
     ax.axvline(mean, color="black", linestyle="--", linewidth=1, label=f"measured mean {mean:.2f}")
     prediction = summary.get("prediction")
     if prediction:
-        ax.axvline(prediction["expected_tokens_per_round"], color=_LINE, linewidth=1.5, label=f"predicted E(K) {prediction['expected_tokens_per_round']:.2f}")
+        ax.axvline(prediction["expected_tokens_per_round"], color=LINE, linewidth=1.5, label=f"predicted E(K) {prediction['expected_tokens_per_round']:.2f}")
     ax.set_xticks(range(min(xs), max(xs) + 1))
     ax.set_xlim(min(xs) - 0.6, max(xs) + 0.6)
     ax.set_ylim(0, max(counts.values()) * 1.08)
     ax.set_xlabel("tokens produced in a round (accepted + 1)")
     ax.set_ylabel("rounds (count)")
     ax.set_title(f"Tokens per round ({len(summary['tokens_per_round'])} rounds)")
-    _legend_below(ax, columns=2)
+    legend_below(ax, columns=2)
 
 
 def _acceptance_panel(ax: Any, summary: dict[str, Any]) -> None:
@@ -142,8 +119,8 @@ def _acceptance_panel(ax: Any, summary: dict[str, Any]) -> None:
         ax.set_yticks([])
         return
     xs = list(range(1, len(by_position) + 1))
-    ax.bar(xs, by_position, color=_SPEC, label="accepted (share of rounds)")
-    ax.plot(list(range(1, len(conditional) + 1)), conditional, color=_LINE, marker="o", label="given earlier ones accepted")
+    ax.bar(xs, by_position, color=SPEC, label="accepted (share of rounds)")
+    ax.plot(list(range(1, len(conditional) + 1)), conditional, color=LINE, marker="o", label="given earlier ones accepted")
     break_even = summary.get("break_even_acceptance")
     if break_even is not None:
         ax.axhline(break_even, color="black", linestyle=":", label=f"break-even {break_even:.2f}")
@@ -155,7 +132,7 @@ def _acceptance_panel(ax: Any, summary: dict[str, Any]) -> None:
     ax.set_ylabel("acceptance (fraction of rounds)")
     source = summary.get("acceptance_source", "")
     ax.set_title("Acceptance by draft position" + (" (warm-up)" if source == "warm-up requests" else ""))
-    _legend_below(ax)
+    legend_below(ax)
 
 
 def _cost_panel(ax: Any, summary: dict[str, Any]) -> None:
@@ -166,8 +143,8 @@ def _cost_panel(ax: Any, summary: dict[str, Any]) -> None:
     if priced:
         base_target = float(Decimal(costs[0]))
         spec_target, spec_draft = float(Decimal(costs[1])), float(Decimal(costs[2]))
-        ax.bar(labels, [base_target, spec_target], color=_TARGET, label="target")
-        ax.bar(labels, [0.0, spec_draft], bottom=[base_target, spec_target], color=_DRAFT, label="draft")
+        ax.bar(labels, [base_target, spec_target], color=TARGET, label="target")
+        ax.bar(labels, [0.0, spec_draft], bottom=[base_target, spec_target], color=DRAFT, label="draft")
         ax.set_ylabel("USD (all measured requests)")
         ax.set_ylim(0, max(base_target, spec_target + spec_draft) * 1.12)
         ratio = summary["cost_ratio"]
@@ -179,13 +156,13 @@ def _cost_panel(ax: Any, summary: dict[str, Any]) -> None:
         draft = spec["by_role"]["draft"]
         prompt = [roles[0]["prompt_tokens"], roles[1]["prompt_tokens"]]
         completion = [roles[0]["completion_tokens"], roles[1]["completion_tokens"]]
-        ax.bar(labels, prompt, color=_TARGET, label="target prompt")
+        ax.bar(labels, prompt, color=TARGET, label="target prompt")
         ax.bar(labels, completion, bottom=prompt, color="#85c1e9", label="target completion")
-        ax.bar(labels, [0, draft["prompt_tokens"] + draft["completion_tokens"]], bottom=[p + c for p, c in zip(prompt, completion)], color=_DRAFT, label="draft")
+        ax.bar(labels, [0, draft["prompt_tokens"] + draft["completion_tokens"]], bottom=[p + c for p, c in zip(prompt, completion)], color=DRAFT, label="draft")
         ax.set_ylabel("billed tokens (prices are zero)")
         ax.set_title("Billed tokens per role")
         ax.set_ylim(0, max(p + c for p, c in zip(prompt, completion)) * 1.08 + draft["prompt_tokens"] + draft["completion_tokens"])
-    _legend_below(ax)
+    legend_below(ax)
 
 
 def scenario_svg(summary: dict[str, Any]) -> str:
@@ -197,7 +174,7 @@ def scenario_svg(summary: dict[str, Any]) -> str:
     _acceptance_panel(axes[1][0], summary)
     _cost_panel(axes[1][1], summary)
     figure.suptitle(summary["name"], fontsize=13, fontweight="bold")
-    return _svg(figure)
+    return svg(figure)
 
 
 def learning_svg(summary: dict[str, Any]) -> str:
@@ -207,18 +184,18 @@ def learning_svg(summary: dict[str, Any]) -> str:
     requests = [r for r in summary["requests"] if r.get("speedup") is not None]
     numbers = [r["index"] + 1 for r in requests]
     speedups = [r["speedup"] for r in requests]
-    ax.plot(numbers, speedups, color=_SPEC, marker="o", label="speedup of this request")
+    ax.plot(numbers, speedups, color=SPEC, marker="o", label="speedup of this request")
     ax.axhline(1.0, color="black", linewidth=1)
     warmed = summary.get("after_warmup") or {}
     if warmed.get("from_request"):
         ax.axvspan(0.5, warmed["from_request"] + 0.5, color="#eeeeee", label="warm-up (the client is learning)")
     if warmed.get("speedup") is not None:
-        ax.axhline(warmed["speedup"], color=_GOOD, linestyle="--", label=f"after warm-up: {warmed['speedup']:.2f}x")
+        ax.axhline(warmed["speedup"], color=GOOD, linestyle="--", label=f"after warm-up: {warmed['speedup']:.2f}x")
     ax.set_xlabel("request number")
     ax.set_ylabel("time alone / time with speculation")
     ax.set_title("Speedup as the suffix index learns from earlier requests")
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=3, frameon=False)
-    return _svg(figure)
+    return svg(figure)
 
 
 _CSS = """
@@ -285,10 +262,6 @@ _DOCS = (
 )
 
 
-def _figure(svg: str, caption: str) -> str:
-    return f"<figure>{svg}<figcaption class=muted>{escape(caption)}</figcaption></figure>"
-
-
 def render_html(report: dict[str, Any]) -> str:
     """The whole report as one HTML string."""
     sections = []
@@ -307,9 +280,9 @@ def render_html(report: dict[str, Any]) -> str:
             f"<p>{escape(s['description'])}</p><p class=muted>{escape(where)}; {escape(settings)}</p>"
             f"<div class='explanation{alarm}'>{escape(s['explanation'])}</div>"
             + (f"<p class=bad>Outputs that differ from the target alone's:</p><ul>{mismatches}</ul>" if mismatches else "")
-            + _figure(scenario_svg(s), f"{s['name']}: latency per request, tokens per round, acceptance by draft position, cost per role")
-            + (_figure(learning_svg(s), f"{s['name']}: speedup by request number as the client learns") if s.get("after_warmup") else "")
-            + (_seed_blog_section(s) if s.get("seed_blog") else "")
+            + figure_html(scenario_svg(s), f"{s['name']}: latency per request, tokens per round, acceptance by draft position, cost per role")
+            + (figure_html(learning_svg(s), f"{s['name']}: speedup by request number as the client learns") if s.get("after_warmup") else "")
+            + (seed_blog_section(s) if s.get("seed_blog") else "")
             + "</section>"
         )
     low, high = SPEEDUP_BAND
@@ -324,16 +297,10 @@ def render_html(report: dict[str, Any]) -> str:
         "Predicted speedups come from the measured acceptance and call latencies.</p>"
         f"<p class=muted>{_DOCS}</p>"
         f"<table>{_HEADER}{_summary_rows(report)}</table>"
-        + _figure(overview_svg(report), "achieved (solid) and predicted (hatched) speedup per scenario; 1x is the target alone")
+        + figure_html(overview_svg(report), "achieved (solid) and predicted (hatched) speedup per scenario; 1x is the target alone")
         + "".join(sections)
         + "</body></html>\n"
     )
-
-
-def _seed_blog_section(summary: dict[str, Any]) -> str:
-    from .blog_html import seed_blog_section  # it draws with this module's helpers
-
-    return seed_blog_section(summary)
 
 
 def write_html(report: dict[str, Any], path: str | Path) -> None:
