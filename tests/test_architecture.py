@@ -1,0 +1,216 @@
+"""The shape of the package, checked from its source: imports go one way, functions stay short, the core
+declares its interfaces instead of probing with getattr, and wire fields are named only by dialects.
+
+The import graph is built from every `import` statement of `specapi/` (function-level ones included, as
+they are imports all the same). Each module sits in one layer of `LAYERS`, lowest first; a module may
+import from its own layer or a lower one, never from a higher one, and the graph has no circle. A new
+module must be placed in a layer here: the test names it otherwise.
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+import re
+from collections.abc import Iterator
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent / "specapi"
+
+#: Lowest first. A module matches the first pattern that names it (a trailing ".*" takes a package).
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    (
+        "foundation: records, arithmetic, errors, options",
+        (
+            "_exceptions", "_http", "_json", "alignment", "sampling", "lossy", "load", "stats", "types", "endpoint",
+            "pricing", "cli_options", "acceptance", "context",
+        ),
+    ),
+    ("transport: one role's HTTP calls", ("_calls", "models", "raw")),
+    ("dialects: how each server family is asked and answered", ("dialects", "dialects.*")),
+    (
+        "parts: verifiers, drafters, policies, paths, the probe",
+        (
+            "verifiers", "tokenlevel", "fanout", "drafters", "suffix", "policy", "whole", "probe", "paths", "share",
+        ),
+    ),
+    ("engine: one request's life", ("request", "plan", "output", "target_alone", "engine", "streaming")),
+    ("surface: the SDK-shaped clients", ("client", "sync", "structured", "specapi")),
+    ("wings: proxy, bench, simulator, integrations, commands", ("server.*", "server", "bench", "bench.*", "sim", "sim.*", "integrations", "integrations.*", "cli", "run_command")),
+]
+
+#: The engine, its parts and the pure core: interfaces are declared here, not probed. (`_exceptions`,
+#: `_http` and the surface read the SDK's dynamic objects, where getattr is the interface.)
+CORE_LAYERS = {3, 4}
+PURE_CORE = {"sampling", "alignment", "acceptance", "lossy", "context", "load", "stats"}
+WIRE_FIELDS = re.compile(r"prompt_logprobs|return_token_ids|continue_final_message|n_probs|top_logprobs|malformed=True")
+MAX_FUNCTION_LINES = 80
+MAX_CORE_PROBES = 10
+
+
+def _modules() -> dict[str, pathlib.Path]:
+    found = {}
+    for path in sorted(ROOT.rglob("*.py")):
+        parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        found[".".join(parts)] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _short(module: str) -> str:
+    return module.removeprefix("specapi.") if module != "specapi" else "specapi"
+
+
+def layer_of(module: str) -> int | None:
+    name = _short(module)
+    for index, (_, patterns) in enumerate(LAYERS):
+        for pattern in patterns:
+            if pattern == name or (pattern.endswith(".*") and name.startswith(pattern[:-1])):
+                return index
+    return None
+
+
+def _imported(module: str, path: pathlib.Path) -> Iterator[str]:
+    package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            yield from (a.name for a in node.names if a.name.split(".")[0] == "specapi")
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if target.split(".")[0] != "specapi":
+                continue
+            for alias in node.names:
+                submodule = f"{target}.{alias.name}"
+                yield submodule if submodule in MODULES else target
+
+
+def import_graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for module, path in MODULES.items():
+        graph[module] = {m for m in _imported(module, path) if m in MODULES and m != module}
+    return graph
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_the_circle_finder_finds_a_circle_and_passes_a_line():
+    assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _circles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+
+
+def test_every_module_has_a_layer():
+    assert [m for m in MODULES if layer_of(m) is None] == []
+
+
+def test_the_import_graph_has_no_circle():
+    assert _circles(import_graph()) == []
+
+
+def test_no_module_imports_from_a_higher_layer():
+    upward = [
+        f"{_short(m)} ({LAYERS[layer_of(m)][0].split(':')[0]}) imports {_short(d)} ({LAYERS[layer_of(d)][0].split(':')[0]})"
+        for m, deps in import_graph().items()
+        for d in sorted(deps)
+        if layer_of(m) is not None and layer_of(d) is not None and layer_of(d) > layer_of(m)  # type: ignore[operator]
+    ]
+    assert upward == []
+
+
+def _outside(*packages: str) -> Iterator[tuple[str, pathlib.Path]]:
+    for module, path in MODULES.items():
+        if not any(_short(module) == p or _short(module).startswith(p + ".") for p in packages):
+            yield module, path
+
+
+def test_no_function_outside_the_simulator_and_bench_is_over_80_lines():
+    long = []
+    for module, path in _outside("sim", "bench"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1  # type: ignore[operator]
+                if lines > MAX_FUNCTION_LINES:
+                    long.append(f"{_short(module)}.{node.name}: {lines} lines")
+    assert long == []
+
+
+def _probes(path: pathlib.Path) -> list[tuple[int, str, str]]:
+    """getattr/hasattr calls with their line and the comment on that line or the line above."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    found = []
+    for node in ast.walk(ast.parse("\n".join(lines))):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr"):
+            here = lines[node.lineno - 1]
+            above = lines[node.lineno - 2].strip() if node.lineno > 1 else ""
+            comment = here.split("#", 1)[1] if "#" in here else (above[1:] if above.startswith("#") else "")
+            found.append((node.lineno, node.func.id, comment.strip()))
+    return found
+
+
+def test_the_core_declares_its_interfaces_instead_of_probing_them():
+    core = [(m, p) for m, p in MODULES.items() if layer_of(m) in CORE_LAYERS or _short(m) in PURE_CORE]
+    probes = [(m, line, comment) for m, p in core for line, _, comment in _probes(p)]
+    assert len(probes) < MAX_CORE_PROBES, probes
+    assert [f"{_short(m)}:{line}" for m, line, comment in probes if not comment] == []
+
+
+def test_only_dialects_name_wire_fields():
+    named = [
+        f"{_short(module)}:{number}: {line.strip()}"
+        for module, path in _outside("dialects", "sim")
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if WIRE_FIELDS.search(line)
+    ]
+    assert named == []
+
+
+def test_the_checks_see_the_package():
+    """The walks above read the real tree: the engine, a dialect and the client are all there."""
+    assert {"specapi.engine", "specapi.dialects.openai", "specapi.client", "specapi"} <= set(MODULES)
+    assert "specapi.engine" in import_graph()["specapi.client"]
