@@ -10,11 +10,11 @@ from typing import Protocol
 
 from ._calls import Meter, RoleClient
 from ._exceptions import EndpointError
-from ._wire import WireError
 from .acceptance import DEFAULT_EOS_TOKENS
 from .alignment import ScoredToken, complete_utf8_prefix, token_bytes
-from .context import Context, Prefill
-from .dialects.openai import ChatFormat, OpenAIFormat, openai_format
+from .context import Context
+from .dialects.base import reading
+from .dialects.openai import TRAILING, OpenAIFormat, Prefill, draft_request
 from .stats import MODEL_DRAFTER, PIPELINED, RoundRecord
 
 __all__ = ["Draft", "Drafter", "ModelDrafter", "LookupDrafter", "PredictionDrafter", "CombinedDrafter", "lookup_continuation"]
@@ -63,7 +63,8 @@ def usable_prefix(tokens: Sequence[ScoredToken]) -> tuple[ScoredToken, ...]:
 
 @dataclass
 class ModelDrafter:
-    """Drafts with a model: `/v1/completions` with logprobs, or chat logprobs for chat requests.
+    """Drafts with a model: the request's own format (completions or chat) with logprobs, its body
+    from `dialects.openai.draft_request`.
 
     For completion requests on an endpoint that refuses completions, it falls back to chat (the draft
     is only a proposal, so any proposal distribution with known probabilities keeps the output exact).
@@ -90,15 +91,10 @@ class ModelDrafter:
             self._logprobs_cap = 5
             return await self.client.post(form.path, {**body, form.list_field: 5}, meter, options=context.options)
 
-    def _format(self, context: Context) -> OpenAIFormat:
-        """The request's own format; chat once the endpoint has refused completions (a chat-only model)."""
-        form = openai_format(context)
-        return form if form.chat or self._completions_ok else ChatFormat()
-
     def _adapt(self, form: OpenAIFormat, exc: EndpointError) -> bool:
         """Learn from a refusal what this endpoint takes instead; False when there is nothing left to try."""
-        if form.chat and exc.refused_shape and self._prefill.style == "continue_final_message":
-            self._prefill = Prefill(style="trailing")  # it refuses vLLM's flags: it continues a final assistant message by itself
+        if form.chat and exc.refused_shape and self._prefill.flags:
+            self._prefill = Prefill(style=TRAILING)  # it refuses vLLM's flags: it continues a final assistant message by itself
             return True
         if not form.chat and (exc.refused_shape or exc.not_served):
             self._completions_ok = False  # e.g. a chat-only model: use chat from now on
@@ -107,10 +103,9 @@ class ModelDrafter:
 
     async def draft(self, context: Context, k: int, meter: Meter, seed: int | None) -> Draft:
         started = self.client.clock()
-        sampling = {"max_tokens": k, **context.sampling_body(seed, target=False)}
         while True:  # each refusal is learnt once: at most three tries
-            form = self._format(context)
-            body = {**form.draft_fields(context, self._top_k(context), self._prefill), **sampling}
+            # The request's own format; chat once the endpoint has refused completions (a chat-only model).
+            form, body = draft_request(context, k, self._top_k(context), seed, prefill=self._prefill, chat_only=not self._completions_ok)
             try:
                 response = await self._post_lowering_logprobs(form, body, meter, context)
             except EndpointError as exc:
@@ -124,7 +119,7 @@ class ModelDrafter:
             return Draft(tokens=tokens, latency_s=self.client.clock() - started, drafter=self.name)
 
     def _parse(self, response: dict, form: OpenAIFormat) -> tuple[ScoredToken, ...]:
-        try:
+        with reading(self.client, "draft"):
             choice = response["choices"][0]
             text = form.text(choice)
             if choice.get("logprobs") is None and choice.get("finish_reason") == "length" and (not text or "\ufffd" in text):
@@ -132,8 +127,6 @@ class ModelDrafter:
                 # bytes back until they decode): nothing usable to propose, which is no failure.
                 return ()
             tokens = form.tokens(choice)
-        except (KeyError, IndexError, TypeError, WireError) as exc:
-            raise self.client.error(f"draft response has no usable logprobs ({exc})", malformed=True) from exc
         return usable_prefix(tokens)
 
 
