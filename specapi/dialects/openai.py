@@ -23,7 +23,7 @@ vLLM's own extras (`prompt_logprobs`, `return_token_ids`) are in `dialects/vllm.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..alignment import ScoredToken
@@ -40,8 +40,10 @@ __all__ = [
     "Prefill",
     "TRAILING",
     "chat_request",
+    "DraftShape",
+    "OPENAI_LIST_CAP",
     "completion_request",
-    "draft_request",
+    "shorter_lists",
     "format_of",
     "generation_request",
     "next_token_request",
@@ -278,12 +280,39 @@ def next_token_request(context: Context, prefix: str, top_k: int, seed: int | No
     return form.path, body
 
 
-def draft_request(
-    context: Context, k: int, top_k: int, seed: int | None, *, prefill: Prefill = Prefill(), chat_only: bool = False
-) -> tuple[OpenAIFormat, dict]:
-    """A draft model's request for up to `k` tokens with `top_k` alternatives each (uncapped: the
-    caller lowers `form.list_field` on a refusal), and the format it is in: the request's own, or
-    chat for an endpoint that refused completions (`chat_only`)."""
-    form = _CHAT if chat_only else openai_format(context)
-    body = {**form.draft_fields(context, top_k, prefill), "max_tokens": k, **sampling_fields(context, seed, target=False)}
-    return form, body
+#: The longest list OpenAI's legacy completions take (`logprobs` up to 5): a draft asking more of an
+#: endpoint that refuses it asks this much from then on.
+OPENAI_LIST_CAP = 5
+
+
+@dataclass(frozen=True)
+class DraftShape:
+    """What a draft model's endpoint was found to take, learnt from its refusals: completions (else
+    chat only: a chat-only model), and how it continues a final assistant message."""
+
+    completions: bool = True
+    prefill: Prefill = Prefill()
+
+    def request(self, context: Context, k: int, top_k: int, seed: int | None) -> tuple[OpenAIFormat, dict]:
+        """A request for up to `k` tokens with `top_k` alternatives each (uncapped: see `shorter_lists`),
+        in the request's own format, or chat where completions were refused (the draft is only a
+        proposal, so any proposal distribution with known probabilities keeps the output exact). A
+        completions request drafted by chat continues its prompt as an assistant message."""
+        form = openai_format(context) if self.completions else _CHAT
+        body = {**form.draft_fields(context, top_k, self.prefill), "max_tokens": k, **sampling_fields(context, seed, target=False)}
+        return form, body
+
+    def after_refusal(self, form: OpenAIFormat, *, refused_shape: bool, not_served: bool) -> DraftShape | None:
+        """What to send instead after `form`'s request was refused; None when nothing is left to try."""
+        if form.chat and refused_shape and self.prefill.flags:
+            return replace(self, prefill=Prefill(style=TRAILING))  # it continues a final assistant message by itself
+        if not form.chat and (refused_shape or not_served):
+            return replace(self, completions=False)  # e.g. a chat-only model: chat from now on
+        return None
+
+
+def shorter_lists(form: OpenAIFormat, body: Mapping[str, Any], cap: int = OPENAI_LIST_CAP) -> dict | None:
+    """The body with lists of at most `cap` alternatives; None when its lists are no longer."""
+    if body[form.list_field] <= cap:
+        return None
+    return {**body, form.list_field: cap}
