@@ -339,7 +339,7 @@ def _offsets_from_prompt_start(response: dict[str, Any], prompt: str, *, echo: b
     try:
         offsets = response["choices"][0]["logprobs"]["text_offset"]
         first_generated = offsets[-1] if echo else offsets[0]
-    except (KeyError, IndexError, TypeError):
+    except UNREADABLE:
         return None
     if not isinstance(first_generated, int) or first_generated < 0:
         return None
@@ -354,7 +354,7 @@ def _prompt_tokens(response: dict[str, Any] | None) -> int | None:
 def _content(response: dict[str, Any] | None) -> str:
     try:
         return (response or {})["choices"][0]["message"]["content"] or ""
-    except (KeyError, IndexError, TypeError):
+    except UNREADABLE:
         return ""
 
 
