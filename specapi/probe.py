@@ -21,7 +21,7 @@ from .dialects import native_dialect, server_root
 from .dialects.base import UNREADABLE
 from .dialects.capabilities import Capabilities
 from .dialects.logprobs import chat_tokens, completion_tokens
-from .dialects.openai import CONTINUE_FINAL_MESSAGE, TRAILING, Prefill, chat_request, completion_request
+from .dialects.openai import CONTINUE_FINAL_MESSAGE, TRAILING, Prefill, chat_request, completion_request, fixed_sampling
 from .dialects.vllm import prompt_scores_finding, prompt_scores_note, prompt_scores_probe, scores_prompt
 from .cli_options import EXIT_FAILED, EXIT_OK, EXIT_USAGE, Option, UsageError, add_options, boolean, resolve
 from .endpoint import Endpoint
@@ -206,7 +206,7 @@ async def _probe_completions(ask: Ask, found: _Found, max_logprobs: int) -> None
     prompt, values = _PROBE_PROMPT, found.values
     response = None
     for k in sorted({max_logprobs, 5}, reverse=True):
-        response = await ask(*completion_request(prompt, 1, {"temperature": 0}, top_k=k, echo=True))
+        response = await ask(*completion_request(prompt, 1, fixed_sampling(0), top_k=k, echo=True))
         if response is not None:
             values["max_logprobs"] = k
             break
@@ -220,7 +220,7 @@ async def _probe_completions(ask: Ask, found: _Found, max_logprobs: int) -> None
     found.notes.append("completions echo+logprobs: " + ("scores prompt tokens" if values.get("echo_logprobs") else "refused or no prompt logprobs"))
 
     if not values.get("completions"):
-        response = await ask(*completion_request(prompt, 1, {"temperature": 0}, top_k=5))
+        response = await ask(*completion_request(prompt, 1, fixed_sampling(0), top_k=5))
         if response is not None:
             values["completions"] = True
             values["completions_logprobs"] = max((len(t.top or {}) for t in _completion_tokens(response)), default=0)
@@ -235,8 +235,8 @@ async def _probe_completions(ask: Ask, found: _Found, max_logprobs: int) -> None
 async def _probe_temperature(ask: Ask, found: _Found) -> None:
     """Raw or temperature-scaled logprobs: score the same prompt at two temperatures."""
     hot, cold = await _both(
-        ask(*completion_request(_PROBE_PROMPT, 1, {"temperature": 0.5, "seed": 0}, top_k=1, echo=True)),
-        ask(*completion_request(_PROBE_PROMPT, 1, {"temperature": 1.0, "seed": 0}, top_k=1, echo=True)),
+        ask(*completion_request(_PROBE_PROMPT, 1, fixed_sampling(0.5, seed=0), top_k=1, echo=True)),
+        ask(*completion_request(_PROBE_PROMPT, 1, fixed_sampling(1.0, seed=0), top_k=1, echo=True)),
     )
     try:
         a = completion_tokens(hot["choices"][0]["logprobs"]) if hot else []
@@ -252,7 +252,7 @@ async def _probe_temperature(ask: Ask, found: _Found) -> None:
 async def _probe_chat(ask: Ask, found: _Found) -> None:
     """Chat: logprobs, continuing a final assistant message, vLLM's prompt scores, Predicted Outputs."""
     messages = [{"role": "user", "content": "a b c d e"}]
-    response = await ask(*chat_request(messages, 1, {"temperature": 0}, top_k=20))
+    response = await ask(*chat_request(messages, 1, fixed_sampling(0), top_k=20))
     if response is None:
         return
     found.values["chat"] = True
@@ -271,7 +271,7 @@ async def _probe_chat(ask: Ask, found: _Found) -> None:
     found.notes.append("chat prefill: " + chat_prefill)
     found.notes.append(prompt_scores_note(scored))
 
-    response = await ask(*chat_request(messages, 2, {"temperature": 0}, prediction="a b"))
+    response = await ask(*chat_request(messages, 2, fixed_sampling(0), prediction="a b"))
     if response is not None:
         details = (response.get("usage") or {}).get("completion_tokens_details") or {}
         found.values["predicted_outputs"] = "accepted_prediction_tokens" in details
@@ -285,8 +285,8 @@ _PREFILL_PREFIX = "a b c"
 async def _probe_prefill(ask: Ask, found: _Found, continued: list[dict[str, Any]]) -> None:
     """How the endpoint continues a final assistant message: with vLLM/SGLang's flags, or by itself."""
     with_flags, bare = await _both(
-        ask(*chat_request(continued, 1, {"temperature": 0}, prefill=Prefill())),
-        ask(*chat_request(continued, 1, {"temperature": 0})),
+        ask(*chat_request(continued, 1, fixed_sampling(0), prefill=Prefill())),
+        ask(*chat_request(continued, 1, fixed_sampling(0))),
     )
     flagged_prompt = _prompt_tokens(with_flags)
     bare_prompt = _prompt_tokens(bare)

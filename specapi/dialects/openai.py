@@ -34,22 +34,23 @@ __all__ = [
     "CHAT_FIELDS",
     "COMPLETION_FIELDS",
     "CONTINUE_FINAL_MESSAGE",
+    "OPENAI_LIST_CAP",
+    "TRAILING",
     "ChatFormat",
     "CompletionsFormat",
+    "DraftShape",
     "OpenAIFormat",
     "Prefill",
-    "TRAILING",
     "chat_request",
-    "DraftShape",
-    "OPENAI_LIST_CAP",
     "completion_request",
-    "shorter_lists",
+    "fixed_sampling",
     "format_of",
     "generation_request",
     "next_token_request",
     "openai_format",
     "prediction_fields",
     "sampling_fields",
+    "shorter_lists",
 ]
 
 #: The parameters of the SDK's `completions.create` (the proxy passes these on, refuses the rest).
@@ -100,6 +101,11 @@ class Prefill:
                 raise ValueError("the reply does not repeat the continued prefix")
             return content[len(prefix) :]
         return content
+
+
+def fixed_sampling(temperature: float, seed: int | None = None) -> dict[str, Any]:
+    """Sampling fields of specapi's own requests (the probe's), not a caller's."""
+    return {"temperature": temperature} if seed is None else {"temperature": temperature, "seed": seed}
 
 
 def sampling_fields(context: Context, seed: int | None, *, target: bool = True) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from ..alignment import ScoredToken, token_bytes
 from ..context import Context
 from .base import UNREADABLE, Generated, Pick, count, reading, rendered_bytes, server_root
 from .logprobs import chat_tokens, prompt_logprob_tokens
-from .openai import Prefill, chat_request, sampling_fields
+from .openai import Prefill, chat_request, fixed_sampling, sampling_fields
 
 __all__ = ["VllmDialect", "prompt_scores_finding", "prompt_scores_note", "prompt_scores_probe", "prompt_scores_request", "read_prompt_scores", "scores_prompt"]
 
@@ -46,7 +46,7 @@ def prompt_scores_request(context: Context, draft_text: str, top_k: int, seed: i
 
 def prompt_scores_probe(messages: Sequence[Mapping[str, Any]]) -> tuple[str, dict[str, Any]]:
     """The probe's request: does the endpoint score a continued chat prompt (one alternative, greedy)?"""
-    path, body = chat_request(messages, 1, {"temperature": 0}, prefill=Prefill())
+    path, body = chat_request(messages, 1, fixed_sampling(0), prefill=Prefill())
     return path, {**body, **_prompt_scores(1)}
 
 
