@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from ._calls import Meter, RoleClient
 from .context import Context
 from .dialects.base import reading
-from .dialects.openai import generation_request, openai_format, prediction_fields
+from .dialects.openai import generation_request, openai_format
 from .drafters import Draft, Drafter
 from .stats import RoundRecord
 from .suffix import screen_prediction
@@ -57,9 +57,7 @@ class PredictedOutputsPath:
         draft = await (free_only() if free_only is not None else drafter).draft(context, max_tokens or _PREDICTION_TOKENS, draft_meter, seeds[0])
         draft = screen_prediction(draft)  # a suffix draft goes only as far as it is likely to pay
         draft_latency = self.target.clock() - started
-        path, body = generation_request(context, max_tokens, seeds[1], stop)
-        if draft.text:
-            body.update(prediction_fields(draft.text))
+        path, body = generation_request(context, max_tokens, seeds[1], stop, prediction=draft.text)
         started = self.target.clock()
         response = await self.target.post(path, body, target_meter, options=context.options)
         with reading(self.target, "generation"):

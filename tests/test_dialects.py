@@ -395,3 +395,10 @@ async def test_reading_maps_every_unreadable_answer_to_the_roles_malformed_error
     with pytest.raises(RuntimeError):  # not about the answer: not a malformed response
         with reading(client, "echo"):
             raise RuntimeError("bug")
+
+
+def test_generation_with_a_prediction_sends_it_as_predicted_outputs_and_an_empty_one_not_at_all() -> None:
+    path, body = generation_request(chat(temperature=0.0), 32, None, None, prediction="def 函数():")
+    assert path == "/chat/completions"
+    assert ordered(body)[-1] == ("prediction", {"type": "content", "content": "def 函数():"})
+    assert "prediction" not in generation_request(chat(temperature=0.0), 32, None, None, prediction="")[1]

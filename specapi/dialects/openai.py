@@ -219,10 +219,12 @@ def generation_request(
     *,
     count_tokens: bool = False,
     stream_usage: bool = False,
+    prediction: str | None = None,
 ) -> tuple[str, dict]:
     """The path and body of a request in which the target generates from the context by itself
     (`max_tokens` None: none is sent, and the server's own limit applies). `count_tokens` asks the
-    generated tokens' logprobs (to count them exactly); `stream_usage` the bill at a stream's end."""
+    generated tokens' logprobs (to count them exactly); `stream_usage` the bill at a stream's end;
+    `prediction` (not empty) goes as Predicted Outputs."""
     form = openai_format(context)
     body: dict = {**sampling_fields(context, seed)}
     if max_tokens is not None:
@@ -234,6 +236,8 @@ def generation_request(
         body.update(form.logprobs())
     if stream_usage:
         body["stream_options"] = {"include_usage": True}
+    if prediction:
+        body.update(prediction_fields(prediction))
     return form.path, body
 
 
