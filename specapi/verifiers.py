@@ -9,9 +9,9 @@ bodies come from the dialects (`dialects/openai.py`, `dialects/vllm.py`), and so
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from ._calls import Meter, RoleClient
 from .acceptance import DEFAULT_EOS_TOKENS, RoundDecision
@@ -85,7 +85,7 @@ def _bonus(tokens: list[ScoredToken], generated_text: str, finish_reason: str | 
 
 
 def _verification(
-    scored: Sequence[ScoredToken], start: int, straddle: int, bonus: ScoredToken | None, choice: dict, latency: float, usage: dict
+    scored: Sequence[ScoredToken], start: int, straddle: int, bonus: ScoredToken | None, choice: Mapping[str, Any], latency: float, usage: dict
 ) -> Verification:
     """The positions from `start` on; the request's own prompt tokens are the billed ones minus the draft's."""
     prompt_tokens = usage.get("prompt_tokens")
