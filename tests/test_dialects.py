@@ -1,4 +1,5 @@
-"""Each native dialect builds the body its server takes and reads the answers its server gives.
+"""Each dialect builds the body its server takes and reads the answers its server gives: the native
+token-id dialects, and the OpenAI formats every request body specapi sends is built in.
 
 The answers are recorded shapes: llama.cpp's from the real `llama-server` (tests/real/record_shapes.py),
 vLLM's and SGLang's written from their sources (tests/fixtures/*/README.md). Requests are caught with

@@ -207,7 +207,8 @@ def format_of(chat: bool) -> OpenAIFormat:
 
 
 def openai_format(context: Context) -> OpenAIFormat:
-    return _CHAT if context.is_chat else _COMPLETIONS
+    """The format of a request: chat when it has messages (`Context.is_chat`)."""
+    return format_of(context.is_chat)
 
 
 def generation_request(
