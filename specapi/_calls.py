@@ -6,7 +6,7 @@ own error classes with the SDK's own messages, so callers see what they saw when
 The first attempt runs without the retry machinery; tenacity takes over after a transient failure.
 
 Responses are kept as the JSON the server sent (dicts), since verification needs fields that the SDK's
-types do not model (vLLM's `prompt_logprobs`, llama.cpp's chat-shaped completion logprobs, ...).
+types do not model (vLLM's prompt scores, llama.cpp's chat-shaped completion logprobs, ...).
 """
 
 from __future__ import annotations
@@ -299,8 +299,13 @@ class RoleClient:
     ) -> EndpointError:
         """The error naming this role and endpoint; also an instance of `cause`'s SDK class if it has one."""
         if malformed:
-            return MalformedResponseError(message, role=self.role, endpoint=self.endpoint.label, status_code=status_code)
+            return self.malformed(message, status_code=status_code)
         return endpoint_error(message, role=self.role, endpoint=self.endpoint.label, status_code=status_code, cause=cause)
+
+    def malformed(self, message: str, *, status_code: int | None = None) -> MalformedResponseError:
+        """The error for an answer that lacks or contradicts what was asked (`dialects.reading` maps
+        the errors of reading one into it)."""
+        return MalformedResponseError(message, role=self.role, endpoint=self.endpoint.label, status_code=status_code)
 
     def _status_error(self, reply: Reply) -> openai.APIStatusError:
         return self.sdk._make_status_error_from_response(reply.http_response())
@@ -363,14 +368,14 @@ class RoleClient:
         except openai.APIError as exc:
             raise self.error(f"{type(exc).__name__}: {exc}", cause=exc) from exc
         except (json.JSONDecodeError, UnicodeDecodeError, ValueError) as exc:
-            raise self.error(f"unreadable response body ({exc})", malformed=True) from exc
+            raise self.malformed(f"unreadable response body ({exc})") from exc
         if isinstance(result, list) and array_ok:
             # A native multi-prompt answer (llama.cpp's /completion): one result per prompt, unbilled
             # in OpenAI's terms; what each evaluated and generated is its bill.
             meter.record_usage(_native_usage(result))
             return result
         if not isinstance(result, dict):
-            raise self.error(f"expected a JSON object, got {type(result).__name__}", malformed=True)
+            raise self.malformed(f"expected a JSON object, got {type(result).__name__}")
         meter.record_usage(result.get("usage") if "usage" in result or not _is_native(result) else _native_usage([result]))
         return result
 

@@ -1,4 +1,7 @@
-"""What a round works on: the request (prompt or messages), the text accepted so far, the sampling."""
+"""What a round works on: the request (prompt or messages), the text accepted so far, the sampling.
+
+How a context is put in a request body is the dialects' business (`dialects/openai.py`).
+"""
 
 from __future__ import annotations
 
@@ -8,33 +11,7 @@ from typing import Any
 
 from .acceptance import SamplingParams
 
-__all__ = ["Context", "Prefill"]
-
-
-@dataclass(frozen=True)
-class Prefill:
-    """How an endpoint continues a partial assistant message.
-
-    `style` "continue_final_message" sends vLLM/SGLang's flags (`continue_final_message: true`,
-    `add_generation_prompt: false`); "trailing" relies on the server continuing a final assistant
-    message by itself (llama.cpp). `echoes_prefix`: the reply's content repeats the prefix (llama-server).
-    """
-
-    style: str = "continue_final_message"
-    echoes_prefix: bool = False
-
-    def fields(self, has_prefix: bool) -> dict[str, Any]:
-        if has_prefix and self.style == "continue_final_message":
-            return {"continue_final_message": True, "add_generation_prompt": False}
-        return {}
-
-    def strip(self, content: str, prefix: str) -> str:
-        """The continuation alone. None of it is trusted if an echoing server did not echo."""
-        if self.echoes_prefix and prefix:
-            if not content.startswith(prefix):
-                raise ValueError("the reply does not repeat the continued prefix")
-            return content[len(prefix) :]
-        return content
+__all__ = ["Context"]
 
 
 @dataclass(frozen=True)
@@ -71,20 +48,6 @@ class Context:
         if prefix:
             messages.append({"role": "assistant", "content": prefix})
         return messages
-
-    def sampling_body(self, seed: int | None, *, target: bool = True) -> dict[str, Any]:
-        """The sampling fields of a request: the target also gets every extra field of the caller's
-        request; the draft (another server, maybe of another kind) only temperature, top_p and seed."""
-        body: dict[str, Any] = dict(self.extras) if target else {}
-        if not target and self.sampling.point_mass_draft:
-            body["temperature"] = 0.0  # the draft's most likely tokens (see SamplingParams.point_mass_draft)
-        else:
-            body["temperature"] = self.sampling.temperature
-            if self.sampling.top_p < 1.0:
-                body["top_p"] = self.sampling.top_p
-        if seed is not None:
-            body["seed"] = seed
-        return body
 
     def advanced(self, text: str, ids: Sequence[int] | None = None) -> Context:
         """The context after `text`; its token ids follow only when the ids of `text` are known."""

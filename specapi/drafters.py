@@ -10,11 +10,11 @@ from typing import Protocol
 
 from ._calls import Meter, RoleClient
 from ._exceptions import EndpointError
-from ._wire import WireError
 from .acceptance import DEFAULT_EOS_TOKENS
 from .alignment import ScoredToken, complete_utf8_prefix, token_bytes
-from .context import Context, Prefill
-from .dialects.openai import ChatFormat, OpenAIFormat, openai_format
+from .context import Context
+from .dialects.base import reading
+from .dialects.openai import OPENAI_LIST_CAP, DraftShape, OpenAIFormat, shorter_lists
 from .stats import MODEL_DRAFTER, PIPELINED, RoundRecord
 
 __all__ = ["Draft", "Drafter", "ModelDrafter", "LookupDrafter", "PredictionDrafter", "CombinedDrafter", "lookup_continuation"]
@@ -63,60 +63,44 @@ def usable_prefix(tokens: Sequence[ScoredToken]) -> tuple[ScoredToken, ...]:
 
 @dataclass
 class ModelDrafter:
-    """Drafts with a model: `/v1/completions` with logprobs, or chat logprobs for chat requests.
-
-    For completion requests on an endpoint that refuses completions, it falls back to chat (the draft
-    is only a proposal, so any proposal distribution with known probabilities keeps the output exact).
+    """Drafts with a model: the request's own format (completions or chat) with logprobs, as
+    `dialects.openai.DraftShape` builds it, adapting the shape to what the endpoint refuses (chat for
+    a chat-only model, no prefill flags where they are refused, shorter lists where long ones are).
     """
 
     client: RoleClient
     name: str = MODEL_DRAFTER
 
     def __post_init__(self) -> None:
-        self._completions_ok = True
-        self._prefill = Prefill()
+        self._shape = DraftShape()
         self._logprobs_cap = min(self.client.endpoint.max_logprobs, 20)
 
     def _top_k(self, context: Context) -> int:
         return 1 if context.sampling.greedy or context.sampling.point_mass_draft else self._logprobs_cap
 
     async def _post_lowering_logprobs(self, form: OpenAIFormat, body: dict, meter: Meter, context: Context) -> dict:
-        """Post; a 400 on a list longer than 5 is retried once with 5 (OpenAI's cap), and remembered."""
+        """Post; a 400 on lists longer than OpenAI's cap is retried once with the cap, and remembered."""
         try:
             return await self.client.post(form.path, body, meter, options=context.options)
         except EndpointError as exc:
-            if not exc.refused_shape or body[form.list_field] <= 5:
+            shorter = shorter_lists(form, body) if exc.refused_shape else None
+            if shorter is None:
                 raise
-            self._logprobs_cap = 5
-            return await self.client.post(form.path, {**body, form.list_field: 5}, meter, options=context.options)
-
-    def _format(self, context: Context) -> OpenAIFormat:
-        """The request's own format; chat once the endpoint has refused completions (a chat-only model)."""
-        form = openai_format(context)
-        return form if form.chat or self._completions_ok else ChatFormat()
-
-    def _adapt(self, form: OpenAIFormat, exc: EndpointError) -> bool:
-        """Learn from a refusal what this endpoint takes instead; False when there is nothing left to try."""
-        if form.chat and exc.refused_shape and self._prefill.style == "continue_final_message":
-            self._prefill = Prefill(style="trailing")  # it refuses vLLM's flags: it continues a final assistant message by itself
-            return True
-        if not form.chat and (exc.refused_shape or exc.not_served):
-            self._completions_ok = False  # e.g. a chat-only model: use chat from now on
-            return True
-        return False
+            self._logprobs_cap = OPENAI_LIST_CAP
+            return await self.client.post(form.path, shorter, meter, options=context.options)
 
     async def draft(self, context: Context, k: int, meter: Meter, seed: int | None) -> Draft:
         started = self.client.clock()
-        sampling = {"max_tokens": k, **context.sampling_body(seed, target=False)}
         while True:  # each refusal is learnt once: at most three tries
-            form = self._format(context)
-            body = {**form.draft_fields(context, self._top_k(context), self._prefill), **sampling}
+            form, body = self._shape.request(context, k, self._top_k(context), seed)
             try:
                 response = await self._post_lowering_logprobs(form, body, meter, context)
             except EndpointError as exc:
-                if self._adapt(form, exc):
-                    continue
-                raise
+                learnt = self._shape.after_refusal(form, refused_shape=exc.refused_shape, not_served=exc.not_served)
+                if learnt is None:
+                    raise
+                self._shape = learnt
+                continue
             tokens = self._parse(response, form)
             if context.sampling.point_mass_draft and not context.sampling.greedy:
                 # Drawn at temperature 0: each proposal is certain under the draft (q is a point mass).
@@ -124,7 +108,7 @@ class ModelDrafter:
             return Draft(tokens=tokens, latency_s=self.client.clock() - started, drafter=self.name)
 
     def _parse(self, response: dict, form: OpenAIFormat) -> tuple[ScoredToken, ...]:
-        try:
+        with reading(self.client, "draft"):
             choice = response["choices"][0]
             text = form.text(choice)
             if choice.get("logprobs") is None and choice.get("finish_reason") == "length" and (not text or "\ufffd" in text):
@@ -132,8 +116,6 @@ class ModelDrafter:
                 # bytes back until they decode): nothing usable to propose, which is no failure.
                 return ()
             tokens = form.tokens(choice)
-        except (KeyError, IndexError, TypeError, WireError) as exc:
-            raise self.client.error(f"draft response has no usable logprobs ({exc})", malformed=True) from exc
         return usable_prefix(tokens)
 
 

@@ -21,7 +21,8 @@ from ._calls import Clock, Meter, RoleClient
 from ._exceptions import DraftError, EndpointError, MalformedResponseError
 from .acceptance import Emitted, decide_round
 from .alignment import complete_utf8_prefix, token_bytes
-from .context import Context, Prefill
+from .context import Context
+from .dialects.openai import Prefill
 from .lossy import EXACT, lossy_path_note
 from .drafters import Draft, Drafter, ModelDrafter, usable_prefix
 from .load import current_request, queue_delay
@@ -708,7 +709,7 @@ class Engine:
                 if new:
                     yield new
         if not finished:
-            raise self.target.error("the stream ended without a finish_reason: the text may be incomplete", malformed=True)
+            raise self.target.malformed("the stream ended without a finish_reason: the text may be incomplete")
         # A chunk is a token, but not every token is a chunk (a character of several tokens, the end of
         # text, a stop string): the server's count settles it; without one, a "length" end is the limit.
         billed = usage.get("completion_tokens")

@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from ._calls import Meter, RoleClient
 from .acceptance import DEFAULT_EOS_TOKENS
 from .alignment import ScoredToken, complete_utf8_prefix, token_bytes
-from .context import Context, Prefill
-from .dialects.openai import openai_format
+from .context import Context
+from .dialects.base import reading
+from .dialects.openai import Prefill, next_token_request, openai_format
 from .verifiers import SeedSource, Verification
 
 __all__ = ["PrefillFanoutVerifier", "END_OF_TEXT"]
@@ -82,15 +83,13 @@ class PrefillFanoutVerifier:
         shown), and the prompt tokens it was billed."""
         if prefix is None:
             return None, None
-        form = openai_format(context)
-        body = {"max_tokens": 1, **context.sampling_body(seed), **form.prompt_fields(context, prefix, self.prefill), **form.logprobs(top_k)}
-        response = await self.client.post(form.path, body, meter, options=context.options)
-        try:
+        path, body = next_token_request(context, prefix, top_k, seed, self.prefill)
+        response = await self.client.post(path, body, meter, options=context.options)
+        with reading(self.client, "fan-out"):
+            form = openai_format(context)
             choice = response["choices"][0]
             text = form.text(choice, context.accepted + prefix, self.prefill)
             tokens = form.tokens(choice) if choice.get("logprobs") else []
-        except (KeyError, IndexError, TypeError, ValueError) as exc:
-            raise self.client.error(f"fan-out response is unreadable ({exc})", malformed=True) from exc
         real = [t for t in tokens if t.text not in DEFAULT_EOS_TOKENS]
         prompt_tokens = (response.get("usage") or {}).get("prompt_tokens")
         prompt_tokens = prompt_tokens if isinstance(prompt_tokens, int) else None
@@ -104,7 +103,7 @@ class PrefillFanoutVerifier:
                 return END_OF_TEXT, prompt_tokens
             if finish == "length":
                 return None, prompt_tokens  # part of a character, and no logprobs show which bytes
-            raise self.client.error("fan-out response generated nothing and did not stop", malformed=True)
+            raise self.client.malformed("fan-out response generated nothing and did not stop")
         if text.endswith("\ufffd") and finish == "length":
             return None, prompt_tokens
         return text, prompt_tokens

@@ -15,7 +15,7 @@ from typing import Any
 
 from ._calls import Meter, RoleClient
 from ._exceptions import ConfigurationError, EndpointError
-from .context import Prefill
+from .dialects.openai import CONTINUE_FINAL_MESSAGE, Prefill
 from .fanout import PrefillFanoutVerifier
 from .dialects import native_dialect
 from .probe import Capabilities, cached_probe, choose_verification
@@ -65,7 +65,7 @@ class PathResolver:
         caps = self.capabilities
         if caps is None or not caps.chat_prefill:
             return Prefill()
-        return Prefill(style=caps.prefill_style or "continue_final_message", echoes_prefix=caps.prefill_echoes_prefix)
+        return Prefill(style=caps.prefill_style or CONTINUE_FINAL_MESSAGE, echoes_prefix=caps.prefill_echoes_prefix)
 
     def _build(self, name: str, chat: bool) -> Path:
         path = self._build_path(name, chat)

@@ -11,14 +11,18 @@ import argparse
 import asyncio
 import json
 import math
-from collections.abc import Awaitable
-from dataclasses import asdict, dataclass, field
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from ._calls import Meter, RoleClient, is_transient
 from ._exceptions import EndpointError, MalformedResponseError
-from ._wire import WireError, chat_tokens, completion_tokens, prompt_logprob_tokens
 from .dialects import native_dialect, server_root
+from .dialects.base import UNREADABLE
+from .dialects.capabilities import Capabilities
+from .dialects.logprobs import chat_tokens, completion_tokens
+from .dialects.openai import CONTINUE_FINAL_MESSAGE, TRAILING, Prefill, chat_request, completion_request, fixed_sampling
+from .dialects.vllm import prompt_scores_finding, prompt_scores_note, prompt_scores_probe, scores_prompt
 from .cli_options import EXIT_FAILED, EXIT_OK, EXIT_USAGE, Option, UsageError, add_options, boolean, resolve
 from .endpoint import Endpoint
 
@@ -107,50 +111,10 @@ async def _max_model_len(client: RoleClient, meter: Meter) -> int | None:
     return None
 
 
-@dataclass(frozen=True)
-class Capabilities:
-    """What one endpoint supports. `notes` explains each finding in words."""
-
-    completions: bool = False
-    completions_logprobs: int = 0  # largest top-k the completions endpoint returned (0 = none)
-    max_logprobs: int | None = None  # the largest `logprobs` the echo request was accepted with
-    echo_logprobs: bool = False
-    prompt_logprobs: bool = False  # vLLM's prompt_logprobs on chat (with prompt_token_ids)
-    chat: bool = False
-    chat_logprobs: int = 0
-    chat_prefill: bool = False  # continues a final assistant message
-    prefill_style: str | None = None  # "continue_final_message" or "trailing"
-    prefill_echoes_prefix: bool = False  # llama-server returns the prefix inside content
-    predicted_outputs: bool = False
-    logprobs_raw: bool | None = None  # True: logprobs ignore temperature; None: unknown
-    offsets_from_prompt_start: bool | None = None  # text_offset's convention (reported, never relied on)
-    server: str | None = None  # "llama-server", "llama-cpp-python", "vllm" or "sglang" when recognised
-    #: The server takes token-id prompts (its native dialect tokenized a probe text): token-id verification.
-    token_ids: bool = False
-    #: Sampling settings the server applies to requests that do not set them (None: OpenAI's, 1.0 and 1.0).
-    sampler_defaults: dict[str, float] | None = None
-    #: The caller's last tokens the target must write in one call for the text to end as its own would.
-    #: Servers that cut a character at the limit render it alike however the call began (0);
-    #: llama-cpp-python finishes it past the limit, but only once its call has generated three bytes,
-    #: and one of its one-token steps can run many tokens on.
-    final_stretch: int = 0
-    #: The limit the server gives a completions request that sets none (None: to the context's end).
-    default_max_tokens: int | None = 16
-    #: The server's context window in tokens (llama-server's slot `n_ctx`, vLLM's `max_model_len`), if known.
-    context_window: int | None = None
-    #: A completions stream ends with the usage though the request did not ask for it (`stream_options`):
-    #: llama-server puts it on the chunk with the finish_reason (its chat streams do not).
-    stream_usage_unasked: bool = False
-    notes: tuple[str, ...] = field(default=())
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
 def choose_verification(caps: Capabilities, *, chat: bool) -> str:
     """The fastest exact path an endpoint allows, for completions or chat requests."""
     if chat:
-        if caps.prompt_logprobs:
+        if caps.scores_chat_prompts:
             return "prompt-logprobs"
         if caps.chat_prefill and caps.chat:
             return "prefill-fanout"
@@ -211,132 +175,161 @@ async def probe_endpoint(client: RoleClient, meter: Meter) -> Capabilities:
             await asyncio.gather(defaults, return_exceptions=True)
 
 
-async def _probe(client: RoleClient, meter: Meter, defaults_task: asyncio.Future[tuple[str | None, dict[str, float] | None, _Limits]]) -> Capabilities:
-    found: dict[str, Any] = {}
-    notes: list[str] = []
-    prompt = _PROBE_PROMPT
+Ask = Callable[[str, dict[str, Any]], Awaitable["dict[str, Any] | None"]]
 
-    # Completions with echo + logprobs: scores supplied tokens in one call. Ask for the longest lists
-    # the endpoint is configured for; a server with a lower cap (OpenAI's base models: 5) refuses.
+
+@dataclass
+class _Found:
+    """What the probe found so far: `Capabilities` fields by name, and a note per finding."""
+
+    values: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+
+async def _probe(client: RoleClient, meter: Meter, defaults_task: asyncio.Future[tuple[str | None, dict[str, float] | None, _Limits]]) -> Capabilities:
+    found = _Found()
+
+    async def ask(path: str, body: dict[str, Any]) -> dict[str, Any] | None:
+        return await _try(client, path, body, meter)
+
+    await _probe_completions(ask, found, client.endpoint.max_logprobs)
+    if found.values.get("echo_logprobs"):
+        await _probe_temperature(ask, found)
+    await _probe_chat(ask, found)
+    await _probe_server(client, meter, found, await defaults_task)
+    return Capabilities(notes=tuple(found.notes), **found.values)
+
+
+async def _probe_completions(ask: Ask, found: _Found, max_logprobs: int) -> None:
+    """Completions with echo + logprobs: scores supplied tokens in one call. Ask for the longest lists
+    the endpoint is configured for; a server with a lower cap (OpenAI's base models: 5) refuses."""
+    prompt, values = _PROBE_PROMPT, found.values
     response = None
-    for k in sorted({client.endpoint.max_logprobs, 5}, reverse=True):
-        body = {"prompt": prompt, "echo": True, "logprobs": k, "max_tokens": 1, "temperature": 0}
-        response = await _try(client, "/completions", body, meter)
+    for k in sorted({max_logprobs, 5}, reverse=True):
+        response = await ask(*completion_request(prompt, 1, fixed_sampling(0), top_k=k, echo=True))
         if response is not None:
-            found["max_logprobs"] = k
+            values["max_logprobs"] = k
             break
     if response is not None:
-        found["completions"] = True
+        values["completions"] = True
         tokens = _completion_tokens(response)
         scored = [t for t in tokens if t.top]
-        found["echo_logprobs"] = len(tokens) >= 3 and len(scored) >= len(tokens) - 2
-        found["completions_logprobs"] = max((len(t.top or {}) for t in tokens), default=0)
-        found["offsets_from_prompt_start"] = _offsets_from_prompt_start(response, prompt, echo=True)
-    notes.append("completions echo+logprobs: " + ("scores prompt tokens" if found.get("echo_logprobs") else "refused or no prompt logprobs"))
+        values["echo_logprobs"] = len(tokens) >= 3 and len(scored) >= len(tokens) - 2
+        values["completions_logprobs"] = max((len(t.top or {}) for t in tokens), default=0)
+        values["offsets_from_prompt_start"] = _offsets_from_prompt_start(response, prompt, echo=True)
+    found.notes.append("completions echo+logprobs: " + ("scores prompt tokens" if values.get("echo_logprobs") else "refused or no prompt logprobs"))
 
-    if not found.get("completions"):
-        response = await _try(client, "/completions", {"prompt": prompt, "logprobs": 5, "max_tokens": 1, "temperature": 0}, meter)
+    if not values.get("completions"):
+        response = await ask(*completion_request(prompt, 1, fixed_sampling(0), top_k=5))
         if response is not None:
-            found["completions"] = True
-            found["completions_logprobs"] = max((len(t.top or {}) for t in _completion_tokens(response)), default=0)
-            found["offsets_from_prompt_start"] = _offsets_from_prompt_start(response, prompt, echo=False)
-    if found.get("offsets_from_prompt_start") is not None:
-        convention = "from the prompt's start" if found["offsets_from_prompt_start"] else "from the generated text"
-        notes.append(f"text_offset counts {convention} (specapi aligns on bytes and does not rely on it)")
-    if found.get("completions") and not found.get("echo_logprobs"):
-        notes.append(f"completions logprobs on generated tokens: top {found.get('completions_logprobs', 0)}")
+            values["completions"] = True
+            values["completions_logprobs"] = max((len(t.top or {}) for t in _completion_tokens(response)), default=0)
+            values["offsets_from_prompt_start"] = _offsets_from_prompt_start(response, prompt, echo=False)
+    if values.get("offsets_from_prompt_start") is not None:
+        convention = "from the prompt's start" if values["offsets_from_prompt_start"] else "from the generated text"
+        found.notes.append(f"text_offset counts {convention} (specapi aligns on bytes and does not rely on it)")
+    if values.get("completions") and not values.get("echo_logprobs"):
+        found.notes.append(f"completions logprobs on generated tokens: top {values.get('completions_logprobs', 0)}")
 
-    if found.get("echo_logprobs"):
-        # Raw or temperature-scaled logprobs: score the same prompt at two temperatures.
-        hot, cold = await _both(
-            _try(client, "/completions", {"prompt": prompt, "echo": True, "logprobs": 1, "max_tokens": 1, "temperature": 0.5, "seed": 0}, meter),
-            _try(client, "/completions", {"prompt": prompt, "echo": True, "logprobs": 1, "max_tokens": 1, "temperature": 1.0, "seed": 0}, meter),
-        )
-        try:
-            a = completion_tokens(hot["choices"][0]["logprobs"]) if hot else []
-            b = completion_tokens(cold["choices"][0]["logprobs"]) if cold else []
-            pairs = [(x.logprob, y.logprob) for x, y in zip(a[1:-1], b[1:-1]) if x.logprob is not None and y.logprob is not None]
-            if pairs:
-                found["logprobs_raw"] = all(math.isclose(x, y, abs_tol=1e-4) for x, y in pairs)
-                notes.append("prompt logprobs are " + ("raw (temperature 1)" if found["logprobs_raw"] else "temperature-scaled"))
-        except (KeyError, IndexError, TypeError, WireError):
-            pass
 
-    # Chat: logprobs, prefill, vLLM prompt_logprobs, Predicted Outputs.
+async def _probe_temperature(ask: Ask, found: _Found) -> None:
+    """Raw or temperature-scaled logprobs: score the same prompt at two temperatures."""
+    hot, cold = await _both(
+        ask(*completion_request(_PROBE_PROMPT, 1, fixed_sampling(0.5, seed=0), top_k=1, echo=True)),
+        ask(*completion_request(_PROBE_PROMPT, 1, fixed_sampling(1.0, seed=0), top_k=1, echo=True)),
+    )
+    try:
+        a = completion_tokens(hot["choices"][0]["logprobs"]) if hot else []
+        b = completion_tokens(cold["choices"][0]["logprobs"]) if cold else []
+    except UNREADABLE:
+        return
+    pairs = [(x.logprob, y.logprob) for x, y in zip(a[1:-1], b[1:-1]) if x.logprob is not None and y.logprob is not None]
+    if pairs:
+        found.values["logprobs_raw"] = all(math.isclose(x, y, abs_tol=1e-4) for x, y in pairs)
+        found.notes.append("prompt logprobs are " + ("raw (temperature 1)" if found.values["logprobs_raw"] else "temperature-scaled"))
+
+
+async def _probe_chat(ask: Ask, found: _Found) -> None:
+    """Chat: logprobs, continuing a final assistant message, vLLM's prompt scores, Predicted Outputs."""
     messages = [{"role": "user", "content": "a b c d e"}]
-    response = await _try(client, "/chat/completions", {"messages": messages, "max_tokens": 1, "logprobs": True, "top_logprobs": 20, "temperature": 0}, meter)
+    response = await ask(*chat_request(messages, 1, fixed_sampling(0), top_k=20))
+    if response is None:
+        return
+    found.values["chat"] = True
+    try:
+        tokens = chat_tokens(response["choices"][0]["logprobs"]["content"])
+        found.values["chat_logprobs"] = max((len(t.top or {}) for t in tokens), default=0)
+    except UNREADABLE:
+        found.values["chat_logprobs"] = 0
+    found.notes.append(f"chat logprobs: top {found.values.get('chat_logprobs', 0)}")
+
+    continued = messages + [{"role": "assistant", "content": _PREFILL_PREFIX}]
+    await _probe_prefill(ask, found, continued)
+    scored = found.values.get("prefill_style") == CONTINUE_FINAL_MESSAGE and scores_prompt(await ask(*prompt_scores_probe(continued)))
+    found.values.update(prompt_scores_finding(scored))
+    chat_prefill = f"continues a final assistant message ({found.values.get('prefill_style')})" if found.values.get("chat_prefill") else "not supported"
+    found.notes.append("chat prefill: " + chat_prefill)
+    found.notes.append(prompt_scores_note(scored))
+
+    response = await ask(*chat_request(messages, 2, fixed_sampling(0), prediction="a b"))
     if response is not None:
-        found["chat"] = True
-        try:
-            tokens = chat_tokens(response["choices"][0]["logprobs"]["content"])
-            found["chat_logprobs"] = max((len(t.top or {}) for t in tokens), default=0)
-        except (KeyError, IndexError, TypeError, WireError):
-            found["chat_logprobs"] = 0
-        notes.append(f"chat logprobs: top {found.get('chat_logprobs', 0)}")
+        details = (response.get("usage") or {}).get("completion_tokens_details") or {}
+        found.values["predicted_outputs"] = "accepted_prediction_tokens" in details
+    found.notes.append("Predicted Outputs: " + ("yes" if found.values.get("predicted_outputs") else "no"))
 
-        prefix = "a b c"
-        continued = messages + [{"role": "assistant", "content": prefix}]
-        flags = {"continue_final_message": True, "add_generation_prompt": False}
-        with_flags, bare = await _both(
-            _try(client, "/chat/completions", {"messages": continued, "max_tokens": 1, "temperature": 0, **flags}, meter),
-            _try(client, "/chat/completions", {"messages": continued, "max_tokens": 1, "temperature": 0}, meter),
-        )
-        flagged_prompt = _prompt_tokens(with_flags)
-        bare_prompt = _prompt_tokens(bare)
-        if with_flags is not None and flagged_prompt is not None and bare_prompt is not None and flagged_prompt < bare_prompt:
-            # The flags changed the prompt (no end of turn, no new assistant header): honoured (vLLM, SGLang).
-            found.update(chat_prefill=True, prefill_style="continue_final_message", prefill_echoes_prefix=_content(with_flags).startswith(prefix))
-        elif _content(bare).startswith(prefix) and len(_content(bare)) > len(prefix):
-            # Flags refused or ignored, but the reply repeats the prefix and goes on: llama-server's way.
-            found.update(chat_prefill=True, prefill_style="trailing", prefill_echoes_prefix=True)
-        if found.get("prefill_style") == "continue_final_message":
-            body = {"messages": continued, "max_tokens": 1, "temperature": 0, **flags, "prompt_logprobs": 1, "return_token_ids": True}
-            response = await _try(client, "/chat/completions", body, meter)
-            if response is not None and response.get("prompt_logprobs") is not None:
-                try:
-                    token_ids = response.get("prompt_token_ids") or response["choices"][0].get("prompt_token_ids")
-                    prompt_logprob_tokens(response["prompt_logprobs"], token_ids)
-                    found["prompt_logprobs"] = True
-                except (KeyError, IndexError, TypeError, WireError):
-                    pass
-        notes.append("chat prefill: " + (f"continues a final assistant message ({found.get('prefill_style')})" if found.get("chat_prefill") else "not supported"))
-        notes.append("chat prompt_logprobs: " + ("yes" if found.get("prompt_logprobs") else "no"))
 
-        body = {"messages": messages, "max_tokens": 2, "temperature": 0, "prediction": {"type": "content", "content": "a b"}}
-        response = await _try(client, "/chat/completions", body, meter)
-        if response is not None:
-            details = (response.get("usage") or {}).get("completion_tokens_details") or {}
-            found["predicted_outputs"] = "accepted_prediction_tokens" in details
-        notes.append("Predicted Outputs: " + ("yes" if found.get("predicted_outputs") else "no"))
+#: The assistant text the prefill probe asks the endpoint to continue.
+_PREFILL_PREFIX = "a b c"
 
-    server, defaults, limits = await defaults_task
-    found.update(default_max_tokens=limits.default_max_tokens, context_window=limits.context_window)
-    if server is not None:
-        found.update(
-            server=server, sampler_defaults=defaults, final_stretch=16 if server == "llama-cpp-python" else 0,
-            stream_usage_unasked=server == "llama-server",
-        )
-        if defaults:
-            notes.append(f"{server}: applies {defaults} to requests that do not set them")
-        dialect = native_dialect(server)
-        if dialect is not None and found.get("completions"):
-            try:
-                ids = await dialect.tokenize(client, prompt, meter, special=False)
-                found["token_ids"] = bool(ids)
-            except EndpointError:
-                found["token_ids"] = False
-            notes.append(f"dialect: {dialect.name}; token-id prompts: " + ("yes" if found.get("token_ids") else "no (tokenize refused)"))
-        else:
-            notes.append(f"dialect: {server} (OpenAI formats only)")
-    else:
+
+async def _probe_prefill(ask: Ask, found: _Found, continued: list[dict[str, Any]]) -> None:
+    """How the endpoint continues a final assistant message: with vLLM/SGLang's flags, or by itself."""
+    with_flags, bare = await _both(
+        ask(*chat_request(continued, 1, fixed_sampling(0), prefill=Prefill())),
+        ask(*chat_request(continued, 1, fixed_sampling(0))),
+    )
+    flagged_prompt = _prompt_tokens(with_flags)
+    bare_prompt = _prompt_tokens(bare)
+    if with_flags is not None and flagged_prompt is not None and bare_prompt is not None and flagged_prompt < bare_prompt:
+        # The flags changed the prompt (no end of turn, no new assistant header): honoured (vLLM, SGLang).
+        found.values.update(chat_prefill=True, prefill_style=CONTINUE_FINAL_MESSAGE, prefill_echoes_prefix=_content(with_flags).startswith(_PREFILL_PREFIX))
+    elif _content(bare).startswith(_PREFILL_PREFIX) and len(_content(bare)) > len(_PREFILL_PREFIX):
+        # Flags refused or ignored, but the reply repeats the prefix and goes on: llama-server's way.
+        found.values.update(chat_prefill=True, prefill_style=TRAILING, prefill_echoes_prefix=True)
+
+
+async def _probe_server(
+    client: RoleClient, meter: Meter, found: _Found, defaults: tuple[str | None, dict[str, float] | None, _Limits]
+) -> None:
+    """What the server found by its GETs applies unasked, and whether its native dialect takes token ids."""
+    server, sampler_defaults, limits = defaults
+    values, notes = found.values, found.notes
+    values.update(default_max_tokens=limits.default_max_tokens, context_window=limits.context_window)
+    if server is None:
         notes.append("dialect: OpenAI formats only (no native API recognised)")
-    return Capabilities(notes=tuple(notes), **found)
+        return
+    values.update(
+        server=server, sampler_defaults=sampler_defaults, final_stretch=16 if server == "llama-cpp-python" else 0,
+        stream_usage_unasked=server == "llama-server",
+    )
+    if sampler_defaults:
+        notes.append(f"{server}: applies {sampler_defaults} to requests that do not set them")
+    dialect = native_dialect(server)
+    if dialect is not None and values.get("completions"):
+        try:
+            ids = await dialect.tokenize(client, _PROBE_PROMPT, meter, special=False)
+            values["token_ids"] = bool(ids)
+        except EndpointError:
+            values["token_ids"] = False
+        notes.append(f"dialect: {dialect.name}; token-id prompts: " + ("yes" if values.get("token_ids") else "no (tokenize refused)"))
+    else:
+        notes.append(f"dialect: {server} (OpenAI formats only)")
 
 
 def _completion_tokens(response: dict[str, Any]) -> list:
     try:
         return completion_tokens(response["choices"][0].get("logprobs"))
-    except (KeyError, IndexError, TypeError, WireError):
+    except UNREADABLE:
         return []
 
 
@@ -346,7 +339,7 @@ def _offsets_from_prompt_start(response: dict[str, Any], prompt: str, *, echo: b
     try:
         offsets = response["choices"][0]["logprobs"]["text_offset"]
         first_generated = offsets[-1] if echo else offsets[0]
-    except (KeyError, IndexError, TypeError):
+    except UNREADABLE:
         return None
     if not isinstance(first_generated, int) or first_generated < 0:
         return None
@@ -361,7 +354,7 @@ def _prompt_tokens(response: dict[str, Any] | None) -> int | None:
 def _content(response: dict[str, Any] | None) -> str:
     try:
         return (response or {})["choices"][0]["message"]["content"] or ""
-    except (KeyError, IndexError, TypeError):
+    except UNREADABLE:
         return ""
 
 
@@ -401,7 +394,8 @@ def _hint(exc: EndpointError) -> str:
 async def _why_unusable(client: RoleClient, meter: Meter) -> str:
     """The endpoint answered no probe: its answer to the plainest request says why."""
     try:
-        await client.post("/chat/completions", {"messages": [{"role": "user", "content": "a"}], "max_tokens": 1}, meter, retries=0)
+        path, body = chat_request([{"role": "user", "content": "a"}], 1)
+        await client.post(path, body, meter, retries=0)
     except EndpointError as exc:
         return f"{exc}{_hint(exc)}"
     return "it refused every probe request"  # pragma: no cover - a chat call that works means chat was found

@@ -36,6 +36,7 @@ from .alignment import ScoredToken
 from .context import Context
 from .dialects import NativeDialect, Pick
 from .dialects.base import spelling
+from .dialects.openai import sampling_fields
 from .sampling import acceptance_probability
 from .verifiers import PlainStep, SeedSource, Verification
 
@@ -104,14 +105,14 @@ class TokenIdVerifier:
         """A draft drawn by the draft server on the context's ids, each token with the distribution it
         was drawn from (after the sampler chain), where both servers list those and share a tokenizer;
         None where they do not (the engine's drafter proposes instead)."""
-        n_probs = self.processed_list(context)
-        if n_probs is None or self.draft_client is None or not hasattr(self.dialect, "processed_draft"):
+        list_length = self.processed_list(context)
+        if list_length is None or self.draft_client is None or not hasattr(self.dialect, "processed_draft"):
             return None
         if not await self._shares_tokenizer(meter, draft_meter):
             return None
         assert context.token_ids is not None
         drawn = await self.dialect.processed_draft(
-            self.draft_client, context.token_ids, k, context.sampling_body(seed), n_probs, draft_meter, options=context.options
+            self.draft_client, context.token_ids, k, sampling_fields(context, seed), list_length, draft_meter, options=context.options
         )
         tokens: list[ScoredToken] = []
         for token, data, dist in drawn:
@@ -125,22 +126,22 @@ class TokenIdVerifier:
         self, context: Context, draft: Sequence[ScoredToken], meter: Meter, next_seed: SeedSource, top_k: int, draft_meter: Meter | None = None
     ) -> Verification:
         if context.token_ids is None:
-            raise self.client.error("token-id verification needs the context's token ids", malformed=True)
-        n_probs = self.processed_list(context)
+            raise self.client.malformed("token-id verification needs the context's token ids")
+        list_length = self.processed_list(context)
         refused = False  # the target refused the processed-list request of this round
-        if n_probs is not None and draft and all(t.drawn_from is not None and t.id is not None for t in draft):
+        if list_length is not None and draft and all(t.drawn_from is not None and t.id is not None for t in draft):
             proposals = [(int(t.id), t.data, dict(t.drawn_from or {})) for t in draft]  # type: ignore[arg-type]
-            verification = await self._verify_processed(context, proposals, len(draft), meter, next_seed, n_probs)
+            verification = await self._verify_processed(context, proposals, len(draft), meter, next_seed, list_length)
             if verification is not None:
                 return verification
             refused = True
         pieces = await self._draft_ids(draft, meter, draft_meter)
-        if n_probs is not None and not refused and pieces and all(t.logprob == 0.0 for t in draft):
+        if list_length is not None and not refused and pieces and all(t.logprob == 0.0 for t in draft):
             # A point-mass draft (prompt lookup, the suffix index, a prediction, the draft model's most
             # likely tokens: q(x) = 1): its ids are a function of the context, so q_j is a point mass on
             # each of them, whole, and the same rejection sampler applies.
             proposals = [(i, data or b"", {i: 1.0}) for i, data in pieces]
-            verification = await self._verify_processed(context, proposals, len(draft), meter, next_seed, n_probs)
+            verification = await self._verify_processed(context, proposals, len(draft), meter, next_seed, list_length)
             if verification is not None:
                 return verification
             refused = True
@@ -150,11 +151,11 @@ class TokenIdVerifier:
         started = self.client.clock()
         if context.sampling.greedy and self.dialect.batches:
             seeds = [next_seed()] * len(prompts)
-            picks = await self.dialect.next_tokens(self.client, prompts, context.sampling_body(seeds[0]), meter, options=context.options)
+            picks = await self.dialect.next_tokens(self.client, prompts, sampling_fields(context, seeds[0]), meter, options=context.options)
         else:
             seeds = [next_seed() for _ in prompts]
             answers = await asyncio.gather(
-                *(self.dialect.next_tokens(self.client, [p], context.sampling_body(seed), meter, options=context.options) for p, seed in zip(prompts, seeds))
+                *(self.dialect.next_tokens(self.client, [p], sampling_fields(context, seed), meter, options=context.options) for p, seed in zip(prompts, seeds))
             )
             picks = [a[0] for a in answers]
         if refused:
@@ -180,7 +181,7 @@ class TokenIdVerifier:
         draft_tokens: int,
         meter: Meter,
         next_seed: SeedSource,
-        n_probs: int,
+        list_length: int,
     ) -> Verification | None:
         """The full rejection sampler on exact distributions: one request lists the target's distribution
         after its sampler chain at every draft position and after the draft, and specapi draws (see
@@ -194,7 +195,7 @@ class TokenIdVerifier:
         started = self.client.clock()
         try:
             targets, prompt_tokens = await self.dialect.processed_next(  # type: ignore[attr-defined]
-                self.client, prompts, context.sampling_body(own), n_probs, meter, options=context.options
+                self.client, prompts, sampling_fields(context, own), list_length, meter, options=context.options
             )
         except EndpointError as exc:
             if not exc.refused_shape:
@@ -224,7 +225,7 @@ class TokenIdVerifier:
         assert context.token_ids is not None
         started = self.client.clock()
         generated = await self.dialect.generate(
-            self.client, context.token_ids, context.sampling_body(seed), max_tokens, stop, meter, options=context.options, stream=streamed
+            self.client, context.token_ids, sampling_fields(context, seed), max_tokens, stop, meter, options=context.options, stream=streamed
         )
         return PlainStep(
             text=generated.data.decode("utf-8", errors="replace"),

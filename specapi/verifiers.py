@@ -1,23 +1,26 @@
 """Verifiers: one target call that scores every draft position and yields one more token.
 
-`EchoVerifier` uses `/v1/completions` with `echo` + `logprobs` + `max_tokens: 1` (vLLM, SGLang, Together,
-OpenAI base models). `ChatPromptLogprobsVerifier` uses vLLM's chat `prompt_logprobs` with
-`continue_final_message`, so chat requests verify exactly too. Both also serve plain target steps.
+`EchoVerifier` has the target score the prompt and the draft in one completions request that echoes
+them (vLLM, SGLang, Together, OpenAI base models). `ChatPromptLogprobsVerifier` has vLLM score a chat
+request's messages with the draft as the assistant's text, so chat requests verify exactly too. The
+bodies come from the dialects (`dialects/openai.py`, `dialects/vllm.py`), and so does reading them.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from ._calls import Meter, RoleClient
-from ._wire import WireError, chat_tokens, completion_tokens, prompt_logprob_tokens
 from .acceptance import DEFAULT_EOS_TOKENS, RoundDecision
 from .alignment import ScoredToken, complete_utf8_prefix, locate_suffix, token_bytes
-from .context import Context, Prefill
-from .dialects.openai import openai_format
+from .context import Context
+from .dialects.base import UNREADABLE, reading
+from .dialects.logprobs import WireError, completion_tokens
+from .dialects.openai import Prefill, completion_request, generation_request, openai_format, sampling_fields
+from .dialects.vllm import prompt_scores_request, read_prompt_scores
 
 __all__ = [
     "Verification",
@@ -82,7 +85,7 @@ def _bonus(tokens: list[ScoredToken], generated_text: str, finish_reason: str | 
 
 
 def _verification(
-    scored: Sequence[ScoredToken], start: int, straddle: int, bonus: ScoredToken | None, choice: dict, latency: float, usage: dict
+    scored: Sequence[ScoredToken], start: int, straddle: int, bonus: ScoredToken | None, choice: Mapping[str, Any], latency: float, usage: dict
 ) -> Verification:
     """The positions from `start` on; the request's own prompt tokens are the billed ones minus the draft's."""
     prompt_tokens = usage.get("prompt_tokens")
@@ -114,14 +117,12 @@ class EchoVerifier:
     ) -> Verification:
         draft_text = _text(draft)
         prompt = context.completion_prompt(draft_text)
-        body = {"prompt": prompt, "echo": True, "logprobs": top_k, "max_tokens": 1, **context.sampling_body(next_seed())}
+        path, body = completion_request(prompt, 1, sampling_fields(context, next_seed()), top_k=top_k, echo=True)
         started = self.client.clock()
-        response = await self.client.post("/completions", body, meter, options=context.options)
+        response = await self.client.post(path, body, meter, options=context.options)
         latency = self.client.clock() - started
-        try:
+        with reading(self.client, "echo"):
             return self._read(response, prompt, draft_text, latency)
-        except (KeyError, IndexError, TypeError, WireError) as exc:
-            raise self.client.error(f"echo response cannot be verified against ({exc})", malformed=True) from exc
 
     @staticmethod
     def _read(response: dict, prompt: str, draft_text: str, latency: float) -> Verification:
@@ -158,50 +159,19 @@ class ChatPromptLogprobsVerifier:
         self, context: Context, draft: Sequence[ScoredToken], meter: Meter, next_seed: SeedSource, top_k: int, draft_meter: Meter | None = None
     ) -> Verification:
         draft_text = _text(draft)
-        seed = next_seed()
-        body = {
-            "messages": context.chat_messages(draft_text),
-            "max_tokens": 1,
-            "logprobs": True,
-            "top_logprobs": top_k,
-            "prompt_logprobs": top_k,
-            "return_token_ids": True,
-            **context.sampling_body(seed),
-        }
-        if context.accepted or draft_text:
-            body.update({"continue_final_message": True, "add_generation_prompt": False})
+        path, body = prompt_scores_request(context, draft_text, top_k, next_seed())
         started = self.client.clock()
-        response = await self.client.post("/chat/completions", body, meter, options=context.options)
+        response = await self.client.post(path, body, meter, options=context.options)
         latency = self.client.clock() - started
-        try:
-            choice = response["choices"][0]
-            token_ids = response.get("prompt_token_ids") or choice.get("prompt_token_ids")
-            scored = prompt_logprob_tokens(response.get("prompt_logprobs"), token_ids)
-            generated = chat_tokens((choice.get("logprobs") or {}).get("content"))
+        with reading(self.client, "prompt-scoring chat"):
+            scored, generated, choice = read_prompt_scores(response)
             found = locate_suffix(scored, draft_text.encode("utf-8"))
             if found is None:
                 raise WireError("the scored prompt does not end with the draft text")
             start, straddle = found
             content = (choice.get("message") or {}).get("content") or ""
             bonus = _bonus(generated, content, choice.get("finish_reason"))
-        except (KeyError, IndexError, TypeError, WireError) as exc:
-            raise self.client.error(f"prompt_logprobs response cannot be verified against ({exc})", malformed=True) from exc
         return _verification(scored, start, straddle, bonus, choice, latency, response.get("usage") or {})
-
-
-def generation_request(
-    context: Context, max_tokens: int | None, seed: int | None, stop: list[str] | None, prefill: Prefill = Prefill()
-) -> tuple[str, dict]:
-    """The path and body of a request in which the target generates from the context by itself
-    (`max_tokens` None: none is sent, and the server's own limit applies)."""
-    form = openai_format(context)
-    body: dict = {**context.sampling_body(seed)}
-    if max_tokens is not None:
-        body["max_tokens"] = max_tokens
-    if stop:
-        body["stop"] = stop
-    body.update(form.prompt_fields(context, prefill=prefill))
-    return form.path, body
 
 
 @dataclass(frozen=True)
@@ -233,17 +203,13 @@ async def plain_step(
     token counts, as servers count it in usage (the target alone's usage does).
     """
     form = openai_format(context)
-    path, body = generation_request(context, max_tokens, seed, stop, prefill)
-    if count_tokens and max_tokens != 1:
-        body.update(form.logprobs())
+    path, body = generation_request(context, max_tokens, seed, stop, prefill, count_tokens=count_tokens and max_tokens != 1)
     started = client.clock()
     response = await client.post(path, body, meter, options=context.options)
     latency = client.clock() - started
-    try:
+    with reading(client, "generation"):
         choice = response["choices"][0]
         text = form.text(choice, context.accepted, prefill)
-    except (KeyError, IndexError, TypeError, ValueError) as exc:
-        raise client.error(f"response has no choices[0] text ({exc})", malformed=True) from exc
     usage = response.get("usage") or {}
     completion = usage.get("completion_tokens")
     if max_tokens == 1 and choice.get("finish_reason") != "length":
@@ -251,7 +217,7 @@ async def plain_step(
     elif count_tokens:
         try:
             completion = len(form.tokens(choice))
-        except (WireError, TypeError, AttributeError):
+        except UNREADABLE:
             pass  # keep the billed count
     return PlainStep(
         text=text,
@@ -276,8 +242,7 @@ async def plain_stream_batches(
     """`plain_stream`'s `(text, finish_reason)` pairs, those of chunks that arrived together in one
     list (see `RoleClient.stream_batches`). Does not check that a finish_reason came."""
     form = openai_format(context)
-    path, body = generation_request(context, max_tokens, seed, stop, prefill)
-    body["stream_options"] = {"include_usage": True}
+    path, body = generation_request(context, max_tokens, seed, stop, prefill, stream_usage=True)
     async with contextlib.aclosing(client.stream_batches(path, body, meter, options=context.options)) as batches:
         async for chunks in batches:
             out: list[tuple[str, str | None]] = []
@@ -316,4 +281,4 @@ async def plain_stream(
                 finished = finished or finish is not None
                 yield text, finish
     if not finished:
-        raise client.error("the stream ended without a finish_reason: the text may be incomplete", malformed=True)
+        raise client.malformed("the stream ended without a finish_reason: the text may be incomplete")

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 
 from ._calls import Meter, RoleClient
 from .context import Context
-from .dialects.openai import openai_format
+from .dialects.base import reading
+from .dialects.openai import generation_request, openai_format
 from .drafters import Draft, Drafter
 from .stats import RoundRecord
 from .suffix import screen_prediction
-from .verifiers import generation_request
 
 __all__ = ["WholeResult", "PredictedOutputsPath", "PrefixMatchPath"]
 
@@ -57,15 +57,11 @@ class PredictedOutputsPath:
         draft = await (free_only() if free_only is not None else drafter).draft(context, max_tokens or _PREDICTION_TOKENS, draft_meter, seeds[0])
         draft = screen_prediction(draft)  # a suffix draft goes only as far as it is likely to pay
         draft_latency = self.target.clock() - started
-        path, body = generation_request(context, max_tokens, seeds[1], stop)
-        if draft.text:
-            body["prediction"] = {"type": "content", "content": draft.text}
+        path, body = generation_request(context, max_tokens, seeds[1], stop, prediction=draft.text)
         started = self.target.clock()
         response = await self.target.post(path, body, target_meter, options=context.options)
-        try:
+        with reading(self.target, "generation"):
             text, finish, usage = _read(response, context)
-        except (KeyError, IndexError, TypeError) as exc:
-            raise self.target.error(f"response has no choices[0] ({exc})", malformed=True) from exc
         details = usage.get("completion_tokens_details") or {}
         accepted = int(details.get("accepted_prediction_tokens") or 0)
         rejected = int(details.get("rejected_prediction_tokens") or 0)
@@ -106,10 +102,8 @@ class PrefixMatchPath:
             draft, draft_latency = await draft_task
         except Exception:
             draft, draft_latency = Draft(tokens=()), 0.0
-        try:
+        with reading(self.target, "generation"):
             text, finish, usage = _read(response, context)
-        except (KeyError, IndexError, TypeError) as exc:
-            raise self.target.error(f"response has no choices[0] ({exc})", malformed=True) from exc
         matched, offset = [], 0
         for token in draft.tokens:
             piece = token.data.decode("utf-8", errors="replace")

@@ -1,4 +1,5 @@
-"""Each native dialect builds the body its server takes and reads the answers its server gives.
+"""Each dialect builds the body its server takes and reads the answers its server gives: the native
+token-id dialects, and the OpenAI formats every request body specapi sends is built in.
 
 The answers are recorded shapes: llama.cpp's from the real `llama-server` (tests/real/record_shapes.py),
 vLLM's and SGLang's written from their sources (tests/fixtures/*/README.md). Requests are caught with
@@ -212,3 +213,193 @@ async def test_sglang_generate_reads_meta_info() -> None:
         generated = await SglangDialect().generate(client, [755, 16178, 1471], {"temperature": 0}, 2, None, meter, options={})
     assert generated.ids == (1680, 198) and generated.data == b"):\n"
     assert generated.finish_reason == "length" and generated.prompt_tokens == 3 and generated.completion_tokens == 2
+
+
+# -- OpenAI formats: every body specapi sends, built from typed inputs ---------------------------------
+#
+# The bodies below are asserted whole and in key order (the bytes on the wire), against the spellings
+# of providers.md and docs/verification.md: completions take `logprobs` as the list length and `echo`;
+# chat takes `logprobs: true` + `top_logprobs` (up to 20); vLLM and SGLang continue a final assistant
+# message with `continue_final_message: true` + `add_generation_prompt: false`, llama-server by itself;
+# vLLM scores a prompt with `prompt_logprobs` and names its tokens with `return_token_ids`.
+
+from specapi.acceptance import SamplingParams  # noqa: E402
+from specapi.context import Context  # noqa: E402
+from specapi.dialects.base import reading  # noqa: E402
+from specapi.dialects.logprobs import WireError  # noqa: E402
+from specapi.dialects.openai import (  # noqa: E402
+    CONTINUE_FINAL_MESSAGE,
+    OPENAI_LIST_CAP,
+    TRAILING,
+    DraftShape,
+    Prefill,
+    chat_request,
+    completion_request,
+    generation_request,
+    next_token_request,
+    sampling_fields,
+    shorter_lists,
+)
+from specapi.dialects.vllm import prompt_scores_probe, prompt_scores_request, read_prompt_scores, scores_prompt  # noqa: E402
+
+PROMPT = "中文 😀 e\u0301 "
+MESSAGES = ({"role": "user", "content": "Say 中文 😀"},)
+
+
+def sampled(**extras: Any) -> Context:
+    return Context(prompt=PROMPT, accepted="日本", sampling=SamplingParams(temperature=0.7, top_p=0.9), extras=extras)
+
+
+def chat(accepted: str = "", **sampling: Any) -> Context:
+    return Context(messages=MESSAGES, accepted=accepted, sampling=SamplingParams(**sampling))
+
+
+def ordered(body: dict[str, Any]) -> list[tuple[str, Any]]:
+    return list(body.items())
+
+
+def test_sampling_fields_give_the_target_every_extra_and_the_draft_only_temperature_top_p_seed() -> None:
+    context = sampled(top_k=40, repeat_penalty=1.0)
+    assert ordered(sampling_fields(context, 7)) == [("top_k", 40), ("repeat_penalty", 1.0), ("temperature", 0.7), ("top_p", 0.9), ("seed", 7)]
+    assert ordered(sampling_fields(context, None, target=False)) == [("temperature", 0.7), ("top_p", 0.9)]
+    point_mass = Context(prompt=PROMPT, sampling=SamplingParams(temperature=0.7, top_p=0.9, point_mass_draft=True))
+    assert sampling_fields(point_mass, 3, target=False) == {"temperature": 0.0, "seed": 3}  # the draft's most likely tokens
+    assert sampling_fields(Context(prompt=PROMPT), None) == {"temperature": 1.0}  # top_p 1 is not sent
+
+
+def test_echo_verification_body_scores_prompt_and_draft_in_one_completions_request() -> None:
+    context = sampled()
+    path, body = completion_request(context.completion_prompt("語😀"), 1, sampling_fields(context, 11), top_k=20, echo=True)
+    assert path == "/completions"
+    assert ordered(body) == [
+        ("prompt", PROMPT + "日本語😀"), ("echo", True), ("logprobs", 20), ("max_tokens", 1),
+        ("temperature", 0.7), ("top_p", 0.9), ("seed", 11),
+    ]  # fmt: skip
+
+
+def test_generation_bodies_for_completions_and_for_chat_by_prefill_style() -> None:
+    path, body = generation_request(sampled(), 16, 5, ["\n\n"])
+    assert path == "/completions"
+    assert ordered(body) == [("temperature", 0.7), ("top_p", 0.9), ("seed", 5), ("max_tokens", 16), ("stop", ["\n\n"]), ("prompt", PROMPT + "日本")]
+    # vLLM / SGLang: the flags continue the assistant's text; no limit sent when the caller set none.
+    path, body = generation_request(chat("中", temperature=0.0), None, None, None, Prefill())
+    assert path == "/chat/completions"
+    assert ordered(body) == [
+        ("temperature", 0.0),
+        ("messages", [*MESSAGES, {"role": "assistant", "content": "中"}]),
+        (CONTINUE_FINAL_MESSAGE, True),
+        ("add_generation_prompt", False),
+    ]
+    # llama-server continues a final assistant message by itself: no flags.
+    _, body = generation_request(chat("中", temperature=0.0), 4, None, None, Prefill(style=TRAILING, echoes_prefix=True))
+    assert CONTINUE_FINAL_MESSAGE not in body and "add_generation_prompt" not in body
+    # Nothing accepted yet: a fresh assistant turn, no flags whatever the style.
+    assert CONTINUE_FINAL_MESSAGE not in generation_request(chat(temperature=0.0), 4, None, None)[1]
+
+
+def test_generation_asks_logprobs_to_count_tokens_and_the_bill_at_a_streams_end() -> None:
+    _, body = generation_request(sampled(), 8, None, None, count_tokens=True, stream_usage=True)
+    assert body["logprobs"] == 1 and body["stream_options"] == {"include_usage": True} and "echo" not in body
+    _, body = generation_request(chat("x", temperature=0.5), 8, None, None, count_tokens=True)
+    assert (body["logprobs"], "top_logprobs" in body, "stream_options" in body) == (True, False, False)
+
+
+def test_next_token_bodies_cap_lists_where_each_format_caps_them() -> None:
+    path, body = next_token_request(sampled(), "語", 20, 3)
+    assert path == "/completions"
+    assert ordered(body) == [("max_tokens", 1), ("temperature", 0.7), ("top_p", 0.9), ("seed", 3), ("prompt", PROMPT + "日本語"), ("logprobs", 5)]
+    path, body = next_token_request(chat("日", temperature=0.0), "本", 50, None)
+    assert path == "/chat/completions"
+    assert ordered(body) == [
+        ("max_tokens", 1), ("temperature", 0.0),
+        ("messages", [*MESSAGES, {"role": "assistant", "content": "日本"}]),
+        (CONTINUE_FINAL_MESSAGE, True), ("add_generation_prompt", False),
+        ("logprobs", True), ("top_logprobs", 20),
+    ]  # fmt: skip
+
+
+def test_vllm_prompt_scores_body_and_reading_its_answer() -> None:
+    context = chat("日", temperature=0.8, top_p=0.95)
+    path, body = prompt_scores_request(context, "本😀", 8, 21)
+    assert path == "/chat/completions"
+    assert ordered(body) == [
+        ("messages", [*MESSAGES, {"role": "assistant", "content": "日本😀"}]),
+        ("max_tokens", 1), ("logprobs", True), ("top_logprobs", 8), ("prompt_logprobs", 8), ("return_token_ids", True),
+        ("temperature", 0.8), ("top_p", 0.95), ("seed", 21),
+        (CONTINUE_FINAL_MESSAGE, True), ("add_generation_prompt", False),
+    ]  # fmt: skip
+    # Nothing to continue (no accepted text, no draft): a fresh assistant turn, no flags.
+    assert CONTINUE_FINAL_MESSAGE not in prompt_scores_request(chat(), "", 1, None)[1]
+    answer = {
+        "choices": [{"index": 0, "message": {"content": "!"}, "logprobs": {"content": [{"token": "!", "logprob": -0.5, "top_logprobs": []}]}}],
+        "prompt_logprobs": [None, {"7": {"logprob": -1.0, "rank": 1, "decoded_token": "日"}, "9": {"logprob": -2.0, "rank": 2, "decoded_token": "月"}}],
+        "prompt_token_ids": [1, 7],
+    }
+    scored, generated, choice = read_prompt_scores(answer)
+    assert [(t.text, t.logprob, t.top) for t in scored] == [("", None, None), ("日", -1.0, {"月": -2.0})]
+    assert [t.text for t in generated] == ["!"] and choice is answer["choices"][0]
+    assert scores_prompt(answer) and not scores_prompt({**answer, "prompt_token_ids": [1]}) and not scores_prompt(None)
+    with pytest.raises(WireError):
+        read_prompt_scores({**answer, "prompt_token_ids": None})
+
+
+def test_probe_bodies() -> None:
+    assert completion_request("a b", 1, {"temperature": 0}, top_k=5) == ("/completions", {"prompt": "a b", "logprobs": 5, "max_tokens": 1, "temperature": 0})
+    path, body = chat_request(MESSAGES, 2, {"temperature": 0}, prediction="a b")
+    assert (path, ordered(body)) == (
+        "/chat/completions",
+        [("messages", list(MESSAGES)), ("max_tokens", 2), ("temperature", 0), ("prediction", {"type": "content", "content": "a b"})],
+    )
+    assert ordered(chat_request(MESSAGES, 1, {"temperature": 0}, top_k=20)[1])[2:] == [("logprobs", True), ("top_logprobs", 20), ("temperature", 0)]
+    _, body = prompt_scores_probe(MESSAGES)
+    assert ordered(body)[1:] == [
+        ("max_tokens", 1), ("temperature", 0), (CONTINUE_FINAL_MESSAGE, True), ("add_generation_prompt", False),
+        ("prompt_logprobs", 1), ("return_token_ids", True),
+    ]  # fmt: skip
+
+
+def test_draft_shape_learns_from_refusals_what_the_draft_endpoint_takes() -> None:
+    context = sampled()
+    shape = DraftShape()
+    form, body = shape.request(context, 8, 20, 4)
+    assert form.path == "/completions"
+    assert ordered(body) == [("prompt", PROMPT + "日本"), ("logprobs", 20), ("max_tokens", 8), ("temperature", 0.7), ("top_p", 0.9), ("seed", 4)]
+    # A completions refusal (a chat-only model): chat from then on, the prompt as the assistant's text.
+    chat_only = shape.after_refusal(form, refused_shape=False, not_served=True)
+    assert chat_only == DraftShape(completions=False)
+    form, body = chat_only.request(context, 8, 20, 4)
+    assert form.path == "/chat/completions"
+    assert ordered(body) == [
+        ("messages", [{"role": "assistant", "content": PROMPT + "日本"}]),
+        (CONTINUE_FINAL_MESSAGE, True), ("add_generation_prompt", False),
+        ("logprobs", True), ("top_logprobs", 20),
+        ("max_tokens", 8), ("temperature", 0.7), ("top_p", 0.9), ("seed", 4),
+    ]  # fmt: skip
+    # The flags refused: the endpoint continues by itself; refused again: nothing left to try.
+    trailing = chat_only.after_refusal(form, refused_shape=True, not_served=False)
+    assert trailing == DraftShape(completions=False, prefill=Prefill(style=TRAILING))
+    assert CONTINUE_FINAL_MESSAGE not in trailing.request(context, 8, 20, 4)[1]
+    assert trailing.after_refusal(form, refused_shape=True, not_served=False) is None
+    # Lists longer than OpenAI's cap are shortened once; lists within it are left alone.
+    assert shorter_lists(form, body) == {**body, "top_logprobs": OPENAI_LIST_CAP}
+    assert shorter_lists(form, {**body, "top_logprobs": 5}) is None
+
+
+async def test_reading_maps_every_unreadable_answer_to_the_roles_malformed_error() -> None:
+    client, _ = role()
+    for exc in (KeyError("choices"), IndexError("list index"), TypeError("not a string"), WireError("arrays disagree"), AttributeError("get")):
+        with pytest.raises(MalformedResponseError) as caught:
+            with reading(client, "echo"):
+                raise exc
+        assert caught.value.role == "target" and "gpu-box:8080" in str(caught.value) and "echo response is unreadable" in str(caught.value)
+        assert caught.value.__cause__ is exc
+    with pytest.raises(RuntimeError):  # not about the answer: not a malformed response
+        with reading(client, "echo"):
+            raise RuntimeError("bug")
+
+
+def test_generation_with_a_prediction_sends_it_as_predicted_outputs_and_an_empty_one_not_at_all() -> None:
+    path, body = generation_request(chat(temperature=0.0), 32, None, None, prediction="def 函数():")
+    assert path == "/chat/completions"
+    assert ordered(body)[-1] == ("prediction", {"type": "content", "content": "def 函数():"})
+    assert "prediction" not in generation_request(chat(temperature=0.0), 32, None, None, prediction="")[1]

@@ -1,10 +1,10 @@
-"""`specapi._wire`: the logprob payload shapes of providers.md, read into `ScoredToken`s."""
+"""`specapi.dialects.logprobs`: the logprob payload shapes of providers.md, read into `ScoredToken`s."""
 
 from __future__ import annotations
 
 import pytest
 
-from specapi._wire import WireError, chat_tokens, completion_tokens, prompt_logprob_tokens
+from specapi.dialects.logprobs import WireError, chat_tokens, completion_tokens, prompt_logprob_tokens
 from specapi.alignment import ScoredToken
 
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..client import AsyncSpeculativeOpenAI
+from ..dialects.openai import format_of
 from ..endpoint import Endpoint
 from ..pricing import call_cost
 from ..stats import RoleUsage, RoundRecord, SpeculativeStats
@@ -195,10 +196,11 @@ async def _timed_draft_call(sdk: Any, endpoint: Endpoint, request: BenchRequest,
     if endpoint.extra_body:
         body["extra_body"] = dict(endpoint.extra_body)
     started = clock()
+    body.update(format_of(request.is_chat).logprobs(1))
     if request.is_chat:
-        response = await sdk.chat.completions.create(messages=list(request.messages or ()), logprobs=True, top_logprobs=1, **body)
+        response = await sdk.chat.completions.create(messages=list(request.messages or ()), **body)
     else:
-        response = await sdk.completions.create(prompt=request.prompt, logprobs=1, **body)
+        response = await sdk.completions.create(prompt=request.prompt, **body)
     elapsed = clock() - started
     return elapsed, int(response.usage.completion_tokens) if response.usage else max_tokens
 

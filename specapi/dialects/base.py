@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from .._calls import Meter, RoleClient
 
-__all__ = ["Pick", "Generated", "NativeDialect", "count", "reading", "rendered_bytes", "server_root", "spelling"]
+__all__ = ["UNREADABLE", "Pick", "Generated", "NativeDialect", "count", "reading", "rendered_bytes", "server_root", "spelling"]
 
 
 @dataclass(frozen=True)
@@ -76,13 +76,18 @@ class NativeDialect(Protocol):
         ...
 
 
+#: What reading an answer raises when the answer lacks or contradicts a field (`WireError` is a ValueError).
+UNREADABLE = (KeyError, IndexError, TypeError, ValueError, AttributeError)
+
+
 @contextlib.contextmanager
 def reading(client: RoleClient, what: str) -> Iterator[None]:
-    """Turn a response that lacks or contradicts the fields a dialect reads into the role's error."""
+    """Turn a response that lacks or contradicts the fields read from it into the role's
+    `MalformedResponseError`: the one mapping of malformed answers, for every dialect and format."""
     try:
         yield
-    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
-        raise client.error(f"{what} response is unreadable ({type(exc).__name__}: {exc})", malformed=True) from exc
+    except UNREADABLE as exc:
+        raise client.malformed(f"{what} response is unreadable ({type(exc).__name__}: {exc})") from exc
 
 
 def server_root(client: RoleClient) -> str:

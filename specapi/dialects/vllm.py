@@ -5,6 +5,12 @@
 (`{model, prompt, add_special_tokens}` → `{count, max_model_len, tokens}`) lives at the server's root.
 A request without prompt logprobs reads the prefix cache, so one-token calls on a long cached context
 cost only their new tokens, where echo verification re-prefills the whole context every round.
+
+vLLM's extras to the OpenAI formats live here too: `prompt_logprobs: k` scores every prompt token
+(with the top k), answered at the top level of a chat response (`prompt_logprobs`, null first, then
+`{token_id: {logprob, rank, decoded_token}}` per position), and `return_token_ids: true` adds
+`prompt_token_ids`, which says which token each position holds. With `continue_final_message`, a
+chat request scores a draft written as the assistant's text (`ChatPromptLogprobsVerifier`).
 """
 
 from __future__ import annotations
@@ -14,10 +20,69 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._calls import Meter, RoleClient
-from ..alignment import token_bytes
-from .base import Generated, Pick, count, reading, rendered_bytes, server_root
+from ..alignment import ScoredToken, token_bytes
+from ..context import Context
+from .base import UNREADABLE, Generated, Pick, count, reading, rendered_bytes, server_root
+from .logprobs import chat_tokens, prompt_logprob_tokens
+from .openai import Prefill, chat_request, fixed_sampling, sampling_fields
 
-__all__ = ["VllmDialect"]
+__all__ = ["VllmDialect", "prompt_scores_finding", "prompt_scores_note", "prompt_scores_probe", "prompt_scores_request", "read_prompt_scores", "scores_prompt"]
+
+
+def prompt_scores_request(context: Context, draft_text: str, top_k: int, seed: int | None) -> tuple[str, dict[str, Any]]:
+    """A chat request that scores the messages with `draft_text` as the assistant's text (its prompt
+    tokens and their top `top_k`) and generates one token after them, with `top_k` alternatives."""
+    body: dict[str, Any] = {
+        "messages": context.chat_messages(draft_text),
+        "max_tokens": 1,
+        "logprobs": True,
+        "top_logprobs": top_k,
+        **_prompt_scores(top_k),
+        **sampling_fields(context, seed),
+    }
+    body.update(Prefill().fields(bool(context.accepted or draft_text)))
+    return "/chat/completions", body
+
+
+def prompt_scores_probe(messages: Sequence[Mapping[str, Any]]) -> tuple[str, dict[str, Any]]:
+    """The probe's request: does the endpoint score a continued chat prompt (one alternative, greedy)?"""
+    path, body = chat_request(messages, 1, fixed_sampling(0), prefill=Prefill())
+    return path, {**body, **_prompt_scores(1)}
+
+
+def prompt_scores_finding(scored: bool) -> dict[str, bool]:
+    """The probe's finding, as the `Capabilities` field (and `specapi probe --json`) names it."""
+    return {"prompt_logprobs": scored}
+
+
+def prompt_scores_note(scored: bool) -> str:
+    return "chat prompt_logprobs: " + ("yes" if scored else "no")
+
+
+def _prompt_scores(top_k: int) -> dict[str, Any]:
+    return {"prompt_logprobs": top_k, "return_token_ids": True}
+
+
+def read_prompt_scores(response: Mapping[str, Any]) -> tuple[list[ScoredToken], list[ScoredToken], Mapping[str, Any]]:
+    """The scored prompt tokens, the generated ones and the choice of a `prompt_scores_request` answer
+    (raises what `reading` maps when the answer lacks them)."""
+    choice = response["choices"][0]
+    token_ids = response.get("prompt_token_ids") or choice.get("prompt_token_ids")
+    scored = prompt_logprob_tokens(response.get("prompt_logprobs"), token_ids)
+    generated = chat_tokens((choice.get("logprobs") or {}).get("content"))
+    return scored, generated, choice
+
+
+def scores_prompt(response: Mapping[str, Any] | None) -> bool:
+    """The probe's answer scored the prompt as `prompt_scores_probe` asked."""
+    if response is None or response.get("prompt_logprobs") is None:
+        return False
+    try:
+        token_ids = response.get("prompt_token_ids") or response["choices"][0].get("prompt_token_ids")
+        prompt_logprob_tokens(response["prompt_logprobs"], token_ids)
+    except UNREADABLE:
+        return False
+    return True
 
 
 def _data(text: Any) -> bytes | None:

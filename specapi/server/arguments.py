@@ -13,22 +13,10 @@ from typing import Any
 
 from starlette.requests import Request
 
+from ..dialects.openai import CHAT_FIELDS, COMPLETION_FIELDS
 from .errors import ProxyError
 
 __all__ = ["read_body", "parse_json_object", "completion_arguments", "chat_arguments", "COMPLETION_FIELDS", "CHAT_FIELDS"]
-
-COMPLETION_FIELDS = frozenset(
-    {"model", "prompt", "best_of", "echo", "frequency_penalty", "logit_bias", "logprobs", "max_tokens", "n",
-     "presence_penalty", "seed", "stop", "stream", "stream_options", "suffix", "temperature", "top_p", "user"}
-)
-CHAT_FIELDS = frozenset(
-    {"model", "messages", "audio", "frequency_penalty", "function_call", "functions", "logit_bias", "logprobs",
-     "max_completion_tokens", "max_tokens", "metadata", "modalities", "n", "parallel_tool_calls", "prediction",
-     "presence_penalty", "prompt_cache_key", "reasoning_effort", "response_format", "safety_identifier", "seed",
-     "service_tier", "stop", "store", "stream", "stream_options", "temperature", "tool_choice", "tools",
-     "top_logprobs", "top_p", "user", "verbosity", "web_search_options"}
-)
-
 
 #: specapi's own acceptance arguments: refused in a request body rather than sent upstream.
 _ACCEPTANCE_FIELDS = frozenset({"acceptance", "acceptance_threshold", "typical_epsilon", "typical_delta"})

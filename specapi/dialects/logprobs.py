@@ -1,11 +1,16 @@
-"""Reading the logprob payloads servers send, in every shape providers.md lists, into `ScoredToken`s."""
+"""Reading the logprob payloads of OpenAI-format answers, in every shape providers.md lists, into `ScoredToken`s.
+
+Chat answers list `logprobs.content` (`{token, logprob, bytes, top_logprobs: [...]}`, llama.cpp adding `id`);
+OpenAI's legacy completions list parallel arrays (`tokens`, `token_logprobs`, `top_logprobs` as dicts), which
+llama-server replaces with the chat shape; vLLM's `prompt_logprobs` score the prompt, position by position.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .alignment import ScoredToken
+from ..alignment import ScoredToken
 
 __all__ = ["completion_tokens", "chat_tokens", "prompt_logprob_tokens", "WireError"]
 
