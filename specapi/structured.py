@@ -23,7 +23,17 @@ from openai.lib._parsing import parse_chat_completion, type_to_response_format_p
 
 from .types import SpeculativeParsedChatCompletion
 
-__all__ = ["parse_params", "stream_params", "parsed_completion"]
+__all__ = ["helper_arguments", "parse_params", "stream_params", "parsed_completion"]
+
+
+def helper_arguments(params: Mapping[str, Any], response_format: Any) -> dict[str, Any]:
+    """A `parse` or `stream` call's arguments (`params`: all but `response_format`) in one mapping:
+    the others first, then `messages`, `model`, `response_format` and `tools` (the order in which an
+    unverifiable argument is named)."""
+    if "messages" not in params:
+        raise TypeError("missing a required keyword-only argument: 'messages'")
+    others = {name: value for name, value in params.items() if name not in ("messages", "model", "tools")}
+    return {**others, "messages": params["messages"], "model": params.get("model"), "response_format": response_format, "tools": params.get("tools", omit)}
 
 
 def parse_params(params: Mapping[str, Any]) -> tuple[dict[str, Any], Any, Any]:
