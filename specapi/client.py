@@ -34,7 +34,7 @@ from ._calls import Clock, Meter, Sleep
 from ._exceptions import ConfigurationError
 from .call_options import deadline, request_options, seconds
 from .context import Context
-from .dialects.openai_params import ChatCompletionCreateParams, ChatCompletionParseParams, CompletionCreateParams, StreamFlag, declared
+from .dialects.openai_params import ChatCompletionCreateParams, ChatCompletionParseParams, CompletionCreateParams, declared
 from .drafters import Drafter
 from .endpoint import Endpoint
 from .generation import respond
@@ -42,7 +42,8 @@ from .models import AsyncModels
 from .passthrough import passthrough
 from .policy import DraftLengthPolicy
 from .raw import AsyncRawCreate, AsyncStreamingCreate
-from .runtime import MAX_OTHER_MODELS, Runtime, acceptance_rule, build_policy
+from .runtime import MAX_OTHER_MODELS as MAX_OTHER_MODELS  # still importable from here (tests read it)
+from .runtime import Runtime, acceptance_rule, build_policy
 from .sdk_post import Beta, resource_for, sdk_request
 from .streaming import SpeculativeStream
 from .structured import helper_arguments, parse_params, parsed_completion, stream_params
@@ -65,7 +66,7 @@ from .validation import (
 
 __all__ = ["AsyncSpeculativeOpenAI", "AsyncCompletions", "AsyncChatCompletions", "given_arguments"]
 
-_Runtime = Runtime  # still importable from here, as `MAX_OTHER_MODELS` is (tests read both)
+_Runtime = Runtime  # still importable from here (tests patch it)
 
 
 class AsyncSpeculativeOpenAI(openai.AsyncOpenAI):
@@ -84,7 +85,7 @@ class AsyncSpeculativeOpenAI(openai.AsyncOpenAI):
             draft model promises the most tokens per second), "model", "lookup", "suffix" (drafts
             from what earlier requests of this client produced, no model), or an object with the
             `Drafter` interface.
-        verification: "auto" (default: completions echo; vLLM chat prompt_logprobs for chat) or "none"
+        verification: "auto" (default: completions echo; vLLM's prompt scoring for chat) or "none"
             (never speculate: a baseline that goes through the same code).
         pipeline: draft the next round while the current one is verified (default True).
         suffix_index: the `SuffixIndex` that finished requests are learnt into and suffix drafts come

@@ -70,7 +70,7 @@ def _with_schema(request: dict[str, Any], response_format: Any) -> dict[str, Any
 def parsed_completion(completion: Any, response_format: Any, tools: Any) -> SpeculativeParsedChatCompletion[Any]:
     """The SDK's `ParsedChatCompletion` of `completion` (`message.parsed`, parsed tool calls), with its statistics."""
     parsed = parse_chat_completion(response_format=response_format, input_tools=tools, chat_completion=completion)
-    fields = {name: getattr(parsed, name) for name in parsed.model_fields_set}
+    fields = {name: getattr(parsed, name) for name in parsed.model_fields_set}  # the fields the SDK set, by name
     result = SpeculativeParsedChatCompletion.model_construct(_fields_set=set(fields), **fields, **(parsed.model_extra or {}))
     result.speculative = completion.speculative
     return result

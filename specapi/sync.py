@@ -336,6 +336,7 @@ class _Models:
 
     def list(self, **options: Any) -> SyncPage[Model]:
         page = self._client._loop.run(self._client._async.models.list(**options))
+        # A server may leave `object` out, and the SDK builds the page without validating it.
         return SyncPage[Model].model_construct(data=list(page.data), object=getattr(page, "object", "list"))
 
     def retrieve(self, model: str, **options: Any) -> Model:
