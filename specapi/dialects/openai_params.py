@@ -177,15 +177,18 @@ def declared(params: type) -> Callable[[F], F]:
 
     def decorate(method: F) -> F:
         signature = inspect.Signature(_parameters(params))
+        order = {name: i for i, name in enumerate(signature.parameters)}
+        required = required_names(params)
 
         @functools.wraps(method)
         def bound(self: Any, /, *args: Any, **kwargs: Any) -> Any:
-            try:
-                arguments = signature.bind(self, *args, **kwargs).arguments
-            except TypeError as exc:
-                raise TypeError(f"{method.__qualname__}() {exc}") from None
-            del arguments["self"]
-            return method(self, **arguments)
+            if args or not order.keys() >= kwargs.keys() or not kwargs.keys() >= required:
+                try:
+                    signature.bind(self, *args, **kwargs)  # Python's own words for what is wrong
+                except TypeError as exc:
+                    raise TypeError(f"{method.__qualname__}() {exc}") from None
+            # Sorted here, not bound: `Signature.bind` costs about 0.1 ms a call.
+            return method(self, **{name: kwargs[name] for name in sorted(kwargs, key=order.__getitem__)})
 
         # What `inspect.signature` and `typing.get_type_hints` read (libraries inspect `create`).
         bound.__signature__ = signature  # type: ignore[attr-defined]
