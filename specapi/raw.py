@@ -32,7 +32,7 @@ from ._calls import capture_target_response
 from .streaming import SpeculativeStream
 from .types import SpeculativeChatCompletion, SpeculativeCompletion, SpeculativeParsedChatCompletion
 
-__all__ = ["RawResponse", "AsyncRawCreate", "AsyncStreamedResponse", "AsyncStreamingCreate"]
+__all__ = ["RawResponse", "AsyncRawCreate", "AsyncStreamedResponse", "AsyncStreamingCreate", "StreamedHeaders"]
 
 T = TypeVar("T")
 
@@ -96,14 +96,18 @@ class AsyncRawCreate:
         return await raw_call(lambda: parse(**params))
 
 
-class AsyncStreamedResponse(Generic[T]):
-    """What `with_streaming_response` yields on the async client: headers at once, `await parse()`."""
+class StreamedHeaders(Generic[T]):
+    """What `with_streaming_response` yields, on either client: headers at once, then `parse()`."""
 
     def __init__(self, raw: RawResponse[T]) -> None:
         self._raw = raw
         self.headers = raw.headers
         self.http_response = raw.http_response
         self.status_code = raw.status_code
+
+
+class AsyncStreamedResponse(StreamedHeaders[T]):
+    """What `with_streaming_response` yields on the async client: headers at once, `await parse()`."""
 
     async def parse(self) -> T:
         return self._raw.parse()

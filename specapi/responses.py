@@ -4,6 +4,7 @@ target's JSON, with the statistics attached (`response.speculative`).
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -14,10 +15,14 @@ from ._calls import RoleClient
 from ._exceptions import MalformedResponseError
 from .engine import Finished
 from .stats import SpeculativeStats
-from .streaming import response_id
 from .types import SpeculativeChatCompletion, SpeculativeCompletion
 
-__all__ = ["build", "choice", "completion_data", "usage"]
+__all__ = ["build", "choice", "completion_data", "response_id", "usage"]
+
+
+def response_id(chat: bool) -> str:
+    """A fresh id for one response, in OpenAI's shape (`chatcmpl-...` or `cmpl-...`)."""
+    return f"{'chatcmpl' if chat else 'cmpl'}-spec-{os.urandom(12).hex()}"
 
 
 def build(target: RoleClient, chat: bool, data: Any, stats: SpeculativeStats) -> Any:

@@ -7,7 +7,6 @@ last chunk carries them too (as an extra field OpenAI clients ignore).
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Generic, TypeVar
@@ -16,6 +15,7 @@ from openai.types import Completion
 from openai.types.chat import ChatCompletionChunk
 
 from .engine import Finished, Piece
+from .responses import response_id, usage
 from .stats import SpeculativeStats
 
 __all__ = ["SpeculativeStream", "completion_chunks", "chat_chunks", "response_id"]
@@ -84,18 +84,6 @@ class _StreamResponse:
         await self._close()
 
 
-def response_id(chat: bool) -> str:
-    """A fresh id for one response, in OpenAI's shape (`chatcmpl-...` or `cmpl-...`)."""
-    return f"{'chatcmpl' if chat else 'cmpl'}-spec-{os.urandom(12).hex()}"
-
-
-def _usage(finished: Finished) -> dict[str, Any]:
-    if finished.usage is not None:
-        return dict(finished.usage)  # one target call wrote the answer: its usage, every field
-    prompt = finished.prompt_tokens or 0
-    return {"prompt_tokens": prompt, "completion_tokens": finished.completion_tokens, "total_tokens": prompt + finished.completion_tokens}
-
-
 async def completion_chunks(events: AsyncIterator[Piece | Finished], model: str, include_usage: bool) -> AsyncIterator[dict[str, Any]]:
     ident, created = response_id(chat=False), int(time.time())
 
@@ -116,9 +104,9 @@ async def completion_chunks(events: AsyncIterator[Piece | Finished], model: str,
             last = chunk("", event.finish_reason)
             if include_usage:
                 yield last
-                last = {**chunk("", None), "choices": [], "usage": _usage(event)}
+                last = {**chunk("", None), "choices": [], "usage": usage(event)}
             elif event.stream_usage:
-                last["usage"] = _usage(event)  # as the target alone's stream ends (see Capabilities.stream_usage_unasked)
+                last["usage"] = usage(event)  # as the target alone's stream ends (see Capabilities.stream_usage_unasked)
             last["_speculative"] = event.stats
             yield last
     finally:
@@ -148,7 +136,7 @@ async def chat_chunks(events: AsyncIterator[Piece | Finished], model: str, inclu
             last = chunk({"role": "assistant", "content": ""} if first else {}, event.finish_reason)
             if include_usage:
                 yield last
-                last = {**chunk({}, None), "choices": [], "usage": _usage(event)}
+                last = {**chunk({}, None), "choices": [], "usage": usage(event)}
             last["_speculative"] = event.stats
             yield last
     finally:

@@ -26,7 +26,7 @@ from typing_extensions import Unpack
 
 from .client import AsyncSpeculativeOpenAI
 from .dialects.openai_params import ChatCompletionCreateParams, ChatCompletionParseParams, CompletionCreateParams, declared
-from .raw import RawResponse
+from .raw import RawResponse, StreamedHeaders
 from .sdk_post import Beta, resource_for, sdk_request
 from .streaming import SpeculativeStream
 from .structured import helper_arguments, stream_params
@@ -235,14 +235,8 @@ class _RawCreate:
         return RawResponse(_wrap(raw.parse(), self._client._loop), raw.headers, raw.http_response)
 
 
-class StreamedResponse(Generic[T]):
+class StreamedResponse(StreamedHeaders[T]):
     """What `with_streaming_response` yields on the sync client: headers at once, `parse()`."""
-
-    def __init__(self, raw: RawResponse[T]) -> None:
-        self._raw = raw
-        self.headers = raw.headers
-        self.http_response = raw.http_response
-        self.status_code = raw.status_code
 
     def parse(self) -> T:
         return self._raw.parse()
