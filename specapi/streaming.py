@@ -84,17 +84,23 @@ class _StreamResponse:
         await self._close()
 
 
+def _chunker(chat: bool, model: str) -> Callable[[dict[str, Any], str | None], dict[str, Any]]:
+    """What makes the chunks of one new response: a choice's own fields and its finish reason in, a chunk out."""
+    ident, created = response_id(chat), int(time.time())
+    kind = "chat.completion.chunk" if chat else "text_completion"
+
+    def chunk(fields: dict[str, Any], finish: str | None) -> dict[str, Any]:
+        choice = {"index": 0, **fields, "logprobs": None, "finish_reason": finish}
+        return {"id": ident, "object": kind, "created": created, "model": model, "choices": [choice]}
+
+    return chunk
+
+
 async def completion_chunks(events: AsyncIterator[Piece | Finished], model: str, include_usage: bool) -> AsyncIterator[dict[str, Any]]:
-    ident, created = response_id(chat=False), int(time.time())
+    chunker = _chunker(False, model)
 
     def chunk(text: str, finish: str | None) -> dict[str, Any]:
-        return {
-            "id": ident,
-            "object": "text_completion",
-            "created": created,
-            "model": model,
-            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
-        }
+        return chunker({"text": text}, finish)
 
     try:
         async for event in events:
@@ -114,16 +120,10 @@ async def completion_chunks(events: AsyncIterator[Piece | Finished], model: str,
 
 
 async def chat_chunks(events: AsyncIterator[Piece | Finished], model: str, include_usage: bool) -> AsyncIterator[dict[str, Any]]:
-    ident, created = response_id(chat=True), int(time.time())
+    chunker = _chunker(True, model)
 
     def chunk(delta: dict[str, Any], finish: str | None) -> dict[str, Any]:
-        return {
-            "id": ident,
-            "object": "chat.completion.chunk",
-            "created": created,
-            "model": model,
-            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
-        }
+        return chunker({"delta": delta}, finish)
 
     first = True
     try:
