@@ -275,6 +275,7 @@ class AsyncSpeculativeOpenAI(openai.AsyncOpenAI):
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
 
+
 class _AsyncChat:
     def __init__(self, runtime: Runtime) -> None:
         self.completions = AsyncChatCompletions(runtime)
