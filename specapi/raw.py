@@ -29,8 +29,10 @@ import httpx2
 from openai._legacy_response import LegacyAPIResponse
 
 from ._calls import capture_target_response
+from .streaming import SpeculativeStream
+from .types import SpeculativeChatCompletion, SpeculativeCompletion, SpeculativeParsedChatCompletion
 
-__all__ = ["RawResponse", "AsyncRawCreate", "AsyncStreamedResponse", "AsyncStreamingCreate"]
+__all__ = ["RawResponse", "AsyncRawCreate", "AsyncStreamedResponse", "AsyncStreamingCreate", "StreamedHeaders"]
 
 T = TypeVar("T")
 
@@ -72,9 +74,8 @@ async def raw_call(call: Callable[[], Awaitable[T]]) -> RawResponse[T]:
     with capture_target_response() as box:
         parsed = await call()
     headers = httpx2.Headers(box.http_response.headers if box.http_response is not None else {})
-    stats = getattr(parsed, "speculative", None)
-    if stats is not None and hasattr(parsed, "choices"):
-        headers.update(stats.to_headers())
+    if isinstance(parsed, (SpeculativeCompletion, SpeculativeChatCompletion, SpeculativeParsedChatCompletion)):
+        headers.update(parsed.speculative.to_headers())  # a stream's statistics come at its end
     return RawResponse(parsed, headers, box.http_response)
 
 
@@ -95,14 +96,18 @@ class AsyncRawCreate:
         return await raw_call(lambda: parse(**params))
 
 
-class AsyncStreamedResponse(Generic[T]):
-    """What `with_streaming_response` yields on the async client: headers at once, `await parse()`."""
+class StreamedHeaders(Generic[T]):
+    """What `with_streaming_response` yields, on either client: headers at once, then `parse()`."""
 
     def __init__(self, raw: RawResponse[T]) -> None:
         self._raw = raw
         self.headers = raw.headers
         self.http_response = raw.http_response
         self.status_code = raw.status_code
+
+
+class AsyncStreamedResponse(StreamedHeaders[T]):
+    """What `with_streaming_response` yields on the async client: headers at once, `await parse()`."""
 
     async def parse(self) -> T:
         return self._raw.parse()
@@ -115,9 +120,9 @@ async def streamed(call: Callable[[], Awaitable[T]]) -> AsyncIterator[AsyncStrea
     try:
         yield AsyncStreamedResponse(raw)
     finally:
-        close = getattr(raw.parse(), "close", None)
-        if close is not None:
-            await close()
+        parsed = raw.parse()
+        if isinstance(parsed, SpeculativeStream):
+            await parsed.close()
 
 
 class AsyncStreamingCreate:

@@ -7,7 +7,6 @@ last chunk carries them too (as an extra field OpenAI clients ignore).
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Generic, TypeVar
@@ -16,6 +15,7 @@ from openai.types import Completion
 from openai.types.chat import ChatCompletionChunk
 
 from .engine import Finished, Piece
+from .responses import response_id, usage
 from .stats import SpeculativeStats
 
 __all__ = ["SpeculativeStream", "completion_chunks", "chat_chunks", "response_id"]
@@ -84,29 +84,23 @@ class _StreamResponse:
         await self._close()
 
 
-def response_id(chat: bool) -> str:
-    """A fresh id for one response, in OpenAI's shape (`chatcmpl-...` or `cmpl-...`)."""
-    return f"{'chatcmpl' if chat else 'cmpl'}-spec-{os.urandom(12).hex()}"
+def _chunker(chat: bool, model: str) -> Callable[[dict[str, Any], str | None], dict[str, Any]]:
+    """What makes the chunks of one new response: a choice's own fields and its finish reason in, a chunk out."""
+    ident, created = response_id(chat), int(time.time())
+    kind = "chat.completion.chunk" if chat else "text_completion"
 
+    def chunk(fields: dict[str, Any], finish: str | None) -> dict[str, Any]:
+        choice = {"index": 0, **fields, "logprobs": None, "finish_reason": finish}
+        return {"id": ident, "object": kind, "created": created, "model": model, "choices": [choice]}
 
-def _usage(finished: Finished) -> dict[str, Any]:
-    if finished.usage is not None:
-        return dict(finished.usage)  # one target call wrote the answer: its usage, every field
-    prompt = finished.prompt_tokens or 0
-    return {"prompt_tokens": prompt, "completion_tokens": finished.completion_tokens, "total_tokens": prompt + finished.completion_tokens}
+    return chunk
 
 
 async def completion_chunks(events: AsyncIterator[Piece | Finished], model: str, include_usage: bool) -> AsyncIterator[dict[str, Any]]:
-    ident, created = response_id(chat=False), int(time.time())
+    chunker = _chunker(False, model)
 
     def chunk(text: str, finish: str | None) -> dict[str, Any]:
-        return {
-            "id": ident,
-            "object": "text_completion",
-            "created": created,
-            "model": model,
-            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
-        }
+        return chunker({"text": text}, finish)
 
     try:
         async for event in events:
@@ -116,9 +110,9 @@ async def completion_chunks(events: AsyncIterator[Piece | Finished], model: str,
             last = chunk("", event.finish_reason)
             if include_usage:
                 yield last
-                last = {**chunk("", None), "choices": [], "usage": _usage(event)}
+                last = {**chunk("", None), "choices": [], "usage": usage(event)}
             elif event.stream_usage:
-                last["usage"] = _usage(event)  # as the target alone's stream ends (see Capabilities.stream_usage_unasked)
+                last["usage"] = usage(event)  # as the target alone's stream ends (see Capabilities.stream_usage_unasked)
             last["_speculative"] = event.stats
             yield last
     finally:
@@ -126,16 +120,10 @@ async def completion_chunks(events: AsyncIterator[Piece | Finished], model: str,
 
 
 async def chat_chunks(events: AsyncIterator[Piece | Finished], model: str, include_usage: bool) -> AsyncIterator[dict[str, Any]]:
-    ident, created = response_id(chat=True), int(time.time())
+    chunker = _chunker(True, model)
 
     def chunk(delta: dict[str, Any], finish: str | None) -> dict[str, Any]:
-        return {
-            "id": ident,
-            "object": "chat.completion.chunk",
-            "created": created,
-            "model": model,
-            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
-        }
+        return chunker({"delta": delta}, finish)
 
     first = True
     try:
@@ -148,7 +136,7 @@ async def chat_chunks(events: AsyncIterator[Piece | Finished], model: str, inclu
             last = chunk({"role": "assistant", "content": ""} if first else {}, event.finish_reason)
             if include_usage:
                 yield last
-                last = {**chunk({}, None), "choices": [], "usage": _usage(event)}
+                last = {**chunk({}, None), "choices": [], "usage": usage(event)}
             last["_speculative"] = event.stats
             yield last
     finally:

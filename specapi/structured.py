@@ -23,7 +23,17 @@ from openai.lib._parsing import parse_chat_completion, type_to_response_format_p
 
 from .types import SpeculativeParsedChatCompletion
 
-__all__ = ["parse_params", "stream_params", "parsed_completion"]
+__all__ = ["helper_arguments", "parse_params", "stream_params", "parsed_completion"]
+
+
+def helper_arguments(params: Mapping[str, Any], response_format: Any) -> dict[str, Any]:
+    """A `parse` or `stream` call's arguments (`params`: all but `response_format`) in one mapping:
+    the others first, then `messages`, `model`, `response_format` and `tools` (the order in which an
+    unverifiable argument is named)."""
+    if "messages" not in params:
+        raise TypeError("missing a required keyword-only argument: 'messages'")
+    others = {name: value for name, value in params.items() if name not in ("messages", "model", "tools")}
+    return {**others, "messages": params["messages"], "model": params.get("model"), "response_format": response_format, "tools": params.get("tools", omit)}
 
 
 def parse_params(params: Mapping[str, Any]) -> tuple[dict[str, Any], Any, Any]:
@@ -60,7 +70,7 @@ def _with_schema(request: dict[str, Any], response_format: Any) -> dict[str, Any
 def parsed_completion(completion: Any, response_format: Any, tools: Any) -> SpeculativeParsedChatCompletion[Any]:
     """The SDK's `ParsedChatCompletion` of `completion` (`message.parsed`, parsed tool calls), with its statistics."""
     parsed = parse_chat_completion(response_format=response_format, input_tools=tools, chat_completion=completion)
-    fields = {name: getattr(parsed, name) for name in parsed.model_fields_set}
+    fields = {name: getattr(parsed, name) for name in parsed.model_fields_set}  # the fields the SDK set, by name
     result = SpeculativeParsedChatCompletion.model_construct(_fields_set=set(fields), **fields, **(parsed.model_extra or {}))
     result.speculative = completion.speculative
     return result

@@ -11,33 +11,27 @@ import contextlib
 import functools
 import threading
 import weakref
-from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping
-from typing import Any, Dict, Generic, List, Literal, Optional, TypeVar, Union, overload
+from collections.abc import Callable, Coroutine, Iterator, Mapping
+from typing import Any, Generic, Literal, Optional, TypeVar, overload
 
 import httpx2
 import openai
+from openai._types import Omit, omit
 from openai.lib._parsing import ResponseFormatT
 from openai.lib.streaming.chat import ChatCompletionStreamManager
-from openai._types import Body, Headers, NotGiven, Omit, Query, SequenceNotStr, not_given, omit
 from openai.pagination import SyncPage
-from openai.types import ChatModel, Completion, Metadata, Model, ReasoningEffort
-from openai.types.chat import (
-    ChatCompletionAudioParam,
-    ChatCompletionChunk,
-    ChatCompletionMessageParam,
-    ChatCompletionPredictionContentParam,
-    ChatCompletionStreamOptionsParam,
-    ChatCompletionToolChoiceOptionParam,
-    ChatCompletionToolUnionParam,
-    completion_create_params,
-)
+from openai.types import Completion, Model
+from openai.types.chat import ChatCompletionChunk, completion_create_params
+from typing_extensions import Unpack
 
-from .client import AsyncSpeculativeOpenAI, _Beta, _resource_for, _sdk_request
-from .client import given_arguments as _given
-from .raw import RawResponse
+from .client import AsyncSpeculativeOpenAI
+from .dialects.openai_params import ChatCompletionCreateParams, ChatCompletionParseParams, CompletionCreateParams, declared
+from .raw import RawResponse, StreamedHeaders
+from .sdk_post import Beta, resource_for, sdk_request
 from .streaming import SpeculativeStream
-from .structured import stream_params
+from .structured import helper_arguments, stream_params
 from .types import SpeculativeChatCompletion, SpeculativeCompletion, SpeculativeParsedChatCompletion
+from .validation import given_arguments
 
 __all__ = ["SpeculativeOpenAI", "SyncSpeculativeStream"]
 
@@ -125,8 +119,8 @@ class SpeculativeOpenAI(openai.OpenAI):
         return _Models(self)
 
     @functools.cached_property
-    def beta(self) -> _Beta:  # type: ignore[override]
-        return _Beta(self.chat, lambda: openai.OpenAI.beta.func(self))  # type: ignore[attr-defined]
+    def beta(self) -> Beta:  # type: ignore[override]
+        return Beta(self.chat, lambda: openai.OpenAI.beta.func(self))  # type: ignore[attr-defined]
 
     def _call(self, coro: Coroutine[Any, Any, Any]) -> Any:
         """Run `coro` on the loop thread; a stream comes back as a plain iterator."""
@@ -151,10 +145,10 @@ class SpeculativeOpenAI(openai.OpenAI):
     def post(self, path: str, *, cast_to: Any, body: Any = None, options: Any = None, stream: bool = False, **rest: Any) -> Any:  # type: ignore[override]
         """The SDK's low-level POST (LiteLLM sends through it): `/completions` and `/chat/completions`
         go through `create` and speculate; any other path goes to the target as the SDK sends it."""
-        resource = _resource_for(self, path)
+        resource = resource_for(self, path)
         if resource is None or not isinstance(body, Mapping) or rest.get("files"):
             return openai.OpenAI.post(self, path, cast_to=cast_to, body=body, options=options or {}, stream=stream, **rest)
-        params, raw = _sdk_request(resource, body, options)
+        params, raw = sdk_request(resource, body, options)
         if raw:
             return resource.with_raw_response.create(**params)
         return resource.create(**params)
@@ -241,14 +235,8 @@ class _RawCreate:
         return RawResponse(_wrap(raw.parse(), self._client._loop), raw.headers, raw.http_response)
 
 
-class StreamedResponse(Generic[T]):
+class StreamedResponse(StreamedHeaders[T]):
     """What `with_streaming_response` yields on the sync client: headers at once, `parse()`."""
-
-    def __init__(self, raw: RawResponse[T]) -> None:
-        self._raw = raw
-        self.headers = raw.headers
-        self.http_response = raw.http_response
-        self.status_code = raw.status_code
 
     def parse(self) -> T:
         return self._raw.parse()
@@ -285,95 +273,14 @@ class _Completions:
         self.with_streaming_response = _StreamingCreate(self.with_raw_response)
 
     @overload
-    def create(
-        self,
-        *,
-        prompt: Union[str, SequenceNotStr[str], Iterable[int], Iterable[Iterable[int]], None],
-        stream: Optional[Literal[False]] | Omit = omit,
-        model: Union[str, Literal["gpt-3.5-turbo-instruct", "davinci-002", "babbage-002"]] | None = None,
-        best_of: Optional[int] | Omit = omit,
-        echo: Optional[bool] | Omit = omit,
-        frequency_penalty: Optional[float] | Omit = omit,
-        logit_bias: Optional[Dict[str, int]] | Omit = omit,
-        logprobs: Optional[int] | Omit = omit,
-        max_tokens: Optional[int] | Omit = omit,
-        n: Optional[int] | Omit = omit,
-        presence_penalty: Optional[float] | Omit = omit,
-        seed: Optional[int] | Omit = omit,
-        stop: Union[str, SequenceNotStr[str], None] | Omit = omit,
-        stream_options: Optional[ChatCompletionStreamOptionsParam] | Omit = omit,
-        suffix: Optional[str] | Omit = omit,
-        temperature: Optional[float] | Omit = omit,
-        top_p: Optional[float] | Omit = omit,
-        user: str | Omit = omit,
-        prediction: Optional[ChatCompletionPredictionContentParam] | str | Omit = omit,
-        extra_headers: Headers | None = None,
-        extra_query: Query | None = None,
-        extra_body: Body | None = None,
-        timeout: float | httpx2.Timeout | None | NotGiven = not_given,
-    ) -> SpeculativeCompletion:
-        ...
-
+    def create(self, *, stream: Optional[Literal[False]] | Omit = omit, **params: Unpack[CompletionCreateParams]) -> SpeculativeCompletion: ...
     @overload
-    def create(
-        self,
-        *,
-        prompt: Union[str, SequenceNotStr[str], Iterable[int], Iterable[Iterable[int]], None],
-        stream: Literal[True],
-        model: Union[str, Literal["gpt-3.5-turbo-instruct", "davinci-002", "babbage-002"]] | None = None,
-        best_of: Optional[int] | Omit = omit,
-        echo: Optional[bool] | Omit = omit,
-        frequency_penalty: Optional[float] | Omit = omit,
-        logit_bias: Optional[Dict[str, int]] | Omit = omit,
-        logprobs: Optional[int] | Omit = omit,
-        max_tokens: Optional[int] | Omit = omit,
-        n: Optional[int] | Omit = omit,
-        presence_penalty: Optional[float] | Omit = omit,
-        seed: Optional[int] | Omit = omit,
-        stop: Union[str, SequenceNotStr[str], None] | Omit = omit,
-        stream_options: Optional[ChatCompletionStreamOptionsParam] | Omit = omit,
-        suffix: Optional[str] | Omit = omit,
-        temperature: Optional[float] | Omit = omit,
-        top_p: Optional[float] | Omit = omit,
-        user: str | Omit = omit,
-        prediction: Optional[ChatCompletionPredictionContentParam] | str | Omit = omit,
-        extra_headers: Headers | None = None,
-        extra_query: Query | None = None,
-        extra_body: Body | None = None,
-        timeout: float | httpx2.Timeout | None | NotGiven = not_given,
-    ) -> SyncSpeculativeStream[Completion]:
-        ...
+    def create(self, *, stream: Literal[True], **params: Unpack[CompletionCreateParams]) -> SyncSpeculativeStream[Completion]: ...
 
-    def create(
-        self,
-        *,
-        prompt: Union[str, SequenceNotStr[str], Iterable[int], Iterable[Iterable[int]], None],
-        stream: Optional[Literal[False]] | Literal[True] | Omit = omit,
-        model: Union[str, Literal["gpt-3.5-turbo-instruct", "davinci-002", "babbage-002"]] | None = None,
-        best_of: Optional[int] | Omit = omit,
-        echo: Optional[bool] | Omit = omit,
-        frequency_penalty: Optional[float] | Omit = omit,
-        logit_bias: Optional[Dict[str, int]] | Omit = omit,
-        logprobs: Optional[int] | Omit = omit,
-        max_tokens: Optional[int] | Omit = omit,
-        n: Optional[int] | Omit = omit,
-        presence_penalty: Optional[float] | Omit = omit,
-        seed: Optional[int] | Omit = omit,
-        stop: Union[str, SequenceNotStr[str], None] | Omit = omit,
-        stream_options: Optional[ChatCompletionStreamOptionsParam] | Omit = omit,
-        suffix: Optional[str] | Omit = omit,
-        temperature: Optional[float] | Omit = omit,
-        top_p: Optional[float] | Omit = omit,
-        user: str | Omit = omit,
-        prediction: Optional[ChatCompletionPredictionContentParam] | str | Omit = omit,
-        extra_headers: Headers | None = None,
-        extra_query: Query | None = None,
-        extra_body: Body | None = None,
-        timeout: float | httpx2.Timeout | None | NotGiven = not_given,
-    ) -> SpeculativeCompletion | SyncSpeculativeStream[Completion]:
+    @declared(CompletionCreateParams)
+    def create(self, **params: Any) -> SpeculativeCompletion | SyncSpeculativeStream[Completion]:
         """As `AsyncSpeculativeOpenAI().completions.create`, run on the client's loop thread."""
-        return self._client._call(self._client._async.completions.create(**_given(locals())))
-
+        return self._client._call(self._client._async.completions.create(**given_arguments(params)))
 
 
 class _ChatCompletions:
@@ -383,176 +290,31 @@ class _ChatCompletions:
         self.with_streaming_response = _StreamingCreate(self.with_raw_response)
 
     @overload
-    def create(
-        self,
-        *,
-        messages: Iterable[ChatCompletionMessageParam],
-        stream: Optional[Literal[False]] | Omit = omit,
-        model: Union[str, ChatModel] | None = None,
-        audio: Optional[ChatCompletionAudioParam] | Omit = omit,
-        frequency_penalty: Optional[float] | Omit = omit,
-        function_call: completion_create_params.FunctionCall | Omit = omit,
-        functions: Iterable[completion_create_params.Function] | Omit = omit,
-        logit_bias: Optional[Dict[str, int]] | Omit = omit,
-        logprobs: Optional[bool] | Omit = omit,
-        max_completion_tokens: Optional[int] | Omit = omit,
-        max_tokens: Optional[int] | Omit = omit,
-        metadata: Optional[Metadata] | Omit = omit,
-        modalities: Optional[List[Literal["text", "audio"]]] | Omit = omit,
-        moderation: Optional[completion_create_params.Moderation] | Omit = omit,
-        n: Optional[int] | Omit = omit,
-        parallel_tool_calls: bool | Omit = omit,
-        prediction: Optional[ChatCompletionPredictionContentParam] | Omit = omit,
-        presence_penalty: Optional[float] | Omit = omit,
-        prompt_cache_key: Optional[str] | Omit = omit,
-        prompt_cache_options: completion_create_params.PromptCacheOptions | Omit = omit,
-        prompt_cache_retention: Optional[Literal["in_memory", "24h"]] | Omit = omit,
-        reasoning_effort: Optional[ReasoningEffort] | Omit = omit,
-        response_format: completion_create_params.ResponseFormat | Omit = omit,
-        safety_identifier: Optional[str] | Omit = omit,
-        seed: Optional[int] | Omit = omit,
-        service_tier: Optional[Literal["auto", "default", "flex", "scale", "priority", "fast"]] | Omit = omit,
-        stop: Union[str, SequenceNotStr[str], None] | Omit = omit,
-        store: Optional[bool] | Omit = omit,
-        stream_options: Optional[ChatCompletionStreamOptionsParam] | Omit = omit,
-        temperature: Optional[float] | Omit = omit,
-        tool_choice: ChatCompletionToolChoiceOptionParam | Omit = omit,
-        tools: Iterable[ChatCompletionToolUnionParam] | Omit = omit,
-        top_logprobs: Optional[int] | Omit = omit,
-        top_p: Optional[float] | Omit = omit,
-        user: str | Omit = omit,
-        verbosity: Optional[Literal["low", "medium", "high"]] | Omit = omit,
-        web_search_options: completion_create_params.WebSearchOptions | Omit = omit,
-        extra_headers: Headers | None = None,
-        extra_query: Query | None = None,
-        extra_body: Body | None = None,
-        timeout: float | httpx2.Timeout | None | NotGiven = not_given,
-    ) -> SpeculativeChatCompletion:
-        ...
-
+    def create(self, *, stream: Optional[Literal[False]] | Omit = omit, **params: Unpack[ChatCompletionCreateParams]) -> SpeculativeChatCompletion: ...
     @overload
-    def create(
-        self,
-        *,
-        messages: Iterable[ChatCompletionMessageParam],
-        stream: Literal[True],
-        model: Union[str, ChatModel] | None = None,
-        audio: Optional[ChatCompletionAudioParam] | Omit = omit,
-        frequency_penalty: Optional[float] | Omit = omit,
-        function_call: completion_create_params.FunctionCall | Omit = omit,
-        functions: Iterable[completion_create_params.Function] | Omit = omit,
-        logit_bias: Optional[Dict[str, int]] | Omit = omit,
-        logprobs: Optional[bool] | Omit = omit,
-        max_completion_tokens: Optional[int] | Omit = omit,
-        max_tokens: Optional[int] | Omit = omit,
-        metadata: Optional[Metadata] | Omit = omit,
-        modalities: Optional[List[Literal["text", "audio"]]] | Omit = omit,
-        moderation: Optional[completion_create_params.Moderation] | Omit = omit,
-        n: Optional[int] | Omit = omit,
-        parallel_tool_calls: bool | Omit = omit,
-        prediction: Optional[ChatCompletionPredictionContentParam] | Omit = omit,
-        presence_penalty: Optional[float] | Omit = omit,
-        prompt_cache_key: Optional[str] | Omit = omit,
-        prompt_cache_options: completion_create_params.PromptCacheOptions | Omit = omit,
-        prompt_cache_retention: Optional[Literal["in_memory", "24h"]] | Omit = omit,
-        reasoning_effort: Optional[ReasoningEffort] | Omit = omit,
-        response_format: completion_create_params.ResponseFormat | Omit = omit,
-        safety_identifier: Optional[str] | Omit = omit,
-        seed: Optional[int] | Omit = omit,
-        service_tier: Optional[Literal["auto", "default", "flex", "scale", "priority", "fast"]] | Omit = omit,
-        stop: Union[str, SequenceNotStr[str], None] | Omit = omit,
-        store: Optional[bool] | Omit = omit,
-        stream_options: Optional[ChatCompletionStreamOptionsParam] | Omit = omit,
-        temperature: Optional[float] | Omit = omit,
-        tool_choice: ChatCompletionToolChoiceOptionParam | Omit = omit,
-        tools: Iterable[ChatCompletionToolUnionParam] | Omit = omit,
-        top_logprobs: Optional[int] | Omit = omit,
-        top_p: Optional[float] | Omit = omit,
-        user: str | Omit = omit,
-        verbosity: Optional[Literal["low", "medium", "high"]] | Omit = omit,
-        web_search_options: completion_create_params.WebSearchOptions | Omit = omit,
-        extra_headers: Headers | None = None,
-        extra_query: Query | None = None,
-        extra_body: Body | None = None,
-        timeout: float | httpx2.Timeout | None | NotGiven = not_given,
-    ) -> SyncSpeculativeStream[ChatCompletionChunk]:
-        ...
+    def create(self, *, stream: Literal[True], **params: Unpack[ChatCompletionCreateParams]) -> SyncSpeculativeStream[ChatCompletionChunk]: ...
 
-    def create(
-        self,
-        *,
-        messages: Iterable[ChatCompletionMessageParam],
-        stream: Optional[Literal[False]] | Literal[True] | Omit = omit,
-        model: Union[str, ChatModel] | None = None,
-        audio: Optional[ChatCompletionAudioParam] | Omit = omit,
-        frequency_penalty: Optional[float] | Omit = omit,
-        function_call: completion_create_params.FunctionCall | Omit = omit,
-        functions: Iterable[completion_create_params.Function] | Omit = omit,
-        logit_bias: Optional[Dict[str, int]] | Omit = omit,
-        logprobs: Optional[bool] | Omit = omit,
-        max_completion_tokens: Optional[int] | Omit = omit,
-        max_tokens: Optional[int] | Omit = omit,
-        metadata: Optional[Metadata] | Omit = omit,
-        modalities: Optional[List[Literal["text", "audio"]]] | Omit = omit,
-        moderation: Optional[completion_create_params.Moderation] | Omit = omit,
-        n: Optional[int] | Omit = omit,
-        parallel_tool_calls: bool | Omit = omit,
-        prediction: Optional[ChatCompletionPredictionContentParam] | Omit = omit,
-        presence_penalty: Optional[float] | Omit = omit,
-        prompt_cache_key: Optional[str] | Omit = omit,
-        prompt_cache_options: completion_create_params.PromptCacheOptions | Omit = omit,
-        prompt_cache_retention: Optional[Literal["in_memory", "24h"]] | Omit = omit,
-        reasoning_effort: Optional[ReasoningEffort] | Omit = omit,
-        response_format: completion_create_params.ResponseFormat | Omit = omit,
-        safety_identifier: Optional[str] | Omit = omit,
-        seed: Optional[int] | Omit = omit,
-        service_tier: Optional[Literal["auto", "default", "flex", "scale", "priority", "fast"]] | Omit = omit,
-        stop: Union[str, SequenceNotStr[str], None] | Omit = omit,
-        store: Optional[bool] | Omit = omit,
-        stream_options: Optional[ChatCompletionStreamOptionsParam] | Omit = omit,
-        temperature: Optional[float] | Omit = omit,
-        tool_choice: ChatCompletionToolChoiceOptionParam | Omit = omit,
-        tools: Iterable[ChatCompletionToolUnionParam] | Omit = omit,
-        top_logprobs: Optional[int] | Omit = omit,
-        top_p: Optional[float] | Omit = omit,
-        user: str | Omit = omit,
-        verbosity: Optional[Literal["low", "medium", "high"]] | Omit = omit,
-        web_search_options: completion_create_params.WebSearchOptions | Omit = omit,
-        extra_headers: Headers | None = None,
-        extra_query: Query | None = None,
-        extra_body: Body | None = None,
-        timeout: float | httpx2.Timeout | None | NotGiven = not_given,
-    ) -> SpeculativeChatCompletion | SyncSpeculativeStream[ChatCompletionChunk]:
+    @declared(ChatCompletionCreateParams)
+    def create(self, **params: Any) -> SpeculativeChatCompletion | SyncSpeculativeStream[ChatCompletionChunk]:
         """As `AsyncSpeculativeOpenAI().chat.completions.create`, run on the client's loop thread."""
-        return self._client._call(self._client._async.chat.completions.create(**_given(locals())))
+        return self._client._call(self._client._async.chat.completions.create(**given_arguments(params)))
 
     def parse(
-        self,
-        *,
-        messages: Iterable[ChatCompletionMessageParam],
-        model: Union[str, ChatModel] | None = None,
-        response_format: type[ResponseFormatT] | Omit = omit,
-        tools: Iterable[ChatCompletionToolUnionParam] | Omit = omit,
-        **params: Any,
+        self, *, response_format: type[ResponseFormatT] | Omit = omit, **params: Unpack[ChatCompletionParseParams]
     ) -> SpeculativeParsedChatCompletion[ResponseFormatT]:
         """As `AsyncSpeculativeOpenAI().chat.completions.parse` (the SDK's `parse`), run on the loop thread."""
-        call = self._client._async.chat.completions.parse(messages=messages, model=model, response_format=response_format, tools=tools, **params)
-        return self._client._loop.run(call)
+        return self._client._loop.run(self._client._async.chat.completions.parse(response_format=response_format, **params))
 
     def stream(
         self,
         *,
-        messages: Iterable[ChatCompletionMessageParam],
-        model: Union[str, ChatModel] | None = None,
-        response_format: Any = omit,
-        tools: Iterable[ChatCompletionToolUnionParam] | Omit = omit,
-        **params: Any,
-    ) -> ChatCompletionStreamManager[Any]:
+        response_format: completion_create_params.ResponseFormat | type[ResponseFormatT] | Omit = omit,
+        **params: Unpack[ChatCompletionParseParams],
+    ) -> ChatCompletionStreamManager[ResponseFormatT]:
         """The SDK's `chat.completions.stream` (`with client.chat.completions.stream(...) as stream:`)."""
-        request, rich_format, input_tools = stream_params(_given({**params, "messages": messages, "model": model, "response_format": response_format, "tools": tools}))
+        request, rich_format, input_tools = stream_params(given_arguments(helper_arguments(params, response_format)))
         resource = self._client._async.chat.completions
         return ChatCompletionStreamManager(lambda: self._client._call(resource._create(request)), response_format=rich_format, input_tools=input_tools)
-
 
 
 class _Chat:
@@ -568,6 +330,7 @@ class _Models:
 
     def list(self, **options: Any) -> SyncPage[Model]:
         page = self._client._loop.run(self._client._async.models.list(**options))
+        # A server may leave `object` out, and the SDK builds the page without validating it.
         return SyncPage[Model].model_construct(data=list(page.data), object=getattr(page, "object", "list"))
 
     def retrieve(self, model: str, **options: Any) -> Model:

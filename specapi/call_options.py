@@ -1,0 +1,63 @@
+"""The SDK's per-call options on `create`: `extra_headers` and `extra_query` go with every upstream
+request (the draft's included), `timeout` bounds the whole call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine, Mapping
+from typing import Any, TypeVar
+
+import httpx2
+import openai
+from openai._types import NotGiven, not_given
+
+from ._calls import RoleClient
+from ._exceptions import ConfigurationError
+
+__all__ = ["deadline", "request_options", "seconds"]
+
+T = TypeVar("T")
+
+
+def request_options(params: Mapping[str, Any], default_timeout: Any = not_given) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Split `extra_headers`, `extra_query` and `timeout` off the request's arguments: the remaining
+    arguments, and the SDK request options sent with every upstream request (the draft's included;
+    speculation stays on). `default_timeout` is the client's (`with_options(timeout=)`)."""
+    kwargs = dict(params)
+    if "timeout" not in kwargs and not isinstance(default_timeout, NotGiven):
+        kwargs["timeout"] = default_timeout
+    headers = kwargs.pop("extra_headers", None)
+    query = kwargs.pop("extra_query", None)
+    options: dict[str, Any] = {}
+    if headers:
+        options["headers"] = dict(headers)
+    if query:
+        options["params"] = dict(query)
+    if "timeout" in kwargs:
+        options["timeout"] = kwargs.pop("timeout")
+    return kwargs, options
+
+
+def seconds(timeout: Any) -> float | None:
+    """A `timeout=` as seconds for the whole call (the parts of an httpx `Timeout` added up), None for none."""
+    if isinstance(timeout, httpx2.Timeout):
+        parts = [t for t in (timeout.connect, timeout.read, timeout.write, timeout.pool) if t is not None]
+        return sum(parts) if parts else None
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+        raise ConfigurationError(f"timeout must be a number of seconds > 0, an httpx Timeout or None, got {timeout!r}")
+    return float(timeout)
+
+
+async def deadline(call: Coroutine[Any, Any, T], limit: float | None, target: RoleClient) -> T:
+    """`timeout=` bounds the whole call (every round); for a stream, until the stream is open."""
+    if limit is None:
+        return await call
+    try:
+        return await asyncio.wait_for(call, limit)
+    except asyncio.TimeoutError:
+        request = httpx2.Request("POST", str(target.sdk.base_url))
+        cause = openai.APITimeoutError(request=request)
+        raise target.error(f"the call took longer than timeout={limit:g}s", cause=cause) from cause
