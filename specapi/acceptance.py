@@ -126,32 +126,25 @@ def decide_round(
     draft_by_span = {span: token for span, token in zip(draft_spans, draft)}
     target_spans = spans(positions, start=-straddle)
     emitted: list[Emitted] = []
-    gap = 0.0
-    accepted_bytes = 0
-    all_accepted = True
-    stalled = False
-    handover = False
-    divergent, logprob_gap = 0, 0.0
+    gap, accepted_bytes, divergent, logprob_gap = 0.0, 0, 0, 0.0
+    all_accepted, stalled, handover = True, False, False
 
     for index, (position, span) in enumerate(zip(positions, target_spans)):
         if index == 0 and straddle:
             # A token merging committed text with the draft: the target's score here is conditioned on
             # a different split of the text than its own generation had, so neither keeping nor
             # replacing it is sound. A plain target step decides this position instead.
-            all_accepted = False
-            stalled = True
+            all_accepted, stalled = False, True
             break
         dist = position.distribution()
         if not dist:
             # The server listed nothing here (e.g. the first prompt token): this position cannot be checked.
-            all_accepted = False
-            stalled = not emitted
+            all_accepted, stalled = False, not emitted
             break
         if params.acceptance.lossy:
             kept = _lossy_keep(position, draft_by_span.get(span), params, eos_tokens)
             if kept is not None:
-                divergent += kept[0]
-                logprob_gap += kept[1]
+                divergent, logprob_gap = divergent + kept[0], logprob_gap + kept[1]
                 emitted.append(Emitted(token=position.text, data=position.data, logprob=position.logprob, top=dict(position.top or {})))
                 accepted_bytes = span[1]
                 continue
@@ -165,8 +158,7 @@ def decide_round(
                 # The lists cannot decide this position exactly (mass unseen, a nucleus reaching past
                 # the list). Decided before anything is drawn here, so handing the position to the
                 # target alone keeps the output exact.
-                all_accepted = False
-                handover = True
+                all_accepted, handover = False, True
                 break
             choice, keep, position_gap = drawn
             gap = max(gap, position_gap)

@@ -19,7 +19,7 @@ from .acceptance import DEFAULT_EOS_TOKENS
 from .alignment import ScoredToken, complete_utf8_prefix, token_bytes
 from .context import Context, Prefill
 from .dialects.openai import openai_format
-from .verifiers import SeedSource, Verification
+from .verifiers import SeedSource, Verification, VerifierBase
 
 __all__ = ["PrefillFanoutVerifier", "END_OF_TEXT"]
 
@@ -27,7 +27,7 @@ END_OF_TEXT = "<|endoftext|>"
 
 
 @dataclass
-class PrefillFanoutVerifier:
+class PrefillFanoutVerifier(VerifierBase):
     """Verifies through one `max_tokens: 1` request per draft position, sent concurrently."""
 
     client: RoleClient
