@@ -490,9 +490,10 @@ class FreeDraftGate(PolicyBase):
     def __init__(
         self, inner: Any, expected: float, free_drafters: Any, *, max_length: int, remaining: int, min_tokens: float = 4.0
     ) -> None:
-        self.inner = as_policy(inner)
+        self.inner = inner
+        self._policy = as_policy(inner)  # with every member of `DraftLengthPolicy`
         self.remaining = remaining
-        self.name = self.inner.name
+        self.name = self._policy.name
         self.expected = expected
         self.free_drafters = free_drafters
         self.max_length = max_length
@@ -506,22 +507,22 @@ class FreeDraftGate(PolicyBase):
     def reason(self) -> str:
         if self.free:
             return "suffix index: free drafts until none was proposed, then the target alone"
-        return self.inner.reason
+        return self._policy.reason
 
     @property  # type: ignore[override]
     def watches_queue(self) -> bool:
-        return self.inner.watches_queue
+        return self._policy.watches_queue
 
     @property  # type: ignore[override]
     def load_reason(self) -> str | None:
-        return None if self.free or self._free_under_load else self.inner.load_reason
+        return None if self.free or self._free_under_load else self._policy.load_reason
 
     @property  # type: ignore[override]
     def free_max_length(self) -> int:
         return self.max_length
 
     def start_request(self) -> str:
-        mode = self.inner.start_request()
+        mode = self._policy.start_request()
         if mode == TARGET_ALONE and self._pays():
             self.free = True
             self.free_drafters()
@@ -532,7 +533,7 @@ class FreeDraftGate(PolicyBase):
         """Free rounds beat the target alone, by the client policy's measured costs (if it has them)."""
         if self.expected < self.min_tokens:
             return False
-        verdict = self.inner.free_drafts_pay(self.expected, self.max_length, self.remaining)
+        verdict = self._policy.free_drafts_pay(self.expected, self.max_length, self.remaining)
         return True if verdict is None else bool(verdict)
 
     def _pays_under_load(self, state: Any) -> bool:
@@ -540,13 +541,13 @@ class FreeDraftGate(PolicyBase):
         to the requests ahead, the wait for the event loop); False while the costs are unmeasured."""
         if self.expected < self.min_tokens:
             return False
-        return bool(self.inner.free_drafts_pay(self.expected, self.max_length, self.remaining, queue_delay_s=state.queue_delay_s))
+        return bool(self._policy.free_drafts_pay(self.expected, self.max_length, self.remaining, queue_delay_s=state.queue_delay_s))
 
     def choose(self, state: Any) -> int:
         self._free_under_load = False
         if not self.free:
-            k = int(self.inner.choose(state))
-            stepped_aside = self.inner.load_reason is not None  # load: free rounds load the target too
+            k = int(self._policy.choose(state))
+            stepped_aside = self._policy.load_reason is not None  # load: free rounds load the target too
             if k <= 0 and state.rounds_so_far == 0 and not stepped_aside and self._pays():
                 # The policy turned speculation off at this request's first round rather than at its start.
                 self.free = True
@@ -569,7 +570,7 @@ class FreeDraftGate(PolicyBase):
         return 0 if self._dry else self.max_length
 
     def pipeline_pays(self, k: int) -> bool:
-        return self.inner.pipeline_pays(k)
+        return self._policy.pipeline_pays(k)
 
     def _first_round_done(self) -> None:
         if self._first_round_free and not self.free:
@@ -578,11 +579,11 @@ class FreeDraftGate(PolicyBase):
 
     def observe(self, record: Any) -> None:
         self._first_round_done()
-        self.inner.observe(record)
+        self._policy.observe(record)
 
     def observe_plain(self, tokens: int, latency_s: float) -> None:
         self._first_round_done()
-        self.inner.observe_plain(tokens, latency_s)
+        self._policy.observe_plain(tokens, latency_s)
         if self.free:
             self._dry = True  # a round without a free proposal: the target finishes alone
 
