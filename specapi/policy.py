@@ -23,7 +23,7 @@ __all__ = [
     "as_policy",
     "FixedDraftLength",
     "AdaptiveDraftLength",
-    "expected_tokens",
+    "expected_tokens_by_position",
     "SPECULATE",
     "RECHECK",
     "TARGET_ALONE",
@@ -191,7 +191,7 @@ class FixedDraftLength(PolicyBase):
         pass
 
 
-def expected_tokens(acceptance: list[float], k: int) -> float:
+def expected_tokens_by_position(acceptance: Sequence[float], k: int) -> float:
     """Expected tokens from a round drafting k: 1 + a1 + a1*a2 + ... (a_i = P(accept i | accepted < i))."""
     total, survive = 1.0, 1.0
     for i in range(k):
@@ -438,7 +438,7 @@ class AdaptiveDraftLength(PolicyBase):
         without a call."""
         round_s = self._round_s(k, load_s, free)
         acceptance = self.acceptance() if acceptance is None else acceptance
-        return expected_tokens(acceptance, k) / round_s if round_s > 0 else float("inf")
+        return expected_tokens_by_position(acceptance, k) / round_s if round_s > 0 else float("inf")
 
     def _round_s(self, k: int, load_s: float, free: bool) -> float:
         """Seconds of a round drafting `k`: its draft call (none for `free` drafts), its verify call, `load_s`."""
@@ -488,7 +488,7 @@ class AdaptiveDraftLength(PolicyBase):
         acceptance = self.acceptance() if acceptance is None else acceptance
         longest = self.free_max_length if free else self.max_length
         best_k, best_rate = 1, 0.0
-        total = survive = 1.0  # `expected_tokens(acceptance, k)`, carried from one k to the next
+        total = survive = 1.0  # `expected_tokens_by_position(acceptance, k)`, carried from one k to the next
         for k in range(1, min(longest, max(1, remaining - 1)) + 1):
             survive *= acceptance[k - 1] if k <= len(acceptance) else (acceptance[-1] if acceptance else 0.0)
             total += survive
