@@ -3,7 +3,7 @@
 `Output` applies the target's tokens (end of text, the caller's `max_tokens`, stop strings) and says
 what may be handed out. The functions around it are the rules it and the engine share: where a stop
 string begins, what of a tail could still grow into one, the tokens within the caller's limit, the
-tokens that end on a whole character, the room left in the target's context window, and the checks
+tokens that end on a complete character, the room left in the target's context window, and the checks
 that the target read its own output back with the token boundaries it generated (each returns why
 not, or None).
 """
@@ -34,7 +34,7 @@ __all__ = [
 @dataclass
 class Output:
     """The text so far: applies new tokens (end of text, max_tokens, stop strings) and says what may
-    be handed out. Tokens are bytes: text is decoded only up to the last whole character, so a token
+    be handed out. Tokens are bytes: text is decoded only up to the last complete character, so a token
     holding part of a character waits for the rest. A tail that could still grow into a stop string
     is held back, so nothing that may be cut is ever sent."""
 
@@ -160,7 +160,7 @@ def within_limit(tokens: list[Emitted], remaining: int | None) -> list[Emitted]:
 
 def complete_characters(tokens: list[Emitted]) -> list[Emitted]:
     """The tokens without the trailing ones that end inside a UTF-8 character: text can only be sent
-    back whole. The next round re-derives them from the same text (exact for greedy decoding; a sampled
+    back in complete characters. The next round re-derives them from the same text (exact for greedy decoding; a sampled
     one draws the token again, which the caller marks approximate when fewer tokens come back)."""
     data = b"".join(t.data for t in tokens)
     if complete_utf8_prefix(data) == data:
