@@ -6,7 +6,7 @@ import copy as _copy
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from ._calls import Meter, RoleClient
 from ._exceptions import EndpointError
@@ -111,7 +111,7 @@ class _CallerDrafter(DrafterBase):
 
 def as_drafter(drafter: Any) -> Drafter:
     """`drafter` with every hook of `Drafter` (specapi's drafters have them already)."""
-    return drafter if isinstance(drafter, DrafterBase) else _CallerDrafter(drafter)
+    return cast(Drafter, drafter if isinstance(drafter, DrafterBase) else _CallerDrafter(drafter))
 
 
 def usable_prefix(tokens: Sequence[ScoredToken]) -> tuple[ScoredToken, ...]:

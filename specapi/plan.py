@@ -112,7 +112,7 @@ def _lossy_where_possible(request: GenerationRequest, path: VerificationPath) ->
         return request, "exact", None
     if path.whole is None and path.verifier is None:
         note = f"acceptance {rule.mode!r} unused: no verification path, the target alone generated"
-    elif path.whole is not None or path.verifier.draws_target_tokens:
+    elif path.whole is not None or (path.verifier is not None and path.verifier.draws_target_tokens):
         note = lossy_path_note(rule, path.name)
     else:
         return request, rule.mode, None

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from ._exceptions import ConfigurationError
 from .load import LoadCurve, current_request
@@ -129,12 +129,12 @@ class _CallerPolicy(PolicyBase):
         # declares is read here, and `reason`/`load_reason` again after each call that may set them.
         return getattr(self.inner, member, default)
 
-    @property  # type: ignore[override]
-    def reason(self) -> str:
+    @property
+    def reason(self) -> str:  # type: ignore[override]
         return str(self._declared("reason", "") or "")
 
-    @property  # type: ignore[override]
-    def load_reason(self) -> str | None:
+    @property
+    def load_reason(self) -> str | None:  # type: ignore[override]
         return self._declared("load_reason", None)
 
     def start_request(self) -> str:
@@ -164,7 +164,7 @@ class _CallerPolicy(PolicyBase):
 
 def as_policy(policy: Any) -> DraftLengthPolicy:
     """`policy` with every member of `DraftLengthPolicy` (specapi's policies have them already)."""
-    return policy if isinstance(policy, PolicyBase) else _CallerPolicy(policy)
+    return cast(DraftLengthPolicy, policy if isinstance(policy, PolicyBase) else _CallerPolicy(policy))
 
 
 class FixedDraftLength(PolicyBase):

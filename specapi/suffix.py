@@ -504,21 +504,21 @@ class FreeDraftGate(PolicyBase):
         self._free_under_load = False  # this choice put free drafts in place of stepping aside for load
 
     @property
-    def reason(self) -> str:
+    def reason(self) -> str:  # type: ignore[override]
         if self.free:
             return "suffix index: free drafts until none was proposed, then the target alone"
         return self._policy.reason
 
-    @property  # type: ignore[override]
-    def watches_queue(self) -> bool:
+    @property
+    def watches_queue(self) -> bool:  # type: ignore[override]
         return self._policy.watches_queue
 
-    @property  # type: ignore[override]
-    def load_reason(self) -> str | None:
+    @property
+    def load_reason(self) -> str | None:  # type: ignore[override]
         return None if self.free or self._free_under_load else self._policy.load_reason
 
-    @property  # type: ignore[override]
-    def free_max_length(self) -> int:
+    @property
+    def free_max_length(self) -> int:  # type: ignore[override]
         return self.max_length
 
     def start_request(self) -> str:

@@ -188,7 +188,9 @@ async def target_call(
         return await plain_step(
             target, context, max_tokens, state.target_meter, seed, stop, count_tokens=count_tokens, prefill=state.prefill
         )
-    texts, finish, usage = [], None, {}
+    texts: list[str] = []
+    finish: str | None = None
+    usage: dict = {}
     started = clock()
     stream = plain_stream(target, context, max_tokens, state.target_meter, seed, stop, prefill=state.prefill, usage=usage)
     async with contextlib.aclosing(stream) as chunks:
