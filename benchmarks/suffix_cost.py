@@ -18,7 +18,7 @@ import time
 from specapi._calls import Meter
 from specapi.context import Context
 from specapi.endpoint import Endpoint
-from specapi.suffix import SuffixDrafter, SuffixIndex, expected_tokens, learn
+from specapi.suffix import SuffixDrafter, SuffixIndex, expected_continuation, learn
 
 
 def texts(chars: int) -> dict[str, tuple[str, str]]:
@@ -56,7 +56,7 @@ async def main(args: argparse.Namespace) -> None:
                 pass
 
         per_round = _mean_us(one_round, args.repeat)
-        at_start = _mean_us(lambda: expected_tokens(index, start, 8), args.repeat)
+        at_start = _mean_us(lambda: expected_continuation(index, start, 8), args.repeat)
         at_end = _mean_us(lambda: learn(SuffixIndex(), start, answer), args.repeat)
         print(f"{name:10} {len(prompt):>6} {per_round:>10.0f} {at_start:>10.0f} {at_end:>10.0f}")
 

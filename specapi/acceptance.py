@@ -126,32 +126,25 @@ def decide_round(
     draft_by_span = {span: token for span, token in zip(draft_spans, draft)}
     target_spans = spans(positions, start=-straddle)
     emitted: list[Emitted] = []
-    gap = 0.0
-    accepted_bytes = 0
-    all_accepted = True
-    stalled = False
-    handover = False
-    divergent, logprob_gap = 0, 0.0
+    gap, accepted_bytes, divergent, logprob_gap = 0.0, 0, 0, 0.0
+    all_accepted, stalled, handover = True, False, False
 
     for index, (position, span) in enumerate(zip(positions, target_spans)):
         if index == 0 and straddle:
             # A token merging committed text with the draft: the target's score here is conditioned on
             # a different split of the text than its own generation had, so neither keeping nor
             # replacing it is sound. A plain target step decides this position instead.
-            all_accepted = False
-            stalled = True
+            all_accepted, stalled = False, True
             break
         dist = position.distribution()
         if not dist:
             # The server listed nothing here (e.g. the first prompt token): this position cannot be checked.
-            all_accepted = False
-            stalled = not emitted
+            all_accepted, stalled = False, not emitted
             break
         if params.acceptance.lossy:
             kept = _lossy_keep(position, draft_by_span.get(span), params, eos_tokens)
             if kept is not None:
-                divergent += kept[0]
-                logprob_gap += kept[1]
+                divergent, logprob_gap = divergent + kept[0], logprob_gap + kept[1]
                 emitted.append(Emitted(token=position.text, data=position.data, logprob=position.logprob, top=dict(position.top or {})))
                 accepted_bytes = span[1]
                 continue
@@ -160,38 +153,15 @@ def decide_round(
             choice = argmax_token(dist, prefer=position.text)
             keep = choice == position.text
         else:
-            p = TokenDist.from_logprobs(
-                position.listed(), extra=position.scored(), temperature=params.temperature, top_p=params.top_p, raw=params.raw_logprobs
-            )
-            drafted = draft_by_span.get(span)
-            q = None
-            if drafted is not None and drafted.text == position.text:
-                q = _without_eos(
-                    TokenDist.from_logprobs(
-                        drafted.listed(),
-                        extra=drafted.scored(),
-                        temperature=params.temperature,
-                        top_p=params.top_p,
-                        raw=params.draft_raw_logprobs,
-                    ),
-                    eos_tokens,
-                )
-            if not p.exact or (q is not None and not _residual_exact(p, q, params)):
+            drawn = _sampled_choice(position, draft_by_span.get(span), params, rng, eos_tokens)
+            if drawn is None:
                 # The lists cannot decide this position exactly (mass unseen, a nucleus reaching past
                 # the list). Decided before anything is drawn here, so handing the position to the
                 # target alone keeps the output exact.
-                all_accepted = False
-                handover = True
+                all_accepted, handover = False, True
                 break
-            if q is not None:
-                gap = max(gap, p.gap, q.gap)
-                keep = rng.random() < acceptance_probability(p.get(position.text), q.get(position.text))
-                choice = position.text if keep else sample_token(residual(p, q), rng)
-            else:
-                # Tokenizations differ here: no q for this token, so sample the position from p itself.
-                gap = max(gap, p.gap)
-                choice = sample_token(p, rng)
-                keep = choice == position.text
+            choice, keep, position_gap = drawn
+            gap = max(gap, position_gap)
         if keep:
             emitted.append(Emitted(token=position.text, data=position.data, logprob=position.logprob, top=dict(position.top or {})))
             accepted_bytes = span[1]
@@ -216,6 +186,31 @@ def decide_round(
         divergent=divergent,
         logprob_gap=logprob_gap,
     )
+
+
+def _sampled_choice(
+    position: ScoredToken, drafted: ScoredToken | None, params: SamplingParams, rng: random.Random, eos_tokens: Collection[str]
+) -> tuple[str | None, bool, float] | None:
+    """A sampled position: the token chosen, whether it is the drafted one, and the lists' coverage
+    gap; None when the lists cannot decide it exactly (decided before anything is drawn)."""
+    p = TokenDist.from_logprobs(position.listed(), extra=position.scored(), temperature=params.temperature, top_p=params.top_p, raw=params.raw_logprobs)
+    q = None
+    if drafted is not None and drafted.text == position.text:
+        q = _without_eos(
+            TokenDist.from_logprobs(
+                drafted.listed(), extra=drafted.scored(), temperature=params.temperature, top_p=params.top_p, raw=params.draft_raw_logprobs
+            ),
+            eos_tokens,
+        )
+    if not p.exact or (q is not None and not _residual_exact(p, q, params)):
+        return None
+    if q is not None:
+        keep = rng.random() < acceptance_probability(p.get(position.text), q.get(position.text))
+        choice = position.text if keep else sample_token(residual(p, q), rng)
+        return choice, keep, max(p.gap, q.gap)
+    # Tokenizations differ here: no q for this token, so sample the position from p itself.
+    choice = sample_token(p, rng)
+    return choice, choice == position.text, p.gap
 
 
 def _lossy_keep(

@@ -5,8 +5,8 @@ from __future__ import annotations
 import copy as _copy
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, field
+from typing import Any, Protocol, cast
 
 from ._calls import Meter, RoleClient
 from ._exceptions import EndpointError
@@ -17,7 +17,7 @@ from .dialects.base import reading
 from .dialects.openai import OPENAI_LIST_CAP, DraftShape, OpenAIFormat, shorter_lists
 from .stats import MODEL_DRAFTER, PIPELINED, RoundRecord
 
-__all__ = ["Draft", "Drafter", "ModelDrafter", "LookupDrafter", "PredictionDrafter", "CombinedDrafter", "lookup_continuation"]
+__all__ = ["Draft", "Drafter", "DrafterBase", "as_drafter", "ModelDrafter", "LookupDrafter", "PredictionDrafter", "CombinedDrafter", "lookup_continuation"]
 
 
 @dataclass(frozen=True)
@@ -26,19 +26,92 @@ class Draft:
 
     tokens: tuple[ScoredToken, ...]
     latency_s: float = 0.0
-    drafter: str = ""
+    drafter: str = ""  # the name of the drafter that proposed the tokens
     #: Per token, how likely the draft holds up to there, when the drafter knows (the suffix drafter).
     confidence: tuple[float, ...] = ()
+    #: Drafted during the previous round's verification, on the guess that all its tokens are kept.
+    pipelined: bool = False
+    #: The draft model whose call made the draft (None: a drafter that makes no call), so that the next
+    #: round can be drafted from it while this one is verified.
+    model: ModelDrafter | None = field(default=None, compare=False, repr=False)
 
     @property
     def text(self) -> str:
         return b"".join(t.data for t in self.tokens).decode("utf-8")
 
+    @property
+    def label(self) -> str:
+        """The drafter as the round's record shows it (`RoundRecord.drafter`)."""
+        return self.drafter + PIPELINED if self.pipelined else self.drafter
+
 
 class Drafter(Protocol):
+    """Something that proposes the next tokens; the hooks hear how its drafts did (`DrafterBase` has
+    the defaults, and `as_drafter` gives them to a caller's drafter that declares only `name` and
+    `draft`)."""
+
     name: str
 
     async def draft(self, context: Context, k: int, meter: Meter, seed: int | None) -> Draft: ...
+
+    def record(self, drafter: str, drafted: int, accepted: int) -> None:
+        """A round of `drafted` tokens proposed by the drafter named `drafter` kept `accepted` of them."""
+        ...
+
+    def observe(self, record: RoundRecord) -> None:
+        """A round's record (its latencies), after `record`."""
+        ...
+
+    def paid_length(self, k: int) -> int:
+        """How many tokens a round of `k` asks of a drafter that makes a call."""
+        ...
+
+    def free_only(self) -> Drafter:
+        """The drafter without the drafters that make a call (for whole-answer paths, where a draft
+        call adds its latency)."""
+        ...
+
+
+class DrafterBase:
+    """The defaults of `Drafter`'s hooks: nothing learnt, every round asks for its length."""
+
+    def record(self, drafter: str, drafted: int, accepted: int) -> None:
+        pass
+
+    def observe(self, record: RoundRecord) -> None:
+        pass
+
+    def paid_length(self, k: int) -> int:
+        return k
+
+    def free_only(self) -> Drafter:
+        return self  # type: ignore[return-value]
+
+
+_HOOKS = ("record", "observe", "paid_length", "free_only")
+
+
+class _CallerDrafter(DrafterBase):
+    """A caller's drafter object with the hooks it does not declare filled in by `DrafterBase`."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.name = inner.name
+        for hook in _HOOKS:
+            # A caller's drafter is duck-typed (the documented interface is `name` and `draft`): the
+            # hooks it declares are its own, read once here.
+            declared = getattr(inner, hook, None)
+            if declared is not None:
+                setattr(self, hook, declared)
+
+    async def draft(self, context: Context, k: int, meter: Meter, seed: int | None) -> Draft:
+        result: Draft = await self.inner.draft(context, k, meter, seed)
+        return result
+
+
+def as_drafter(drafter: Any) -> Drafter:
+    """`drafter` with every hook of `Drafter` (specapi's drafters have them already)."""
+    return cast(Drafter, drafter if isinstance(drafter, DrafterBase) else _CallerDrafter(drafter))
 
 
 def usable_prefix(tokens: Sequence[ScoredToken]) -> tuple[ScoredToken, ...]:
@@ -62,7 +135,7 @@ def usable_prefix(tokens: Sequence[ScoredToken]) -> tuple[ScoredToken, ...]:
 
 
 @dataclass
-class ModelDrafter:
+class ModelDrafter(DrafterBase):
     """Drafts with a model: the request's own format (completions or chat) with logprobs, as
     `dialects.openai.DraftShape` builds it, adapting the shape to what the endpoint refuses (chat for
     a chat-only model, no prefill flags where they are refused, shorter lists where long ones are).
@@ -105,7 +178,7 @@ class ModelDrafter:
             if context.sampling.point_mass_draft and not context.sampling.greedy:
                 # Drawn at temperature 0: each proposal is certain under the draft (q is a point mass).
                 tokens = tuple(ScoredToken(text=t.text, logprob=0.0, top={t.text: 0.0}, id=t.id) for t in tokens)
-            return Draft(tokens=tokens, latency_s=self.client.clock() - started, drafter=self.name)
+            return Draft(tokens=tokens, latency_s=self.client.clock() - started, drafter=self.name, model=self)
 
     def _parse(self, response: dict, form: OpenAIFormat) -> tuple[ScoredToken, ...]:
         with reading(self.client, "draft"):
@@ -165,7 +238,7 @@ def lookup_continuation(history: str, sources: Sequence[str], *, min_match: int 
 
 
 @dataclass
-class LookupDrafter:
+class LookupDrafter(DrafterBase):
     """Drafts with no model: continues the text from where its tail occurs in the prompt (or in
     `sources` such as a user's prediction). Costs nothing; strong on editing, summarising and code changes.
 
@@ -228,7 +301,7 @@ class _Learnt:
 
 
 @dataclass
-class CombinedDrafter:
+class CombinedDrafter(DrafterBase):
     """Each round, the drafter with the best expected yield per second.
 
     For each drafter it learns the acceptance per token (accepted tokens against rejections,
@@ -282,7 +355,7 @@ class CombinedDrafter:
 
     # -- learning -----------------------------------------------------------------------------
     def record(self, drafter: str, drafted: int, accepted: int) -> None:
-        learnt = self._learnt.get(drafter.removesuffix(PIPELINED))
+        learnt = self._learnt.get(drafter)
         if learnt is None or not drafted:
             return
         learnt.accepted = 0.9 * learnt.accepted + accepted

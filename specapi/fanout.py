@@ -20,7 +20,7 @@ from .alignment import ScoredToken, complete_utf8_prefix, token_bytes
 from .context import Context
 from .dialects.base import reading
 from .dialects.openai import Prefill, next_token_request, openai_format
-from .verifiers import SeedSource, Verification
+from .verifiers import SeedSource, Verification, VerifierBase
 
 __all__ = ["PrefillFanoutVerifier", "END_OF_TEXT"]
 
@@ -28,7 +28,7 @@ END_OF_TEXT = "<|endoftext|>"
 
 
 @dataclass
-class PrefillFanoutVerifier:
+class PrefillFanoutVerifier(VerifierBase):
     """Verifies through one `max_tokens: 1` request per draft position, sent concurrently."""
 
     client: RoleClient

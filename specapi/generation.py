@@ -14,7 +14,8 @@ from dataclasses import replace
 from typing import Any
 
 from .context import Context
-from .engine import Engine, Finished, GenerationRequest, Piece
+from .engine import Engine
+from .request import Finished, GenerationRequest, Piece
 from .load import current_request, new_request_id
 from .responses import build, completion_data
 from .runtime import Runtime

@@ -56,8 +56,7 @@ class AcceptanceRule:
     def __post_init__(self) -> None:
         if self.mode not in ACCEPTANCE_MODES:
             raise ValueError(f"acceptance must be one of {', '.join(ACCEPTANCE_MODES)}; got {self.mode!r}")
-        for name, argument in (("threshold", "acceptance_threshold"), ("epsilon", "typical_epsilon"), ("delta", "typical_delta")):
-            value = getattr(self, name)
+        for value, argument in ((self.threshold, "acceptance_threshold"), (self.epsilon, "typical_epsilon"), (self.delta, "typical_delta")):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 raise ValueError(f"{argument} must be a number >= 0, got {value!r}")
         if self.epsilon > 1 or self.delta > 1:

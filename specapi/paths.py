@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, replace
-from typing import Any
 
 from ._calls import Meter, RoleClient
 from ._exceptions import ConfigurationError, EndpointError
@@ -20,10 +19,13 @@ from .fanout import PrefillFanoutVerifier
 from .dialects import native_dialect
 from .probe import Capabilities, cached_probe, choose_verification
 from .tokenlevel import TokenIdVerifier
-from .verifiers import ChatPromptLogprobsVerifier, EchoVerifier
+from .verifiers import ChatPromptLogprobsVerifier, EchoVerifier, Verifier
 from .whole import PredictedOutputsPath, PrefixMatchPath
 
-__all__ = ["VERIFICATIONS", "Path", "PathResolver"]
+#: The paths on which the target writes the whole answer itself, given a draft (see whole.py).
+WholeAnswerPath = PredictedOutputsPath | PrefixMatchPath
+
+__all__ = ["VERIFICATIONS", "VerificationPath", "PathResolver"]
 
 VERIFICATIONS = ("auto", "token-ids", "echo", "prompt-logprobs", "prefill-fanout", "predicted-outputs", "prefix-match", "none")
 
@@ -38,10 +40,12 @@ LONG_CONTEXT_CHARS = 4000
 
 
 @dataclass(frozen=True)
-class Path:
+class VerificationPath:
+    """How a request is verified: a round path (`verifier`) or a whole-answer one (`whole`)."""
+
     name: str
-    verifier: Any = None  # round-based
-    whole: Any = None  # whole-answer
+    verifier: Verifier | None = None  # round-based
+    whole: WholeAnswerPath | None = None  # whole-answer
     raw_logprobs: bool | None = None
     note: str | None = None  # why this path (e.g. what auto found, or what was refused)
     prefill: Prefill = Prefill()
@@ -67,39 +71,39 @@ class PathResolver:
             return Prefill()
         return Prefill(style=caps.prefill_style or CONTINUE_FINAL_MESSAGE, echoes_prefix=caps.prefill_echoes_prefix)
 
-    def _build(self, name: str, chat: bool) -> Path:
+    def _build(self, name: str, chat: bool) -> VerificationPath:
         path = self._build_path(name, chat)
         max_logprobs = self.capabilities.max_logprobs if self.capabilities and not chat else None
         return replace(path, prefill=self.prefill(), max_logprobs=max_logprobs)
 
-    def _build_path(self, name: str, chat: bool) -> Path:
+    def _build_path(self, name: str, chat: bool) -> VerificationPath:
         raw = self.capabilities.logprobs_raw if self.capabilities else None
         if name == "token-ids":
             dialect = native_dialect(self.capabilities.server if self.capabilities else None)
             if dialect is None or (self.capabilities is not None and not self.capabilities.token_ids):
-                return Path("none", note="token-id verification needs a server whose native API takes token ids (llama.cpp, vLLM, SGLang); the target alone generated")
+                return VerificationPath("none", note="token-id verification needs a server whose native API takes token ids (llama.cpp, vLLM, SGLang); the target alone generated")
             if chat:
                 fallback = choose_verification(self.capabilities, chat=True) if self.capabilities else "none"
-                path = self._build_path(fallback, chat) if fallback != "token-ids" else Path("none")
+                path = self._build_path(fallback, chat) if fallback != "token-ids" else VerificationPath("none")
                 return replace(path, note=f"token ids verify completions; chat went to {path.name}")
-            return Path(name, verifier=TokenIdVerifier(self.target, dialect, draft_client=self.draft))
+            return VerificationPath(name, verifier=TokenIdVerifier(self.target, dialect, draft_client=self.draft))
         if name == "echo":
             if chat:
-                return Path("none", note="echo verification scores completions only; chat went to the target alone")
-            return Path(name, verifier=EchoVerifier(self.target), raw_logprobs=raw)
+                return VerificationPath("none", note="echo verification scores completions only; chat went to the target alone")
+            return VerificationPath(name, verifier=EchoVerifier(self.target), raw_logprobs=raw)
         if name == "prompt-logprobs":
             if not chat:
-                return Path("echo", verifier=EchoVerifier(self.target), raw_logprobs=raw)
-            return Path(name, verifier=ChatPromptLogprobsVerifier(self.target), raw_logprobs=raw)
+                return VerificationPath("echo", verifier=EchoVerifier(self.target), raw_logprobs=raw)
+            return VerificationPath(name, verifier=ChatPromptLogprobsVerifier(self.target), raw_logprobs=raw)
         if name == "prefill-fanout":
-            return Path(name, verifier=PrefillFanoutVerifier(self.target, prefill=self.prefill()))
+            return VerificationPath(name, verifier=PrefillFanoutVerifier(self.target, prefill=self.prefill()))
         if name == "predicted-outputs":
             if not chat:
-                return Path("none", note="Predicted Outputs exist for chat only; completions went to the target alone")
-            return Path(name, whole=PredictedOutputsPath(self.target))
+                return VerificationPath("none", note="Predicted Outputs exist for chat only; completions went to the target alone")
+            return VerificationPath(name, whole=PredictedOutputsPath(self.target))
         if name == "prefix-match":
-            return Path(name, whole=PrefixMatchPath(self.target))
-        return Path("none")
+            return VerificationPath(name, whole=PrefixMatchPath(self.target))
+        return VerificationPath("none")
 
     async def prepare(self, meter: Meter) -> None:
         """Probe now, before any request waits for it (a server's startup), where choosing a path will
@@ -117,13 +121,13 @@ class PathResolver:
                     return exc
         return None
 
-    async def resolve(self, chat: bool, meter: Meter, *, context_chars: int = 0, greedy: bool = True, needs_lists: bool = False) -> Path:
+    async def resolve(self, chat: bool, meter: Meter, *, context_chars: int = 0, greedy: bool = True, needs_lists: bool = False) -> VerificationPath:
         """The path for a request. `needs_lists`: its acceptance rule reads the target's top lists (a
         lossy rule the caller opted into), so a sampled request keeps the list paths."""
         if chat in self.refused:
-            return Path("none", note=self.refused[chat], prefill=self.prefill())
+            return VerificationPath("none", note=self.refused[chat], prefill=self.prefill())
         if self.verification == "none":
-            return Path("none", note="verification='none': the target alone", prefill=self.prefill())
+            return VerificationPath("none", note="verification='none': the target alone", prefill=self.prefill())
         if self.verification != "auto" and not (chat and self.verification == "prefill-fanout") and self.verification != "token-ids":
             return self._build(self.verification, chat)
         # Auto needs the probe to choose; chat fan-out needs it to know how the target continues an

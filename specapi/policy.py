@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol, cast
 
 from ._exceptions import ConfigurationError
 from .load import LoadCurve, current_request
@@ -19,10 +19,11 @@ from .stats import MODEL_DRAFTER, RoundRecord, drafter_of
 __all__ = [
     "PolicyState",
     "DraftLengthPolicy",
+    "PolicyBase",
+    "as_policy",
     "FixedDraftLength",
     "AdaptiveDraftLength",
-    "expected_tokens",
-    "pipeline_pays",
+    "expected_tokens_by_position",
     "SPECULATE",
     "RECHECK",
     "TARGET_ALONE",
@@ -64,7 +65,19 @@ LOAD_STREAM_FASTER = "target alone under load: its stream writes faster now than
 
 
 class DraftLengthPolicy(Protocol):
+    """Says how many tokens to draft next. Beside the four calls, the members below say what the engine
+    and the suffix gate read from a policy (`PolicyBase` has the defaults, and `as_policy` gives them to
+    a caller's policy that declares only the calls)."""
+
     name: str
+    #: Why the last `choose` (or `start_request`) turned speculation off ("" if it did not).
+    reason: str
+    #: What the load on the upstreams changed in the last `choose` (`LOAD_*`), None if nothing.
+    load_reason: str | None
+    #: The policy reads `PolicyState.queue_delay_s`: the engine measures it before a first round.
+    watches_queue: bool
+    #: The longest draft for drafters that make no call (the suffix index, prompt lookup).
+    free_max_length: int
 
     def start_request(self) -> str:
         """Called once per request: SPECULATE, RECHECK (speculate to re-measure) or TARGET_ALONE."""
@@ -76,8 +89,85 @@ class DraftLengthPolicy(Protocol):
 
     def observe_plain(self, tokens: int, latency_s: float) -> None: ...
 
+    def pipeline_pays(self, k: int) -> bool:
+        """Drafting the next round while this one (`k` drafted) is verified pays."""
+        ...
 
-class FixedDraftLength:
+    def free_drafts_pay(self, expected: float, k: int, remaining: int, *, queue_delay_s: float | None = None) -> bool | None:
+        """Rounds of free drafts (`expected` tokens kept of `k`) beat the target alone on `remaining`
+        tokens, by what the policy measured; None: not measured."""
+        ...
+
+
+class PolicyBase:
+    """The defaults of `DraftLengthPolicy`'s members."""
+
+    reason: str = ""
+    load_reason: str | None = None
+    watches_queue: bool = False
+    free_max_length: int = 16
+
+    def pipeline_pays(self, k: int) -> bool:
+        return True
+
+    def free_drafts_pay(self, expected: float, k: int, remaining: int, *, queue_delay_s: float | None = None) -> bool | None:
+        return None
+
+
+class _CallerPolicy(PolicyBase):
+    """A caller's policy object, with the members it does not declare taken from `PolicyBase`."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.name = self._declared("name", "policy")
+        # The free length a caller's policy declares, or its (model) length, or a fixed policy's k.
+        self.free_max_length = int(self._declared("free_max_length", self._declared("max_length", self._declared("k", 16))))
+        self.watches_queue = bool(self._declared("watches_queue", False))
+
+    def _declared(self, member: str, default: Any) -> Any:
+        # A caller's policy is duck-typed (the documented interface is the four calls): what else it
+        # declares is read here, and `reason`/`load_reason` again after each call that may set them.
+        return getattr(self.inner, member, default)
+
+    @property
+    def reason(self) -> str:  # type: ignore[override]
+        return str(self._declared("reason", "") or "")
+
+    @property
+    def load_reason(self) -> str | None:  # type: ignore[override]
+        return self._declared("load_reason", None)
+
+    def start_request(self) -> str:
+        return str(self.inner.start_request())
+
+    def choose(self, state: PolicyState) -> int:
+        return int(self.inner.choose(state))
+
+    def observe(self, record: RoundRecord) -> None:
+        self.inner.observe(record)
+
+    def observe_plain(self, tokens: int, latency_s: float) -> None:
+        self.inner.observe_plain(tokens, latency_s)
+
+    def pipeline_pays(self, k: int) -> bool:
+        pays = self._declared("pipeline_pays", None)
+        return True if pays is None else bool(pays(k))
+
+    def free_drafts_pay(self, expected: float, k: int, remaining: int, *, queue_delay_s: float | None = None) -> bool | None:
+        measured = self._declared("free_drafts_pay", None)
+        if measured is None:
+            return None
+        if queue_delay_s is None:
+            return measured(expected, k, remaining)  # type: ignore[no-any-return]
+        return measured(expected, k, remaining, queue_delay_s=queue_delay_s)  # type: ignore[no-any-return]
+
+
+def as_policy(policy: Any) -> DraftLengthPolicy:
+    """`policy` with every member of `DraftLengthPolicy` (specapi's policies have them already)."""
+    return cast(DraftLengthPolicy, policy if isinstance(policy, PolicyBase) else _CallerPolicy(policy))
+
+
+class FixedDraftLength(PolicyBase):
     """Always draft `k` tokens."""
 
     name = "fixed"
@@ -86,6 +176,7 @@ class FixedDraftLength:
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ConfigurationError(f"num_speculative_tokens must be an integer >= 1, got {k!r}")
         self.k = k
+        self.free_max_length = k
 
     def start_request(self) -> str:
         return SPECULATE
@@ -100,14 +191,7 @@ class FixedDraftLength:
         pass
 
 
-def pipeline_pays(policy: object, k: int) -> bool:
-    """`policy`'s word on drafting the next round while this one (`k` drafted) is verified: its
-    `pipeline_pays(k)` where it has one, else yes."""
-    pays = getattr(policy, "pipeline_pays", None)
-    return True if pays is None else bool(pays(k))
-
-
-def expected_tokens(acceptance: list[float], k: int) -> float:
+def expected_tokens_by_position(acceptance: Sequence[float], k: int) -> float:
     """Expected tokens from a round drafting k: 1 + a1 + a1*a2 + ... (a_i = P(accept i | accepted < i))."""
     total, survive = 1.0, 1.0
     for i in range(k):
@@ -179,7 +263,7 @@ def _loaded(load: LoadCurve | None) -> bool:
     return load is not None and load.requests > 1
 
 
-class AdaptiveDraftLength:
+class AdaptiveDraftLength(PolicyBase):
     """Choose the draft length that maximises expected tokens per second, or 0 when speculation loses.
 
     It learns, across all the requests of a client: acceptance by draft position for each drafter
@@ -354,7 +438,7 @@ class AdaptiveDraftLength:
         without a call."""
         round_s = self._round_s(k, load_s, free)
         acceptance = self.acceptance() if acceptance is None else acceptance
-        return expected_tokens(acceptance, k) / round_s if round_s > 0 else float("inf")
+        return expected_tokens_by_position(acceptance, k) / round_s if round_s > 0 else float("inf")
 
     def _round_s(self, k: int, load_s: float, free: bool) -> float:
         """Seconds of a round drafting `k`: its draft call (none for `free` drafts), its verify call, `load_s`."""
@@ -404,7 +488,7 @@ class AdaptiveDraftLength:
         acceptance = self.acceptance() if acceptance is None else acceptance
         longest = self.free_max_length if free else self.max_length
         best_k, best_rate = 1, 0.0
-        total = survive = 1.0  # `expected_tokens(acceptance, k)`, carried from one k to the next
+        total = survive = 1.0  # `expected_tokens_by_position(acceptance, k)`, carried from one k to the next
         for k in range(1, min(longest, max(1, remaining - 1)) + 1):
             survive *= acceptance[k - 1] if k <= len(acceptance) else (acceptance[-1] if acceptance else 0.0)
             total += survive

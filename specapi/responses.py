@@ -13,7 +13,7 @@ from openai._models import construct_type
 
 from ._calls import RoleClient
 from ._exceptions import MalformedResponseError
-from .engine import Finished
+from .request import Finished
 from .stats import SpeculativeStats
 from .types import SpeculativeChatCompletion, SpeculativeCompletion
 

@@ -14,7 +14,7 @@ from typing import Any, Generic, TypeVar
 from openai.types import Completion
 from openai.types.chat import ChatCompletionChunk
 
-from .engine import Finished, Piece
+from .request import Finished, Piece
 from .responses import response_id, usage
 from .stats import SpeculativeStats
 

@@ -50,7 +50,8 @@ from typing import Any
 from ._calls import Meter
 from .alignment import ScoredToken
 from .context import Context
-from .drafters import _encoding  # the drafters' tokenizer, loaded once and shared
+from .drafters import CombinedDrafter, Draft, DrafterBase, _encoding  # _encoding: the drafters' tokenizer, loaded once and shared
+from .policy import SPECULATE, TARGET_ALONE, PolicyBase, as_policy
 
 __all__ = [
     "DEFAULT_MAX_TOKENS",
@@ -61,7 +62,7 @@ __all__ = [
     "SuffixIndex",
     "SuffixDrafter",
     "context_text",
-    "expected_tokens",
+    "expected_continuation",
     "gate_free_drafts",
     "indexes",
     "learn",
@@ -402,7 +403,7 @@ def _continuation(index: SuffixIndex, context: Context, k: int, min_confidence: 
 
 
 @dataclass
-class SuffixDrafter:
+class SuffixDrafter(DrafterBase):
     """Drafts by continuing the current text the way past requests continued it (a `SuffixIndex`).
 
     It proposes up to `k` tokens, fewer where the confidence drops below `min_confidence`, and
@@ -414,9 +415,7 @@ class SuffixDrafter:
     min_match: int = 3
     name: str = "suffix"
 
-    async def draft(self, context: Context, k: int, meter: Meter, seed: int | None) -> Any:
-        from .drafters import Draft
-
+    async def draft(self, context: Context, k: int, meter: Meter, seed: int | None) -> Draft:
         if k <= 0 or not self.index.tokens:
             return Draft(tokens=(), drafter=self.name)
         chunks = _continuation(self.index, context, k, self.min_confidence, self.min_match)
@@ -426,7 +425,7 @@ class SuffixDrafter:
         return Draft(tokens=tokens, drafter=self.name, confidence=tuple(confidence))
 
 
-def screen_prediction(draft: Any, *, min_confidence: float = 0.5, min_expected_tokens: float = 4.0) -> Any:
+def screen_prediction(draft: Draft, *, min_confidence: float = 0.5, min_expected_tokens: float = 4.0) -> Draft:
     """What of a draft to send as a Predicted Output.
 
     A draft that says how sure it is (`draft.confidence`, the suffix drafter's) is cut where its
@@ -435,7 +434,7 @@ def screen_prediction(draft: Any, *, min_confidence: float = 0.5, min_expected_t
     `min_expected_tokens` tokens of generation. Drafts without confidence (a user's prediction,
     prompt lookup) pass unchanged.
     """
-    confidence = getattr(draft, "confidence", ())
+    confidence = draft.confidence
     if not confidence or not draft.tokens:
         return draft
     keep = 0
@@ -450,9 +449,8 @@ def with_index(drafter: Any, index: SuffixIndex) -> Any:
     """`drafter` with its suffix drafters reading `index` (a combined drafter keeps what it learnt)."""
     if isinstance(drafter, SuffixDrafter):
         return replace(drafter, index=index)
-    inner = getattr(drafter, "drafters", None)
-    if inner is not None and hasattr(drafter, "with_drafters"):
-        return drafter.with_drafters([with_index(d, index) for d in inner])
+    if isinstance(drafter, CombinedDrafter):
+        return drafter.with_drafters([with_index(d, index) for d in drafter.drafters])
     return drafter
 
 
@@ -461,19 +459,19 @@ def indexes(drafter: Any) -> Mapping[int, SuffixIndex]:
     if isinstance(drafter, SuffixDrafter):
         return {id(drafter.index): drafter.index}
     found: dict[int, SuffixIndex] = {}
-    for inner in getattr(drafter, "drafters", ()) or ():
+    for inner in drafter.drafters if isinstance(drafter, CombinedDrafter) else ():
         found.update(indexes(inner))
     return found
 
 
-def expected_tokens(index: SuffixIndex, context: Context, k: int, *, min_confidence: float = 0.3, min_match: int = 3) -> float:
+def expected_continuation(index: SuffixIndex, context: Context, k: int, *, min_confidence: float = 0.3, min_match: int = 3) -> float:
     """How many tokens the index expects to continue `context` with correctly (its confidence summed)."""
     if not index.tokens:
         return 0.0
     return sum(c for _, c in _continuation(index, context, k, min_confidence, min_match))
 
 
-class FreeDraftGate:
+class FreeDraftGate(PolicyBase):
     """One request's draft-length policy around the client's own: free drafts where it would not speculate.
 
     When the client's policy would let the target generate this request alone (it measured that the
@@ -493,8 +491,9 @@ class FreeDraftGate:
         self, inner: Any, expected: float, free_drafters: Any, *, max_length: int, remaining: int, min_tokens: float = 4.0
     ) -> None:
         self.inner = inner
+        self._policy = as_policy(inner)  # with every member of `DraftLengthPolicy`
         self.remaining = remaining
-        self.name = getattr(inner, "name", "policy")
+        self.name = self._policy.name
         self.expected = expected
         self.free_drafters = free_drafters
         self.max_length = max_length
@@ -505,23 +504,25 @@ class FreeDraftGate:
         self._free_under_load = False  # this choice put free drafts in place of stepping aside for load
 
     @property
-    def reason(self) -> str:
+    def reason(self) -> str:  # type: ignore[override]
         if self.free:
             return "suffix index: free drafts until none was proposed, then the target alone"
-        return getattr(self.inner, "reason", "")
+        return self._policy.reason
 
     @property
-    def watches_queue(self) -> bool:
-        return bool(getattr(self.inner, "watches_queue", False))
+    def watches_queue(self) -> bool:  # type: ignore[override]
+        return self._policy.watches_queue
 
     @property
-    def load_reason(self) -> str | None:
-        return None if self.free or self._free_under_load else getattr(self.inner, "load_reason", None)
+    def load_reason(self) -> str | None:  # type: ignore[override]
+        return None if self.free or self._free_under_load else self._policy.load_reason
+
+    @property
+    def free_max_length(self) -> int:  # type: ignore[override]
+        return self.max_length
 
     def start_request(self) -> str:
-        from .policy import SPECULATE, TARGET_ALONE
-
-        mode = self.inner.start_request()
+        mode = self._policy.start_request()
         if mode == TARGET_ALONE and self._pays():
             self.free = True
             self.free_drafters()
@@ -532,8 +533,7 @@ class FreeDraftGate:
         """Free rounds beat the target alone, by the client policy's measured costs (if it has them)."""
         if self.expected < self.min_tokens:
             return False
-        measured = getattr(self.inner, "free_drafts_pay", None)
-        verdict = measured(self.expected, self.max_length, self.remaining) if measured is not None else None
+        verdict = self._policy.free_drafts_pay(self.expected, self.max_length, self.remaining)
         return True if verdict is None else bool(verdict)
 
     def _pays_under_load(self, state: Any) -> bool:
@@ -541,16 +541,13 @@ class FreeDraftGate:
         to the requests ahead, the wait for the event loop); False while the costs are unmeasured."""
         if self.expected < self.min_tokens:
             return False
-        measured = getattr(self.inner, "free_drafts_pay", None)
-        if measured is None:
-            return False
-        return bool(measured(self.expected, self.max_length, self.remaining, queue_delay_s=getattr(state, "queue_delay_s", 0.0)))
+        return bool(self._policy.free_drafts_pay(self.expected, self.max_length, self.remaining, queue_delay_s=state.queue_delay_s))
 
     def choose(self, state: Any) -> int:
         self._free_under_load = False
         if not self.free:
-            k = int(self.inner.choose(state))
-            stepped_aside = getattr(self.inner, "load_reason", None) is not None  # load: free rounds load the target too
+            k = int(self._policy.choose(state))
+            stepped_aside = self._policy.load_reason is not None  # load: free rounds load the target too
             if k <= 0 and state.rounds_so_far == 0 and not stepped_aside and self._pays():
                 # The policy turned speculation off at this request's first round rather than at its start.
                 self.free = True
@@ -573,9 +570,7 @@ class FreeDraftGate:
         return 0 if self._dry else self.max_length
 
     def pipeline_pays(self, k: int) -> bool:
-        from .policy import pipeline_pays
-
-        return pipeline_pays(self.inner, k)
+        return self._policy.pipeline_pays(k)
 
     def _first_round_done(self) -> None:
         if self._first_round_free and not self.free:
@@ -584,11 +579,11 @@ class FreeDraftGate:
 
     def observe(self, record: Any) -> None:
         self._first_round_done()
-        self.inner.observe(record)
+        self._policy.observe(record)
 
     def observe_plain(self, tokens: int, latency_s: float) -> None:
         self._first_round_done()
-        self.inner.observe_plain(tokens, latency_s)
+        self._policy.observe_plain(tokens, latency_s)
         if self.free:
             self._dry = True  # a round without a free proposal: the target finishes alone
 
@@ -596,20 +591,19 @@ class FreeDraftGate:
 def gate_free_drafts(drafter: Any, policy: Any, context: Context, index: SuffixIndex, max_tokens: int) -> tuple[Any, Any]:
     """This request's drafter and policy: a `FreeDraftGate` around `policy`, and a copy of a combined
     drafter that the gate can restrict to its free drafters (what it learns is shared)."""
-    with_drafters = getattr(drafter, "with_drafters", None)
-    if with_drafters is not None:
-        drafter = with_drafters(list(drafter.drafters))
+    if isinstance(drafter, CombinedDrafter):
+        drafter = drafter.with_drafters(list(drafter.drafters))
+    policy = as_policy(policy)
     # Free rounds: as long as the policy lets drafts without a call be (`free_max_length`).
-    max_length = int(getattr(policy, "free_max_length", getattr(policy, "max_length", getattr(policy, "k", 16))))
-
-    every = list(getattr(drafter, "drafters", ()))
+    max_length = int(policy.free_max_length)
+    every = list(drafter.drafters) if isinstance(drafter, CombinedDrafter) else []
 
     def free_drafters(only: bool = True) -> None:
         """Draft with the free drafters only (or with every one again)."""
-        if hasattr(drafter, "free_only"):
+        if isinstance(drafter, CombinedDrafter):
             drafter.drafters = drafter.free_only().drafters if only else list(every)
 
-    expected = expected_tokens(index, context, max_length)
+    expected = expected_continuation(index, context, max_length)
     return drafter, FreeDraftGate(policy, expected, free_drafters, max_length=max_length, remaining=max_tokens)
 
 
@@ -617,7 +611,6 @@ def without_suffix(drafter: Any) -> Any:
     """`drafter` without its suffix drafters (None if nothing else is left)."""
     if isinstance(drafter, SuffixDrafter):
         return None
-    inner = getattr(drafter, "drafters", None)
-    if inner is not None and hasattr(drafter, "with_drafters"):
-        return drafter.with_drafters([d for d in inner if not isinstance(d, SuffixDrafter)])
+    if isinstance(drafter, CombinedDrafter):
+        return drafter.with_drafters([d for d in drafter.drafters if not isinstance(d, SuffixDrafter)])
     return drafter

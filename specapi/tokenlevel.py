@@ -38,7 +38,8 @@ from .dialects import NativeDialect, Pick
 from .dialects.base import spelling
 from .dialects.openai import sampling_fields
 from .sampling import acceptance_probability
-from .verifiers import PlainStep, SeedSource, Verification
+from .target_alone import PlainStep
+from .verifiers import SeedSource, Verification, VerifierBase
 
 __all__ = ["TokenIdVerifier", "TOKENIZER_PROBE", "decide_processed", "covers"]
 
@@ -52,7 +53,7 @@ TOKENIZER_PROBE = "def f(x):\n    return x  # 中文テキスト 😀 e\u0301"
 
 
 @dataclass
-class TokenIdVerifier:
+class TokenIdVerifier(VerifierBase):
     client: RoleClient
     dialect: NativeDialect
     #: The draft's endpoint, to check once whether it shares the target's tokenizer.
@@ -60,6 +61,7 @@ class TokenIdVerifier:
     name: str = "token-ids"
     #: Every kept token is one the target chose itself, so any sampler settings are reproduced.
     draws_target_tokens: bool = True
+    sends_token_ids = True
     _same_tokenizer: bool | None = field(default=None, repr=False)
     _processed_refused: bool = field(default=False, repr=False)
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)

@@ -53,8 +53,7 @@ class PredictedOutputsPath:
         started = self.target.clock()
         # A draft call here delays the answer by its whole latency: a combined drafter proposes
         # with its free drafters only (suffix index, lookup, the user's prediction).
-        free_only = getattr(drafter, "free_only", None)
-        draft = await (free_only() if free_only is not None else drafter).draft(context, max_tokens or _PREDICTION_TOKENS, draft_meter, seeds[0])
+        draft = await drafter.free_only().draft(context, max_tokens or _PREDICTION_TOKENS, draft_meter, seeds[0])
         draft = screen_prediction(draft)  # a suffix draft goes only as far as it is likely to pay
         draft_latency = self.target.clock() - started
         path, body = generation_request(context, max_tokens, seeds[1], stop, prediction=draft.text)

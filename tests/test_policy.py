@@ -11,7 +11,8 @@ import pytest
 
 import specapi.probe
 from specapi import AsyncSpeculativeOpenAI, ConfigurationError
-from specapi.policy import RECHECK, TARGET_ALONE, AdaptiveDraftLength, FixedDraftLength, PolicyState, expected_tokens
+from specapi.policy import RECHECK, TARGET_ALONE, AdaptiveDraftLength, FixedDraftLength, PolicyState
+from specapi.policy import expected_tokens_by_position as expected_tokens
 from specapi.sim import SimProvider, simulated_endpoints
 from specapi.stats import RoundRecord
 

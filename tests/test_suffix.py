@@ -10,7 +10,8 @@ from specapi._calls import Meter
 from specapi.acceptance import SamplingParams
 from specapi.context import Context
 from specapi.endpoint import Endpoint
-from specapi.suffix import SuffixDrafter, SuffixIndex, context_text, expected_tokens, learn, screen_prediction
+from specapi.suffix import SuffixDrafter, SuffixIndex, context_text, learn, screen_prediction
+from specapi.suffix import expected_continuation as expected_tokens
 
 tokens = st.lists(st.integers(0, 3), max_size=14)
 corpora = st.lists(tokens, min_size=1, max_size=6)

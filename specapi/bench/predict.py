@@ -25,6 +25,8 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from .. import policy
+
 __all__ = [
     "LatencyModel",
     "Prediction",
@@ -78,7 +80,7 @@ def expected_tokens_by_position(conditional: Sequence[float], k: int) -> float:
     """E(K) = 1 + s_1 + ... + s_K from per-position acceptance (the last rate repeats beyond the list)."""
     if k < 0:
         raise ValueError(f"draft length must be >= 0, got {k!r}")
-    return 1.0 + sum(survival(conditional, k))
+    return policy.expected_tokens_by_position(conditional, k)  # the formula the adaptive policy sizes rounds with
 
 
 def conditional_acceptance(rounds: Sequence[Sequence[bool]]) -> list[float]:
