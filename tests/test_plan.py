@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from specapi.acceptance import SamplingParams
-from specapi.context import Context, Prefill
+from specapi.context import Context
+from specapi.dialects.openai import Prefill
 from specapi.lossy import AcceptanceRule
 from specapi.paths import VerificationPath
 from specapi.plan import plan
