@@ -83,7 +83,9 @@ async def test_fanout_drafts_the_drafts_most_likely_tokens_when_sampling():
 # ----------------------------------------------------------------------------- the simulator's llama.cpp
 
 
-SIM_PROMPT = "def fnmatch(name, pat):\n    "
+#: A position where the simulated target is unsure (', func' 0.45, ', other' 0.37 at T=0.7) and the draft leans
+#: the other way (', other' 0.75): the test sees several texts, and speculation is both kept and rejected.
+SIM_PROMPT = "    def __init__(self"
 SIM_TOKENS, SIM_SAMPLES = 2, 600
 
 
@@ -287,7 +289,7 @@ async def test_sim_point_mass_drafts_run_the_rejection_sampler_on_whole_lists():
     assert sum(r.speculative.accepted_tokens for r in responses) > 0.3 * SIM_SAMPLES
     chain = {"temperature": 0.7, "top_k": 20, "top_p": 0.9, "min_p": 0.05}
     assert chisquare_p(counts, sim_sequence_probs("sim-target", LOOKUP_PROMPT, SIM_TOKENS, **chain)) > 1e-3
-    assert counts.get(" name in", 0) < 0.95 * SIM_SAMPLES  # power: not the proposal every time (target: 0.85)
+    assert counts.get(" name in", 0) < 0.99 * SIM_SAMPLES  # power: not the proposal every time (target: 0.964)
 
 
 def _refusing(provider: SimProvider, refuses) -> list[dict]:  # type: ignore[no-untyped-def]

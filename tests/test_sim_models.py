@@ -422,3 +422,23 @@ def test_no_end_of_turn_outside_the_chat_template_and_a_new_marker_starts_a_new_
         assert model.top_logprobs(context, 5) == plain.top_logprobs(context, 5)
         assert model.logprob(context, EOS_TOKEN_ID) == plain.logprob(context, EOS_TOKEN_ID)
     assert model.greedy(answer) == EOS_TOKEN_ID != plain.greedy(answer)  # past turn_end_by: the turn is over
+
+
+def test_sharpness_keeps_greedy_text_and_concentrates_the_mass(target):
+    """A power on the mass above the tail: every ranking stays (greedy text is the same), the distribution
+    still sums to one, and the most likely token holds more of it than the smoothed counts give."""
+    flat = get_model(replace(MODEL_SPECS["sim-target"], sharpness=1.0))
+    assert target.spec.sharpness > 1.0
+    for text in CODE[:2] + PROSE[:1]:
+        context = encode_text(text)
+        for _ in range(12):
+            assert target.greedy(context) == flat.greedy(context)
+            ids, probs = target.next_distribution(context)
+            assert float(probs.sum()) + target.tail_prob * (UNIVERSE_SIZE - len(ids)) == pytest.approx(1.0, abs=1e-9)
+            assert [t for t, _ in target.top_logprobs(context, 1)] == [t for t, _ in flat.top_logprobs(context, 1)]
+            context = context + [target.greedy(context)]
+    sharp_top = np.mean([math.exp(target.top_logprobs(encode_text(t), 1)[0][1]) for t in CODE + PROSE])
+    flat_top = np.mean([math.exp(flat.top_logprobs(encode_text(t), 1)[0][1]) for t in CODE + PROSE])
+    assert sharp_top > flat_top + 0.05, (sharp_top, flat_top)
+    with pytest.raises(ValueError, match="sharpness"):
+        replace(MODEL_SPECS["sim-target"], sharpness=0.5)

@@ -42,7 +42,8 @@ async def test_native_answers_have_sglangs_shape(provider, name):
 async def _until_eos(provider: SimProvider) -> Any:
     """A /generate answer that ended on end-of-text (searched over seeds: the simulator's text is its own)."""
     for seed in range(200):
-        answer = await post(provider, "/generate", {"text": "def fib(n", "sampling_params": {
+        # The end of a script, where the simulated target ends its text now and then (1–2% within 24 tokens).
+        answer = await post(provider, "/generate", {"text": 'if __name__ == "__main__":\n    test()\n', "sampling_params": {
             "max_new_tokens": 24, "temperature": 1.0, "sampling_seed": seed}})
         if answer["meta_info"]["finish_reason"]["type"] == "stop":
             assert answer["meta_info"]["finish_reason"]["matched"] == EOS_TOKEN_ID == answer["output_ids"][-1]
