@@ -38,8 +38,7 @@ from .dialects import NativeDialect, Pick
 from .dialects.base import spelling
 from .dialects.openai import sampling_fields
 from .sampling import acceptance_probability
-from .target_alone import PlainStep
-from .verifiers import SeedSource, Verification, VerifierBase
+from .verifiers import PlainStep, SeedSource, Verification, VerifierBase
 
 __all__ = ["TokenIdVerifier", "TOKENIZER_PROBE", "decide_processed", "covers"]
 
@@ -97,7 +96,7 @@ class TokenIdVerifier(VerifierBase):
         """How long a list after the sampler chain shows a sampled request's whole support here (the
         caller's or the server's top_k), or None where it cannot (greedy, no top_k, no such API)."""
         top_k = context.extras.get("top_k")
-        if context.sampling.greedy or not hasattr(self.dialect, "processed_next") or context.token_ids is None or self._processed_refused:
+        if context.sampling.greedy or not self.dialect.lists_processed or context.token_ids is None or self._processed_refused:
             return None
         if not isinstance(top_k, int) or isinstance(top_k, bool) or not 0 < top_k <= MAX_PROCESSED_LIST:
             return None
@@ -108,7 +107,7 @@ class TokenIdVerifier(VerifierBase):
         was drawn from (after the sampler chain), where both servers list those and share a tokenizer;
         None where they do not (the engine's drafter proposes instead)."""
         list_length = self.processed_list(context)
-        if list_length is None or self.draft_client is None or not hasattr(self.dialect, "processed_draft"):
+        if list_length is None or self.draft_client is None or not self.dialect.lists_processed:
             return None
         if not await self._shares_tokenizer(meter, draft_meter):
             return None

@@ -51,6 +51,8 @@ class NativeDialect(Protocol):
     name: str
     #: Greedy next tokens for many prompts in one request (else one request per prompt, concurrently).
     batches: bool
+    #: Lists the distributions after its sampler chain (`processed_next`, `processed_draft`).
+    lists_processed: bool
 
     async def tokenize(self, client: RoleClient, text: str, meter: Meter, *, special: bool) -> list[tuple[int, bytes | None]]:
         """The text's token ids, each with its bytes where the server shows them."""

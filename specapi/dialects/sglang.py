@@ -34,6 +34,7 @@ def sampling_params(fields: Mapping[str, Any]) -> dict[str, Any]:
 class SglangDialect:
     name: str = "sglang"
     batches: bool = True
+    lists_processed: bool = False
     _added: list[int] | None = field(default=None, repr=False)
 
     async def tokenize(self, client: RoleClient, text: str, meter: Meter, *, special: bool) -> list[tuple[int, bytes | None]]:

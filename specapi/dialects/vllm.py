@@ -96,6 +96,7 @@ def _data(text: Any) -> bytes | None:
 class VllmDialect:
     name: str = "vllm"
     batches: bool = True
+    lists_processed: bool = False
 
     async def tokenize(self, client: RoleClient, text: str, meter: Meter, *, special: bool) -> list[tuple[int, bytes | None]]:
         body = {"model": client.endpoint.model, "prompt": text, "add_special_tokens": special}
