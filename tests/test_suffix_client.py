@@ -156,8 +156,9 @@ async def test_an_answer_the_index_knows_comes_in_long_free_rounds_and_the_model
     from specapi.policy import AdaptiveDraftLength
     from specapi.sim import LatencyProfile, ModelTiming
 
-    # Short real latencies, so that the policy measures speculation paying (on "instant" nothing does).
-    latency = LatencyProfile(name="fast-lan", target=ModelTiming(ttft_base_s=0.004, tpot_s=0.004), draft=ModelTiming(ttft_base_s=0.001, tpot_s=0.001))
+    # Real latencies, so that the policy measures speculation paying (on "instant" nothing does), long
+    # enough that a loaded machine's own delays per call (a few ms) do not turn the measurement over.
+    latency = LatencyProfile(name="fast-lan", target=ModelTiming(ttft_base_s=0.02, tpot_s=0.02), draft=ModelTiming(ttft_base_s=0.002, tpot_s=0.002))
     provider = SimProvider(capabilities="vllm", latency=latency, seed=0)
     prompt = step(3) + "\n# 注释: 日本語のテスト 🙂\n"
     expected = await target_alone(provider, prompt=prompt, max_tokens=60)
