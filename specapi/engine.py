@@ -58,7 +58,6 @@ class Engine:
         policy: DraftLengthPolicy,
         clock: Clock = time.perf_counter,
         pipeline: bool = True,
-        chat: bool = False,
         seeded_drafter: Drafter | None = None,
         seeded_policy: DraftLengthPolicy | None = None,
     ) -> None:
@@ -69,7 +68,6 @@ class Engine:
         self.pipeline = pipeline
         self.target = target
         self.paths = paths
-        self.chat = chat
         self.drafter = as_drafter(drafter) if drafter is not None else None
         self.draft_client = draft_meter_endpoint
         self.policy = as_policy(policy)
@@ -131,7 +129,7 @@ class Engine:
         chars = len(context.completion_prompt()) if not context.is_chat else 0
         sampling = context.sampling
         return await self.paths.resolve(
-            self.chat, state.target_meter, context_chars=chars, greedy=sampling.greedy, needs_lists=sampling.acceptance.lossy
+            context.is_chat, state.target_meter, context_chars=chars, greedy=sampling.greedy, needs_lists=sampling.acceptance.lossy
         )
 
     def _adopt(self, state: RequestState, planned: Plan) -> None:
@@ -188,7 +186,7 @@ class Engine:
             # An unreadable answer is a strike (three in a row write the path off); a refusal counts
             # once the plain request has been accepted (`_learn_refusal`).
             if unreadable:
-                self.paths.refuse(self.chat, state.fallback_reason, definite=False)
+                self.paths.refuse(state.request.context.is_chat, state.fallback_reason, definite=False)
             else:
                 state.refusal = state.fallback_reason
             return False
@@ -298,7 +296,7 @@ class Engine:
         """The request ended well after its verification was refused: the target accepted the plain
         request, so the verification shape was at fault, not the caller's parameters. The path
         resolver (one per target model) counts it, and writes the path off when it is confirmed."""
-        if state.refusal is not None and self.paths.refuse(self.chat, state.refusal, definite=True):
+        if state.refusal is not None and self.paths.refuse(state.request.context.is_chat, state.refusal, definite=True):
             state.refused_path = state.verifier.name if state.verifier is not None else "token-ids"
 
     def _choose(self, state: RequestState, remaining: int | None, mode: str) -> int:
@@ -358,7 +356,7 @@ class Engine:
         caps = self.paths.capabilities
         return Finished(
             finish_reason=finish_reason, stats=stats, prompt_tokens=state.prompt_tokens, completion_tokens=produced,
-            usage=state.plain_usage if alone else None, stream_usage=caps is not None and caps.stream_usage_unasked and not self.chat,
+            usage=state.plain_usage if alone else None, stream_usage=caps is not None and caps.stream_usage_unasked and not state.request.context.is_chat,
         )
 
     async def _draft(self, context: Context, k: int, state: RequestState) -> Draft | None:
@@ -387,7 +385,7 @@ class Engine:
             verification = await state.verifier.verify(context, draft.tokens, state.target_meter, seeds, state.top_k, draft_meter=state.draft_meter)
         except MalformedResponseError as exc:
             state.fallback_reason = f"target response could not be verified against, continued with the target alone: {exc}"
-            self.paths.refuse(self.chat, state.fallback_reason, definite=False)
+            self.paths.refuse(state.request.context.is_chat, state.fallback_reason, definite=False)
             return None
         except EndpointError as exc:
             if not exc.refused_shape:
@@ -398,7 +396,7 @@ class Engine:
             state.fallback_reason = f"target refused the verification request, continued with the target alone: {exc}"
             state.refusal = state.fallback_reason
             return None
-        self.paths.succeeded(self.chat)
+        self.paths.succeeded(state.request.context.is_chat)
         return verification
 
     async def _round(self, context: Context, draft: Draft, state: RequestState) -> tuple[list[Emitted], bool] | None:

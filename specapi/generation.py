@@ -40,7 +40,7 @@ async def respond(
     """Run the engine: a stream of chunks, or one response collected from it."""
     if runtime.acceptance.lossy:
         context = replace(context, sampling=replace(context.sampling, acceptance=runtime.acceptance))
-    engine = runtime.engine(chat=chat, prediction=prediction_text(kwargs.get("prediction")), model=model, context=context, max_tokens=limit)
+    engine = runtime.engine(prediction=prediction_text(kwargs.get("prediction")), model=model, context=context, max_tokens=limit)
     request = GenerationRequest(context=context, max_tokens=limit, stop=stop, stream=stream)
     speculation = Speculation(runtime, engine, request)
     if stream:

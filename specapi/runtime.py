@@ -124,7 +124,7 @@ class Runtime:
                 self.on_learn(model, tokens)
 
     def engine(
-        self, chat: bool, prediction: str | None = None, model: str | None = None, context: Context | None = None, max_tokens: int = 0
+        self, prediction: str | None = None, model: str | None = None, context: Context | None = None, max_tokens: int = 0
     ) -> Engine:
         target, paths = self.target_for(model or self.target.endpoint.model)
         drafter = self.drafter
@@ -153,7 +153,6 @@ class Runtime:
         return Engine(
             target=target,
             paths=paths,
-            chat=chat,
             drafter=drafter,
             draft_meter_endpoint=self.draft,
             policy=policy,
