@@ -219,13 +219,14 @@ def stop_process(process: Process) -> None:
             process.popen.wait(timeout=15)
 
 
-def llama_server_argv(binary: pathlib.Path, model: pathlib.Path, alias: str, *, slots: int, extra: list[str] = ()) -> list[str]:  # type: ignore[assignment]
+def llama_server_argv(binary: pathlib.Path, model: pathlib.Path, alias: str, *, slots: int, extra: list[str] = (), threads_batch: int = 1) -> list[str]:  # type: ignore[assignment]
     """One llama-server on one thread. `--threads-http`: a speculative client keeps more connections
-    open than the default pool has threads (tests/real/README.md). `--metrics`: the tokens it
+    open than the default pool has threads (tests/real/README.md). `threads_batch`: threads for
+    batches of several tokens (a verify call, a prompt); decode steps keep one. `--metrics`: the tokens it
     evaluated and its llama_decode calls, read around each request."""
     return [
         str(binary), "--model", str(model), "--alias", alias, "--host", "127.0.0.1", "--port", "{port}",
-        "--ctx-size", str(1024 * slots), "--parallel", str(slots), "--threads", "1", "--threads-batch", "1",
+        "--ctx-size", str(1024 * slots), "--parallel", str(slots), "--threads", "1", "--threads-batch", str(threads_batch),
         "--threads-http", "32", "--no-webui", "--metrics", *extra,
     ]  # fmt: skip
 
@@ -275,6 +276,7 @@ class Sample:
     rounds: int = 0
     draft_call_s: float = 0.0  # specapi: the wall time of its draft calls and verify calls, summed
     verify_call_s: float = 0.0
+    error: str | None = None  # the request failed (no text): the route's error
 
 
 #: A route answers (prompt, max_tokens, temperature, seed) with a Sample.
@@ -404,16 +406,20 @@ def chi_square(texts: list[str], dist: dict[str, float]) -> float:
 async def distribution_check(route: Route, dist: dict[str, float], samples: int, concurrency: int = 4) -> dict[str, Any]:
     semaphore = asyncio.Semaphore(concurrency)
 
-    async def one(seed: int) -> Sample:
+    async def one(seed: int) -> Sample | None:
         async with semaphore:
-            return await route.complete(CHI_PROMPT, 2, TEMPERATURE, seed)
+            try:
+                return await route.complete(CHI_PROMPT, 2, TEMPERATURE, seed)
+            except Exception:  # a peer's failed request: counted, and the check fails
+                return None
 
-    try:
-        results = await asyncio.gather(*(one(1000 + seed) for seed in range(samples)))
-    except Exception as exc:
-        return {"samples": samples, "p": None, "passed": False, "error": f"{type(exc).__name__}: {exc}"}
-    p = chi_square([r.text for r in results], dist)
-    return {"samples": samples, "p": p, "passed": p > ALPHA, "accepted": sum(r.accepted for r in results), "drafted": sum(r.drafted for r in results)}
+    results = await asyncio.gather(*(one(1000 + seed) for seed in range(samples)))
+    answered = [r for r in results if r is not None]
+    failed = samples - len(answered)
+    if failed:
+        return {"samples": samples, "p": None, "passed": False, "failed": failed, "accepted": 0, "drafted": 0}
+    p = chi_square([r.text for r in answered], dist)
+    return {"samples": samples, "p": p, "passed": p > ALPHA, "failed": 0, "accepted": sum(r.accepted for r in answered), "drafted": sum(r.drafted for r in answered)}
 
 
 # -- one run ------------------------------------------------------------------------------------------
@@ -425,18 +431,27 @@ class RowResult:
     temperature: float
     samples: list[Sample]
     cpu_s: dict[str, float]
-    #: Why the row stopped (its route raised), if it did: its later requests are not sent.
+    #: The warm-up request's error, if it failed (the row's requests are sent all the same).
     error: str | None = None
     #: Per llama-server of the row: its counters' growth during the row's requests (server_counters).
     counters: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
 
     @property
+    def answered(self) -> list[Sample]:
+        return [s for s in self.samples if s.error is None]
+
+    @property
+    def failed(self) -> list[Sample]:
+        return [s for s in self.samples if s.error is not None]
+
+    @property
     def tokens(self) -> int:
-        return sum(s.tokens for s in self.samples)
+        return sum(s.tokens for s in self.answered)
 
     @property
     def wall_s(self) -> float:
-        return sum(s.wall_s for s in self.samples)
+        """The answered requests' wall time (tokens per second counts only what was answered)."""
+        return sum(s.wall_s for s in self.answered)
 
     @property
     def tokens_per_s(self) -> float:
@@ -471,16 +486,14 @@ async def measure(routes: list[Route], prompts: list[str], max_tokens: int, temp
     for repeat in range(repeats):
         for i, prompt in enumerate(prompts):
             for route, result in zip(routes, results):
-                if result.error:
-                    continue
                 counted = {p.name: server_counters(p) for p in servers[route.name]}
                 before = {p.name: cpu_seconds(p.popen.pid) for p in route.processes}
                 client_before = time.process_time()
+                started = time.perf_counter()
                 try:
                     result.samples.append(await route.complete(prompt, max_tokens, temperature, 100 * repeat + i))
-                except Exception as exc:
-                    result.error = f"{type(exc).__name__}: {exc}"
-                    continue
+                except Exception as exc:  # a peer that fails a request is reported, not fatal
+                    result.samples.append(Sample(prompt, "", 0, time.perf_counter() - started, error=f"{type(exc).__name__}: {exc}"))
                 result.cpu_s["client (this process)"] = result.cpu_s.get("client (this process)", 0.0) + time.process_time() - client_before
                 for p in route.processes:
                     result.cpu_s[p.name] = result.cpu_s.get(p.name, 0.0) + cpu_seconds(p.popen.pid) - before[p.name]
@@ -509,11 +522,11 @@ def servers(args: argparse.Namespace, logs: pathlib.Path) -> Iterator[dict[str, 
     in_engine = ["--model-draft", str(draft_model), "--spec-type", "draft-simple", "--spec-draft-threads", "1", "--spec-draft-threads-batch", "1"]
     started: dict[str, Process] = {}
     try:
-        started["target"] = start_process("target llama-server", llama_server_argv(binary, target_model, "compute-target", slots=getattr(args, "target_slots", TARGET_SLOTS)), logs, "/health")
+        started["target"] = start_process("target llama-server", llama_server_argv(binary, target_model, "compute-target", slots=getattr(args, "target_slots", TARGET_SLOTS), threads_batch=getattr(args, "threads_batch", 1)), logs, "/health")
         started["draft"] = start_process("draft llama-server", llama_server_argv(binary, draft_model, "compute-draft", slots=TARGET_SLOTS), logs, "/health")
-        started["in-engine"] = start_process("in-engine llama-server (defaults)", llama_server_argv(binary, target_model, "compute-target", slots=4, extra=in_engine), logs, "/health")
+        started["in-engine"] = start_process("in-engine llama-server (defaults)", llama_server_argv(binary, target_model, "compute-target", slots=4, extra=in_engine, threads_batch=getattr(args, "threads_batch", 1)), logs, "/health")
         for flags in args.tuned:
-            started[f"in-engine {flags}"] = start_process(f"in-engine llama-server ({flags})", llama_server_argv(binary, target_model, "compute-target", slots=4, extra=in_engine + flags.split()), logs, "/health")
+            started[f"in-engine {flags}"] = start_process(f"in-engine llama-server ({flags})", llama_server_argv(binary, target_model, "compute-target", slots=4, extra=in_engine + flags.split(), threads_batch=getattr(args, "threads_batch", 1)), logs, "/health")
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
         serve = [
             sys.executable, "-c", "from specapi.cli import cli; cli()", "serve",
@@ -597,11 +610,10 @@ def report(rows: list[RowResult], checks: dict[str, dict[str, Any]], costs: dict
         print(f"\n{'greedy' if temperature == 0 else f'T={temperature}'}: {len(base.samples)} requests a row, {args.max_tokens} tokens max")
         print(f"{'row':44} {'tok/s':>7} {'speedup':>8} {'accept':>7}  exact")
         for row in group:
-            if row.error:
-                print(f"{row.name:44} failed: {row.error[:300]}")
-                doc["rows"].append({"name": row.name, "temperature": temperature, "error": row.error})
-                if row.name == "target alone":
-                    ok = False
+            if not row.answered:
+                print(f"{row.name:44} failed every request: {row.samples[0].error if row.samples else row.error}")
+                doc["rows"].append({"name": row.name, "temperature": temperature, "error": row.samples[0].error if row.samples else row.error})
+                ok &= row.name.startswith("tightwad")
                 continue
             speedup = row.tokens_per_s / base.tokens_per_s if base.tokens_per_s else 0.0
             if temperature == 0:
@@ -613,7 +625,7 @@ def report(rows: list[RowResult], checks: dict[str, dict[str, Any]], costs: dict
                 if check is None:
                     exact = "-"
                 elif check["p"] is None:
-                    exact = "check failed"
+                    exact = f"check failed: {check['failed']} of {check['samples']} requests failed"
                 else:
                     kept = f" kept {check['accepted']}/{check['drafted']}" if check["drafted"] else " no drafts"
                     exact = f"chi2 p={check['p']:.3g} {'ok' if check['passed'] else 'FAIL'}{kept}"
@@ -622,6 +634,10 @@ def report(rows: list[RowResult], checks: dict[str, dict[str, Any]], costs: dict
             acceptance = "-" if row.acceptance is None else f"{row.acceptance:.1%}"
             print(f"{row.name:44} {row.tokens_per_s:7.1f} {speedup:7.2f}x {acceptance:>7}  {exact}")
             print(f"    CPU seconds: {_fmt_cpu(row.cpu_s)}")
+            if row.failed:
+                errors = Counter(s.error for s in row.failed)
+                print(f"    {len(row.failed)} of {len(row.samples)} requests failed: " + "; ".join(f"{e} ({n}x)" for e, n in errors.items()))
+                ok &= row.name.startswith("tightwad")
             timing = row.per_round_ms()
             if timing:
                 print(f"    {row.rounds} rounds; per round: draft call {timing[0]:.1f} ms, verify call {timing[1]:.1f} ms")
@@ -635,13 +651,14 @@ def report(rows: list[RowResult], checks: dict[str, dict[str, Any]], costs: dict
             doc["rows"].append({
                 "name": row.name, "temperature": temperature, "tokens": row.tokens, "wall_s": round(row.wall_s, 4),
                 "tokens_per_s": round(row.tokens_per_s, 2), "speedup": round(speedup, 3), "acceptance": row.acceptance,
+                "failed_requests": len(row.failed), "warmup_error": row.error,
                 "exact": exact, "distribution_check": checks.get(row.name) if temperature else None,
                 "cpu_s": {k: round(v, 3) for k, v in row.cpu_s.items()}, "rounds": row.rounds, "server_counters": row.counters,
                 "per_round_ms": dict(zip(("draft_call", "verify_call"), row.per_round_ms() or ())),
                 "samples": [dataclasses.asdict(s) for s in row.samples],
             })  # fmt: skip
         if temperature == 0:
-            doc["bars"] = bars([r for r in group if not r.error])
+            doc["bars"] = bars([r for r in group if r.answered])
     return doc, ok
 
 
@@ -694,6 +711,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-tokens", type=int, help="tokens per request (default 128; --quick 48)")
     parser.add_argument("--samples", type=int, help="samples per distribution check at T=0.7 (default 200; --quick 60)")
     parser.add_argument("--tuned", action="append", help=f"extra llama-server flags of a tuned in-engine row (repeatable; default {DEFAULT_TUNED!r}; 'none' leaves it out)")
+    parser.add_argument("--threads-batch", type=int, default=1, help="threads of the target's batches (verify calls, prompts) on the target and in-engine servers; decode steps keep one (default 1)")
     parser.add_argument("--target-slots", type=int, default=TARGET_SLOTS, help=f"--parallel of the target's llama-server (default {TARGET_SLOTS})")
     parser.add_argument("--diagnose", type=int, action="append", metavar="K", help="a row of specapi's client with a fixed draft length K (repeatable; default 4; 0 leaves it out): what its rounds cost, and a distribution check of rounds that happen")
     parser.add_argument("--greedy-only", action="store_true", help="leave out temperature 0.7")
