@@ -2,47 +2,55 @@
 
 The models are the compute-bound pair of `tests/real/make_models.py` (`make_compute_models`): a target
 whose decode step is real matrix work (4 F32 blocks of width 1024, about 186 MB, far beyond the caches,
-so a step is bound by memory as on a GPU server, and a few tokens scored in one batch cost much less
-than as many steps) and a draft of one small block, both carrying the tiny pair's bigram tables (greedy
-agreement about 77% per token). Every server is llama.cpp's `llama-server` as `tests/real` builds it,
-one thread each, on 127.0.0.1. Side by side, on the same prompts (code and prose), greedy and at
-temperature 0.7 (the server's own sampler chain, pinned: top_k 40, top_p 0.95, min_p 0.05):
+so a step is bound by memory, and a few tokens scored in one batch cost much less than as many steps)
+and a draft of one small block, both carrying the tiny pair's bigram tables (greedy agreement about 77%
+per token). Every server is llama.cpp's `llama-server` as `tests/real` builds it, one thread each
+(`--threads-batch` gives the target's batches more), on 127.0.0.1. Side by side, on the same prompts
+(three code, three prose, one of them CJK), greedy and at temperature 0.7 (llama-server's own sampler
+chain, pinned: top_k 40, top_p 0.95, min_p 0.05):
 
 1. the target alone (its own llama-server, through the openai SDK);
-2. llama.cpp's in-engine speculation: one llama-server with `--model-draft --spec-type draft-simple`,
-   the `--spec-draft-*` settings at their defaults, and tuned (`--tuned`, default `--spec-draft-n-max 4`,
-   the best of a small sweep of 2, 3, 4, 6, 8 here);
+2. llama.cpp's in-engine speculation: one llama-server with `--model-draft --spec-type draft-simple`
+   (`--model-draft` alone does not speculate in this build), the `--spec-draft-*` settings at their
+   defaults (n-max 3, n-min 0, p-min 0), and tuned (`--tuned`, repeatable; default n-max 8 with
+   p-min 0.3: long drafts cut where the draft is unsure);
 3. specapi's default client (`AsyncSpeculativeOpenAI` with a target and a draft `Endpoint`, every
    option at its default) on two llama-servers (the target's of row 1, and the draft's);
-4. `specapi serve` in front of the same two servers, driven by the openai SDK;
+   and the same client with a fixed draft length (`--diagnose K`, default 4): what its rounds cost when
+   they happen;
+4. `specapi serve` in front of the same two servers (its defaults), driven by the openai SDK;
 5. Tightwad (PyPI `tightwad`, its proxy with both backends `llamacpp`) on the same two servers, when it
-   is installed (`--no-tightwad` leaves it out).
+   is installed (`--no-tightwad` leaves it out). Not a dependency of specapi.
 
-Requests go round-robin over the rows for each prompt (one after another, never concurrently), so a
-machine that slows down mid-run slows every row alike; each row first answers one warm-up request that
-is not counted (a client's first request probes the target). Each row reports tokens per second (the
-completion tokens of all its requests over their wall time), the speedup over the target alone, the
-acceptance (accepted / drafted tokens, from specapi's statistics, llama-server's `timings` or
-Tightwad's), whether every greedy text equals the target alone's, and the CPU seconds each process used
-during the row's timed requests (`/proc/<pid>/stat`, with their children; the client is this process).
+Requests go round-robin over the rows for each prompt (one at a time, never concurrently), so a machine
+that slows down mid-run slows every row alike; each row first answers one warm-up request that is not
+counted (a client's first request probes the target). Each row reports tokens per second (completion
+tokens over wall time), the speedup over the target alone, the acceptance (accepted / drafted tokens:
+specapi's statistics, llama-server's `timings.draft_n_accepted / draft_n`, Tightwad's status), whether
+every greedy text equals the target alone's, the CPU seconds each process used during the row's timed
+requests (`/proc/<pid>/stat`, with children; the client is this process), and from each llama-server's
+`--metrics` the prompt tokens it evaluated and its `llama_decode` calls per output token (what a round
+costs the target, whatever the machine's load). A request that fails is counted in its row.
 
 Exactness at temperature 0.7 (the check of `tests/real/test_real_sampled_speculation.py`): the texts of
-the first two tokens of `CHI_PROMPT`, sampled through each row with a seed per sample, against the
-distribution the target server itself reports (`/completion` with `post_sampling_probs`, after the same
-chain): a chi-square test over the texts with an expected count of at least 5; a p-value under 1e-3
-fails. The longer T=0.7 texts cannot be compared with the target alone's (specapi draws each output
-position with its own seed).
+the first two tokens of `CHI_PROMPT`, sampled through each row with seeds 1000.., against the
+distribution the target server itself reports (`/completion` with `post_sampling_probs` after the same
+chain): chi-square over the texts expected at least 5 times, the rest pooled; p under 1e-3 fails. The
+column says how many draft tokens those samples kept (a check of rows that drafted nothing only checks
+the target). Longer T=0.7 texts are not compared with the target alone's: specapi draws each output
+position with its own seed.
 
-Before the rows, the cost of one decode step and of scoring 5 tokens in one call on each server
-(llama-server's own `timings`, median of 3).
+Before the rows, the cost of one decode step and of 5 tokens scored in one call on the target and on
+the draft (llama-server's own `timings`, median of 3).
 
-    python benchmarks/real_llamacpp.py                     # 6 prompts x 128 tokens, 200 samples a row
+    python benchmarks/real_llamacpp.py                     # 6 prompts x 128 tokens, 200 samples a check
     python benchmarks/real_llamacpp.py --quick             # 2 prompts x 48 tokens, 60 samples
-    python benchmarks/real_llamacpp.py --json out.json     # also write every figure as JSON
+    python benchmarks/real_llamacpp.py --json out.json     # also every figure and text as JSON
 
-Exit code 1 when a greedy text differs from the target alone's or a distribution check fails; the
-speed bars of issue 37 are printed (PASS/FAIL) but do not set the exit code (timings on a shared
-machine are noise-prone).
+Exit code 1 when a greedy text of the target, llama.cpp or specapi differs from the target alone's, one
+of their requests fails or a distribution check of theirs fails (Tightwad's are its findings). The speed
+bars of issue 37 are printed (PASS/FAIL) and do not set the exit code: timings on a shared machine are
+noise.
 """
 
 from __future__ import annotations
@@ -686,10 +694,10 @@ async def run(args: argparse.Namespace) -> int:
         try:
             async with httpx2.AsyncClient(timeout=REQUEST_TIMEOUT_S) as http:
                 costs = {"target": await step_costs(http, started["target"].root), "draft": await step_costs(http, started["draft"].root)}
-                rows = await measure(routes, args.prompt_list, args.max_tokens, 0.0)
+                rows = await measure(routes, args.prompt_list, args.max_tokens, 0.0, repeats=args.repeats)
                 checks: dict[str, dict[str, Any]] = {}
                 if not args.greedy_only:
-                    rows += await measure(routes, args.prompt_list, args.max_tokens, TEMPERATURE)
+                    rows += await measure(routes, args.prompt_list, args.max_tokens, TEMPERATURE, repeats=args.repeats)
                     dist = await two_token_distribution(http, started["target"].root, CHI_PROMPT, args.samples)
                     for route in routes:
                         checks[route.name] = await distribution_check(route, dist, args.samples)
@@ -709,6 +717,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="2 prompts (one code, one prose), 48 tokens, 60 samples per distribution check")
     parser.add_argument("--max-tokens", type=int, help="tokens per request (default 128; --quick 48)")
+    parser.add_argument("--repeats", type=int, default=1, help="passes over the prompts (default 1; T=0.7 draws new seeds each pass)")
     parser.add_argument("--samples", type=int, help="samples per distribution check at T=0.7 (default 200; --quick 60)")
     parser.add_argument("--tuned", action="append", help=f"extra llama-server flags of a tuned in-engine row (repeatable; default {DEFAULT_TUNED!r}; 'none' leaves it out)")
     parser.add_argument("--threads-batch", type=int, default=1, help="threads of the target's batches (verify calls, prompts) on the target and in-engine servers; decode steps keep one (default 1)")
