@@ -11,7 +11,6 @@ that speculate must have kept draft tokens (llama.cpp's `draft_n_accepted`, spec
 
 from __future__ import annotations
 
-import argparse
 import pathlib
 import sys
 from collections.abc import Iterator
@@ -32,7 +31,8 @@ K = 4
 @pytest.fixture(scope="module")
 def compute(real_build: pathlib.Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, bench.Process]]:
     """The benchmark's servers: target, draft, in-engine speculation (defaults) and specapi serve."""
-    args = argparse.Namespace(models=None, tuned=[], tightwad=False, proxy_flags=["--policy", "fixed", "--num-speculative-tokens", str(K)])
+    flags = ["--policy", "fixed", "--num-speculative-tokens", str(K)]
+    args = bench.parse_args(["--tuned", "none", "--no-tightwad", *(f"--proxy-flag={flag}" for flag in flags)])
     with bench.servers(args, tmp_path_factory.mktemp("compute")) as started:
         yield started
 
