@@ -28,6 +28,7 @@ What the models are:
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import pathlib
@@ -37,7 +38,7 @@ from collections import Counter, defaultdict
 
 import numpy as np
 
-__all__ = ["make_models", "CHAT_TEMPLATE", "SPECIAL_TOKENS", "model_dir"]
+__all__ = ["make_models", "make_compute_models", "CHAT_TEMPLATE", "SPECIAL_TOKENS", "model_dir"]
 
 TEXT = r'''
 def fibonacci(n):
@@ -483,18 +484,42 @@ def _tables(vocab: Vocab) -> tuple[np.ndarray, np.ndarray, dict]:
     return target, draft, figures
 
 
-def _write(path: pathlib.Path, name: str, vocab: Vocab, table: np.ndarray) -> None:
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    """A model's layers. The bigram table lives in the embedding and output layers; the blocks only
+    cost compute: their writes into the residual stream (attn_output, ffn_down) are zero, or random
+    with `write_std` small enough that no logit moves by more than a small fraction of MARGIN."""
+
+    embedding: int = EMBEDDING
+    blocks: int = 1
+    heads: int = HEADS
+    kv_heads: int = HEADS
+    head_dim: int = HEAD_DIM
+    ffn: int = FFN
+    write_std: float = 0.0
+
+
+TINY = Shape()
+#: The compute-bound target: the tiny target's bigram table, behind blocks that cost real matrix work
+#: (about 190 MB of F32 weights, far more than the caches, so a decode step is bound by memory like a
+#: GPU server's, and scoring a few tokens in one batch costs little more than one).
+COMPUTE = Shape(embedding=1024, blocks=4, heads=16, kv_heads=4, head_dim=64, ffn=2816, write_std=1e-4)
+#: Its draft: the tiny draft's table behind one small block (about 9 MB, within the caches).
+COMPUTE_DRAFT = Shape(embedding=1024, blocks=1, heads=2, kv_heads=2, head_dim=64, ffn=256, write_std=1e-4)
+
+
+def _write(path: pathlib.Path, name: str, vocab: Vocab, table: np.ndarray, shape: Shape = TINY) -> None:
     import gguf
 
-    V = vocab.size
-    assert V <= EMBEDDING - 1, (V, EMBEDDING)
+    V, width = vocab.size, shape.embedding
+    assert V <= width - 1, (V, width)
     centred = table - table.mean(axis=1, keepdims=True)
     norms = np.sqrt((centred**2).sum(axis=1))
-    scale = float(norms.max() / np.sqrt(0.9 * EMBEDDING))
-    embd = np.zeros((V, EMBEDDING), dtype=np.float64)
+    scale = float(norms.max() / np.sqrt(0.9 * width))
+    embd = np.zeros((V, width), dtype=np.float64)
     embd[:, :V] = centred / scale
-    embd[:, EMBEDDING - 1] = np.sqrt(EMBEDDING - (embd[:, : EMBEDDING - 1] ** 2).sum(axis=1))  # RMS exactly 1
-    output = np.zeros((V, EMBEDDING), dtype=np.float64)
+    embd[:, width - 1] = np.sqrt(width - (embd[:, : width - 1] ** 2).sum(axis=1))  # RMS exactly 1
+    output = np.zeros((V, width), dtype=np.float64)
     output[np.arange(V), np.arange(V)] = scale
 
     tmp = path.with_suffix(".tmp")
@@ -502,16 +527,16 @@ def _write(path: pathlib.Path, name: str, vocab: Vocab, table: np.ndarray) -> No
     writer.add_name(name)
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
     writer.add_context_length(4096)
-    writer.add_embedding_length(EMBEDDING)
-    writer.add_block_count(1)
-    writer.add_feed_forward_length(FFN)
-    writer.add_head_count(HEADS)
-    writer.add_head_count_kv(HEADS)
-    writer.add_key_length(HEAD_DIM)
-    writer.add_value_length(HEAD_DIM)
+    writer.add_embedding_length(width)
+    writer.add_block_count(shape.blocks)
+    writer.add_feed_forward_length(shape.ffn)
+    writer.add_head_count(shape.heads)
+    writer.add_head_count_kv(shape.kv_heads)
+    writer.add_key_length(shape.head_dim)
+    writer.add_value_length(shape.head_dim)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_rope_freq_base(10000.0)
-    writer.add_rope_dimension_count(HEAD_DIM)
+    writer.add_rope_dimension_count(shape.head_dim)
     writer.add_vocab_size(V)
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("gpt-2")
@@ -526,20 +551,27 @@ def _write(path: pathlib.Path, name: str, vocab: Vocab, table: np.ndarray) -> No
 
     f32 = np.float32
     writer.add_tensor("token_embd.weight", embd.astype(f32))
-    writer.add_tensor("output_norm.weight", np.ones(EMBEDDING, dtype=f32))
+    writer.add_tensor("output_norm.weight", np.ones(width, dtype=f32))
     writer.add_tensor("output.weight", output.astype(f32))
     rng = np.random.default_rng(SEED + 1)
-    inner = HEADS * HEAD_DIM
-    blk = "blk.0."
-    writer.add_tensor(blk + "attn_norm.weight", np.ones(EMBEDDING, dtype=f32))
-    writer.add_tensor(blk + "attn_q.weight", (rng.normal(0, 0.02, (inner, EMBEDDING))).astype(f32))
-    writer.add_tensor(blk + "attn_k.weight", (rng.normal(0, 0.02, (inner, EMBEDDING))).astype(f32))
-    writer.add_tensor(blk + "attn_v.weight", (rng.normal(0, 0.02, (inner, EMBEDDING))).astype(f32))
-    writer.add_tensor(blk + "attn_output.weight", np.zeros((EMBEDDING, inner), dtype=f32))  # adds nothing
-    writer.add_tensor(blk + "ffn_norm.weight", np.ones(EMBEDDING, dtype=f32))
-    writer.add_tensor(blk + "ffn_gate.weight", (rng.normal(0, 0.02, (FFN, EMBEDDING))).astype(f32))
-    writer.add_tensor(blk + "ffn_up.weight", (rng.normal(0, 0.02, (FFN, EMBEDDING))).astype(f32))
-    writer.add_tensor(blk + "ffn_down.weight", np.zeros((EMBEDDING, FFN), dtype=f32))  # adds nothing
+    inner, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
+
+    def normal(std: float, rows: int, cols: int) -> np.ndarray:
+        if std == 0.0:
+            return np.zeros((rows, cols), dtype=f32)
+        return rng.standard_normal((rows, cols), dtype=f32) * f32(std)
+
+    for block in range(shape.blocks):
+        blk = f"blk.{block}."
+        writer.add_tensor(blk + "attn_norm.weight", np.ones(width, dtype=f32))
+        writer.add_tensor(blk + "attn_q.weight", normal(0.02, inner, width))
+        writer.add_tensor(blk + "attn_k.weight", normal(0.02, kv, width))
+        writer.add_tensor(blk + "attn_v.weight", normal(0.02, kv, width))
+        writer.add_tensor(blk + "attn_output.weight", normal(shape.write_std, width, inner))
+        writer.add_tensor(blk + "ffn_norm.weight", np.ones(width, dtype=f32))
+        writer.add_tensor(blk + "ffn_gate.weight", normal(0.02, shape.ffn, width))
+        writer.add_tensor(blk + "ffn_up.weight", normal(0.02, shape.ffn, width))
+        writer.add_tensor(blk + "ffn_down.weight", normal(shape.write_std, width, shape.ffn))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -570,6 +602,21 @@ def build(directory: str | os.PathLike[str]) -> tuple[pathlib.Path, pathlib.Path
     _write(draft, "specapi-tiny-draft", vocab, draft_table)
     figures["vocab"] = vocab.size
     return target, draft, figures
+
+
+def make_compute_models(directory: str | os.PathLike[str] | None = None) -> tuple[pathlib.Path, pathlib.Path]:
+    """The compute-bound target and its draft (GGUF paths in `directory`, default the cache), written
+    if missing. They carry the tiny target's and the tiny draft's tables (the same vocabulary, the same
+    greedy agreement), behind blocks of the COMPUTE and COMPUTE_DRAFT shapes."""
+    directory = pathlib.Path(directory) if directory is not None else model_dir()
+    target, draft = directory / "compute-target.gguf", directory / "compute-draft.gguf"
+    if not (target.exists() and draft.exists()):
+        directory.mkdir(parents=True, exist_ok=True)
+        vocab = Vocab(learn_merges(TEXT, NUM_MERGES))
+        target_table, draft_table, _ = _tables(vocab)
+        _write(target, "specapi-compute-target", vocab, target_table, COMPUTE)
+        _write(draft, "specapi-compute-draft", vocab, draft_table, COMPUTE_DRAFT)
+    return target, draft
 
 
 def make_models(directory: str | os.PathLike[str] | None = None) -> tuple[pathlib.Path, pathlib.Path]:
