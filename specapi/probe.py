@@ -51,11 +51,17 @@ async def _server_defaults(client: RoleClient) -> tuple[str | None, dict[str, fl
     """Which server this is, if recognised, the sampling defaults it applies and its limits: llama-server
     answers `/props` (with its defaults, `n_predict` and the slot's `n_ctx`), vLLM `/version` (and lists
     each model's `max_model_len`), SGLang `/get_model_info`; llama-cpp-python names itself the owner "me"
-    of its models (its defaults are known). GETs bill nothing and are not metered."""
+    of its models (its defaults are known). GETs bill nothing and are not metered. All four are asked at
+    once: on a server that answers none of them (404s), one after the other they were four round trips."""
     meter = Meter(client.endpoint)
     root = server_root(client)
+    props, version, info, models = await asyncio.gather(
+        _document(client, root + "/props", meter),
+        _document(client, root + "/version", meter),
+        _document(client, root + "/get_model_info", meter),
+        _document(client, "/models", meter),
+    )
     try:
-        props = await client.get(root + "/props", meter)
         settings = props.get("default_generation_settings") or {}
         params = settings.get("params") or {}
         # As the server reports them: top_k stays an integer (a float is refused by stricter servers).
@@ -67,42 +73,40 @@ async def _server_defaults(client: RoleClient) -> tuple[str | None, dict[str, fl
                 context_window=n_ctx if _count(n_ctx) else None,
             )
             return "llama-server", defaults, limits
-    except (EndpointError, AttributeError, TypeError, ValueError):
+    except (AttributeError, TypeError, ValueError):
         pass
+    if isinstance(version, dict) and isinstance(version.get("version"), str):
+        return "vllm", None, _Limits(context_window=_max_model_len(client, models))
+    if isinstance(info, dict) and "model_path" in info:
+        return "sglang", None, _Limits()
     try:
-        version = await client.get(root + "/version", meter)
-        if isinstance(version, dict) and isinstance(version.get("version"), str):
-            return "vllm", None, _Limits(context_window=await _max_model_len(client, meter))
-    except (EndpointError, AttributeError, TypeError, ValueError):
-        pass
-    try:
-        info = await client.get(root + "/get_model_info", meter)
-        if isinstance(info, dict) and "model_path" in info:
-            return "sglang", None, _Limits()
-    except (EndpointError, AttributeError, TypeError, ValueError):
-        pass
-    try:
-        models = await client.get("/models", meter)
         owners = {m.get("owned_by") for m in models.get("data") or [] if isinstance(m, dict)}
         if owners == {"me"}:  # llama-cpp-python's server names itself so
             return "llama-cpp-python", dict(LLAMA_CPP_PYTHON_DEFAULTS), _Limits()
-    except (EndpointError, AttributeError, TypeError, ValueError):
+    except (AttributeError, TypeError, ValueError):
         pass
-    return None, None, _Limits(context_window=await _max_model_len(client, meter))
+    return None, None, _Limits(context_window=_max_model_len(client, models))
+
+
+async def _document(client: RoleClient, path: str, meter: Meter) -> Any:
+    """The JSON a GET answers, or None where the server does not answer it."""
+    try:
+        return await client.get(path, meter)
+    except EndpointError:
+        return None
 
 
 def _count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
-async def _max_model_len(client: RoleClient, meter: Meter) -> int | None:
+def _max_model_len(client: RoleClient, models: Any) -> int | None:
     """The model's context window as vLLM lists it in `/models` (`max_model_len`); None when not listed."""
     try:
-        models = await client.get("/models", meter)
         for model in models.get("data") or []:
             if isinstance(model, dict) and model.get("id") == client.endpoint.model and _count(model.get("max_model_len")):
                 return model["max_model_len"]
-    except (EndpointError, AttributeError, TypeError, ValueError):
+    except (AttributeError, TypeError, ValueError):
         pass
     return None
 
@@ -190,14 +194,14 @@ async def _try(client: RoleClient, path: str, body: dict[str, Any], meter: Meter
 T = TypeVar("T")
 
 
-async def _both(first: Awaitable[T], second: Awaitable[T]) -> tuple[T, T]:
-    """Two independent probe requests at once (a cold start waits for the probe); both always finish,
-    and the first failure is raised as if they had run one after the other."""
-    results = await asyncio.gather(first, second, return_exceptions=True)
+async def _all(*requests: Awaitable[T]) -> list[T]:
+    """Independent probe requests at once (a cold start waits for the probe); all always finish, and
+    the first failure is raised as if they had run one after the other."""
+    results = await asyncio.gather(*requests, return_exceptions=True)
     for result in results:
         if isinstance(result, BaseException):
             raise result
-    return results[0], results[1]  # type: ignore[return-value]
+    return list(results)  # type: ignore[arg-type]
 
 
 async def probe_endpoint(client: RoleClient, meter: Meter) -> Capabilities:
@@ -211,20 +215,31 @@ async def probe_endpoint(client: RoleClient, meter: Meter) -> Capabilities:
             await asyncio.gather(defaults, return_exceptions=True)
 
 
-async def _probe(client: RoleClient, meter: Meter, defaults_task: asyncio.Future[tuple[str | None, dict[str, float] | None, _Limits]]) -> Capabilities:
+async def _probe_completions(client: RoleClient, meter: Meter) -> tuple[dict[str, Any], list[str]]:
+    """What the completions endpoint offers: echo with logprobs (and how long its lists are), plain logprobs."""
     found: dict[str, Any] = {}
     notes: list[str] = []
     prompt = _PROBE_PROMPT
 
     # Completions with echo + logprobs: scores supplied tokens in one call. Ask for the longest lists
     # the endpoint is configured for; a server with a lower cap (OpenAI's base models: 5) refuses.
-    response = None
-    for k in sorted({client.endpoint.max_logprobs, 5}, reverse=True):
+    # Raw or temperature-scaled logprobs: the same prompt scored at two temperatures, asked meanwhile
+    # (read only where echo scores prompts; a server that refuses echo refuses these as cheaply).
+    caps = sorted({client.endpoint.max_logprobs, 5}, reverse=True)
+    response, hot, cold = await _all(
+        _try(client, "/completions", {"prompt": prompt, "echo": True, "logprobs": caps[0], "max_tokens": 1, "temperature": 0}, meter),
+        _try(client, "/completions", {"prompt": prompt, "echo": True, "logprobs": 1, "max_tokens": 1, "temperature": 0.5, "seed": 0}, meter),
+        _try(client, "/completions", {"prompt": prompt, "echo": True, "logprobs": 1, "max_tokens": 1, "temperature": 1.0, "seed": 0}, meter),
+    )
+    if response is not None:
+        found["max_logprobs"] = caps[0]
+    for k in caps[1:]:
+        if response is not None:
+            break
         body = {"prompt": prompt, "echo": True, "logprobs": k, "max_tokens": 1, "temperature": 0}
         response = await _try(client, "/completions", body, meter)
         if response is not None:
             found["max_logprobs"] = k
-            break
     if response is not None:
         found["completions"] = True
         tokens = _completion_tokens(response)
@@ -247,11 +262,6 @@ async def _probe(client: RoleClient, meter: Meter, defaults_task: asyncio.Future
         notes.append(f"completions logprobs on generated tokens: top {found.get('completions_logprobs', 0)}")
 
     if found.get("echo_logprobs"):
-        # Raw or temperature-scaled logprobs: score the same prompt at two temperatures.
-        hot, cold = await _both(
-            _try(client, "/completions", {"prompt": prompt, "echo": True, "logprobs": 1, "max_tokens": 1, "temperature": 0.5, "seed": 0}, meter),
-            _try(client, "/completions", {"prompt": prompt, "echo": True, "logprobs": 1, "max_tokens": 1, "temperature": 1.0, "seed": 0}, meter),
-        )
         try:
             a = completion_tokens(hot["choices"][0]["logprobs"]) if hot else []
             b = completion_tokens(cold["choices"][0]["logprobs"]) if cold else []
@@ -261,10 +271,27 @@ async def _probe(client: RoleClient, meter: Meter, defaults_task: asyncio.Future
                 notes.append("prompt logprobs are " + ("raw (temperature 1)" if found["logprobs_raw"] else "temperature-scaled"))
         except (KeyError, IndexError, TypeError, WireError):
             pass
+    return found, notes
 
-    # Chat: logprobs, prefill, vLLM prompt_logprobs, Predicted Outputs.
+
+async def _probe_chat(client: RoleClient, meter: Meter) -> tuple[dict[str, Any], list[str]]:
+    """What the chat endpoint offers: logprobs, continuing an assistant message, vLLM's prompt_logprobs, Predicted Outputs."""
+    found: dict[str, Any] = {}
+    notes: list[str] = []
     messages = [{"role": "user", "content": "a b c d e"}]
-    response = await _try(client, "/chat/completions", {"messages": messages, "max_tokens": 1, "logprobs": True, "top_logprobs": 20, "temperature": 0}, meter)
+    prefix = "a b c"
+    continued = messages + [{"role": "assistant", "content": prefix}]
+    flags = {"continue_final_message": True, "add_generation_prompt": False}
+    # All at once (what a server without chat refuses costs it nothing); each answer is read only where
+    # the ones it depends on say it means something: the prefill pair where chat works, prompt_logprobs
+    # where the flags continue an assistant message.
+    response, with_flags, bare, continued_scored, predicted = await _all(
+        _try(client, "/chat/completions", {"messages": messages, "max_tokens": 1, "logprobs": True, "top_logprobs": 20, "temperature": 0}, meter),
+        _try(client, "/chat/completions", {"messages": continued, "max_tokens": 1, "temperature": 0, **flags}, meter),
+        _try(client, "/chat/completions", {"messages": continued, "max_tokens": 1, "temperature": 0}, meter),
+        _try(client, "/chat/completions", {"messages": continued, "max_tokens": 1, "temperature": 0, **flags, "prompt_logprobs": 1, "return_token_ids": True}, meter),
+        _try(client, "/chat/completions", {"messages": messages, "max_tokens": 2, "temperature": 0, "prediction": {"type": "content", "content": "a b"}}, meter),
+    )
     if response is not None:
         found["chat"] = True
         try:
@@ -274,13 +301,6 @@ async def _probe(client: RoleClient, meter: Meter, defaults_task: asyncio.Future
             found["chat_logprobs"] = 0
         notes.append(f"chat logprobs: top {found.get('chat_logprobs', 0)}")
 
-        prefix = "a b c"
-        continued = messages + [{"role": "assistant", "content": prefix}]
-        flags = {"continue_final_message": True, "add_generation_prompt": False}
-        with_flags, bare = await _both(
-            _try(client, "/chat/completions", {"messages": continued, "max_tokens": 1, "temperature": 0, **flags}, meter),
-            _try(client, "/chat/completions", {"messages": continued, "max_tokens": 1, "temperature": 0}, meter),
-        )
         flagged_prompt = _prompt_tokens(with_flags)
         bare_prompt = _prompt_tokens(bare)
         if with_flags is not None and flagged_prompt is not None and bare_prompt is not None and flagged_prompt < bare_prompt:
@@ -290,8 +310,7 @@ async def _probe(client: RoleClient, meter: Meter, defaults_task: asyncio.Future
             # Flags refused or ignored, but the reply repeats the prefix and goes on: llama-server's way.
             found.update(chat_prefill=True, prefill_style="trailing", prefill_echoes_prefix=True)
         if found.get("prefill_style") == "continue_final_message":
-            body = {"messages": continued, "max_tokens": 1, "temperature": 0, **flags, "prompt_logprobs": 1, "return_token_ids": True}
-            response = await _try(client, "/chat/completions", body, meter)
+            response = continued_scored
             if response is not None and response.get("prompt_logprobs") is not None:
                 try:
                     token_ids = response.get("prompt_token_ids") or response["choices"][0].get("prompt_token_ids")
@@ -302,12 +321,21 @@ async def _probe(client: RoleClient, meter: Meter, defaults_task: asyncio.Future
         notes.append("chat prefill: " + (f"continues a final assistant message ({found.get('prefill_style')})" if found.get("chat_prefill") else "not supported"))
         notes.append("chat prompt_logprobs: " + ("yes" if found.get("prompt_logprobs") else "no"))
 
-        body = {"messages": messages, "max_tokens": 2, "temperature": 0, "prediction": {"type": "content", "content": "a b"}}
-        response = await _try(client, "/chat/completions", body, meter)
-        if response is not None:
-            details = (response.get("usage") or {}).get("completion_tokens_details") or {}
+        if predicted is not None:
+            details = (predicted.get("usage") or {}).get("completion_tokens_details") or {}
             found["predicted_outputs"] = "accepted_prediction_tokens" in details
         notes.append("Predicted Outputs: " + ("yes" if found.get("predicted_outputs") else "no"))
+    return found, notes
+
+
+async def _probe(client: RoleClient, meter: Meter, defaults_task: asyncio.Future[tuple[str | None, dict[str, float] | None, _Limits]]) -> Capabilities:
+    # The completions half and the chat half ask different endpoints and neither reads the other's
+    # answers: asked at once, the first request of a cold client waits for the longer half (two or
+    # three round trips), not for both one after the other (six).
+    (found, notes), (chat_found, chat_notes) = await _all(_probe_completions(client, meter), _probe_chat(client, meter))
+    found.update(chat_found)
+    notes.extend(chat_notes)
+    prompt = _PROBE_PROMPT
 
     server, defaults, limits = await defaults_task
     found.update(default_max_tokens=limits.default_max_tokens, context_window=limits.context_window)
