@@ -62,8 +62,11 @@ class TargetStream:
         out: list[dict[str, Any]] = []
         for chunk in batch:
             choices = chunk.get("choices")
-            if not choices and chunk.get("usage") and not self._wanted_usage:
-                continue  # asked for the statistics; the meter has it
+            if not self._wanted_usage and "usage" in chunk:
+                if not choices and chunk["usage"]:
+                    continue  # asked for the statistics; the meter has it
+                if chunk["usage"] is None:
+                    del chunk["usage"]  # what asking for it added to every chunk (OpenAI's way)
             if self._first_text is None and _has_text(choices):
                 self._first_text = self._clock()
             if self._held is not None:
