@@ -109,19 +109,24 @@ def test_a_relayed_stream_whose_target_fails_at_once_gets_a_real_http_error():
 
 
 class _Breaks(httpx2.AsyncByteStream):
-    """Two chunks of a completion, then the connection drops."""
+    """Two chunks of a completion, then the connection drops (or, `clean`, the body just ends)."""
+
+    def __init__(self, clean: bool) -> None:
+        self.clean = clean
 
     async def __aiter__(self):
         for text in ("ab", "cd"):
             chunk = {"id": "cmpl-1", "object": "text_completion", "created": 1, "model": "target",
                      "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": None}]}
             yield b"data: " + json.dumps(chunk).encode() + b"\n\n"
-        raise httpx2.RemoteProtocolError("peer closed connection without sending complete message body")
+        if not self.clean:
+            raise httpx2.RemoteProtocolError("peer closed connection without sending complete message body")
 
 
-def test_a_relayed_stream_whose_connection_breaks_midway_ends_with_an_error_event():
+@pytest.mark.parametrize("clean", [False, True], ids=["dropped", "ended-without-finish"])
+def test_a_relayed_stream_whose_connection_breaks_midway_ends_with_an_error_event(clean):
     def handler(request: httpx2.Request) -> httpx2.Response:
-        return httpx2.Response(200, headers={"content-type": "text/event-stream"}, stream=_Breaks())
+        return httpx2.Response(200, headers={"content-type": "text/event-stream"}, stream=_Breaks(clean))
 
     target = Endpoint(model="target", base_url="http://breaks.test/v1", api_key="sk-breaks", max_retries=0,
                       http_client=httpx2.AsyncClient(transport=httpx2.MockTransport(handler)))

@@ -42,7 +42,9 @@ class TargetStream:
         self._held: dict[str, Any] | None = None
         self._last: dict[str, Any] | None = None
         self._first_text: float | None = None
+        self._finished = False  # a choice came with its finish_reason
         self._ended = False
+        self._role = role
         self.speculative: SpeculativeStats | None = None
 
     async def next_batch(self) -> list[dict[str, Any]] | None:
@@ -73,6 +75,7 @@ class TargetStream:
                 out.append(self._held)
                 self._held = None
             if _may_end_a_stream(choices):
+                self._finished = self._finished or bool(choices)
                 self._held = chunk
             else:
                 out.append(chunk)
@@ -83,6 +86,8 @@ class TargetStream:
         last = self._last
         if last is None:
             return None
+        if not self._finished:  # never silently cut text: the caller gets an error, as from the engine
+            raise self._role.error("the stream ended without a finish_reason: the text may be incomplete", malformed=True)
         held = self._held
         if held is None:
             held = {key: last[key] for key in ("id", "object", "created", "model") if key in last}
