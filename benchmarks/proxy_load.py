@@ -426,7 +426,8 @@ def server_commands(args: argparse.Namespace, sim_port: int, proxy_port: int) ->
     return sim_cmd, env, proxy_cmd, proxy_env
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (`proxy_waves.py` builds its runs with it too)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=None, help="requests per level (default: c * ceil(20 / c))")
     parser.add_argument("--concurrency", type=_levels, default=[100], help="concurrent streams, or several levels: 1,16,100")
@@ -446,6 +447,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="also print the summaries as JSON")
     parser.add_argument("--repeat", type=int, default=1,
                         help="run everything this many times, each with fresh processes (a cold proxy), and end with every ratio and their median")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.requests is not None and not 1 <= args.requests <= 10_000:
         parser.error("--requests must be in 1..10000")

@@ -55,11 +55,17 @@ async def _server_defaults(client: RoleClient) -> tuple[str | None, dict[str, fl
     """Which server this is, if recognised, the sampling defaults it applies and its limits: llama-server
     answers `/props` (with its defaults, `n_predict` and the slot's `n_ctx`), vLLM `/version` (and lists
     each model's `max_model_len`), SGLang `/get_model_info`; llama-cpp-python names itself the owner "me"
-    of its models (its defaults are known). GETs bill nothing and are not metered."""
+    of its models (its defaults are known). GETs bill nothing and are not metered. All four are asked at
+    once: on a server that answers none of them (404s), one after the other they were four round trips."""
     meter = Meter(client.endpoint)
     root = server_root(client)
+    props, version, info, models = await asyncio.gather(
+        _document(client, root + "/props", meter),
+        _document(client, root + "/version", meter),
+        _document(client, root + "/get_model_info", meter),
+        _document(client, "/models", meter),
+    )
     try:
-        props = await client.get(root + "/props", meter)
         settings = props.get("default_generation_settings") or {}
         params = settings.get("params") or {}
         # As the server reports them: top_k stays an integer (a float is refused by stricter servers).
@@ -71,42 +77,40 @@ async def _server_defaults(client: RoleClient) -> tuple[str | None, dict[str, fl
                 context_window=n_ctx if _count(n_ctx) else None,
             )
             return "llama-server", defaults, limits
-    except (EndpointError, AttributeError, TypeError, ValueError):
+    except (AttributeError, TypeError, ValueError):
         pass
+    if isinstance(version, dict) and isinstance(version.get("version"), str):
+        return "vllm", None, _Limits(context_window=_max_model_len(client, models))
+    if isinstance(info, dict) and "model_path" in info:
+        return "sglang", None, _Limits()
     try:
-        version = await client.get(root + "/version", meter)
-        if isinstance(version, dict) and isinstance(version.get("version"), str):
-            return "vllm", None, _Limits(context_window=await _max_model_len(client, meter))
-    except (EndpointError, AttributeError, TypeError, ValueError):
-        pass
-    try:
-        info = await client.get(root + "/get_model_info", meter)
-        if isinstance(info, dict) and "model_path" in info:
-            return "sglang", None, _Limits()
-    except (EndpointError, AttributeError, TypeError, ValueError):
-        pass
-    try:
-        models = await client.get("/models", meter)
         owners = {m.get("owned_by") for m in models.get("data") or [] if isinstance(m, dict)}
         if owners == {"me"}:  # llama-cpp-python's server names itself so
             return "llama-cpp-python", dict(LLAMA_CPP_PYTHON_DEFAULTS), _Limits()
-    except (EndpointError, AttributeError, TypeError, ValueError):
+    except (AttributeError, TypeError, ValueError):
         pass
-    return None, None, _Limits(context_window=await _max_model_len(client, meter))
+    return None, None, _Limits(context_window=_max_model_len(client, models))
+
+
+async def _document(client: RoleClient, path: str, meter: Meter) -> Any:
+    """The JSON a GET answers, or None where the server does not answer it."""
+    try:
+        return await client.get(path, meter)
+    except EndpointError:
+        return None
 
 
 def _count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
-async def _max_model_len(client: RoleClient, meter: Meter) -> int | None:
+def _max_model_len(client: RoleClient, models: Any) -> int | None:
     """The model's context window as vLLM lists it in `/models` (`max_model_len`); None when not listed."""
     try:
-        models = await client.get("/models", meter)
         for model in models.get("data") or []:
             if isinstance(model, dict) and model.get("id") == client.endpoint.model and _count(model.get("max_model_len")):
                 return model["max_model_len"]
-    except (EndpointError, AttributeError, TypeError, ValueError):
+    except (AttributeError, TypeError, ValueError):
         pass
     return None
 
@@ -154,14 +158,14 @@ async def _try(client: RoleClient, path: str, body: dict[str, Any], meter: Meter
 T = TypeVar("T")
 
 
-async def _both(first: Awaitable[T], second: Awaitable[T]) -> tuple[T, T]:
-    """Two independent probe requests at once (a cold start waits for the probe); both always finish,
-    and the first failure is raised as if they had run one after the other."""
-    results = await asyncio.gather(first, second, return_exceptions=True)
+async def _all(*requests: Awaitable[T]) -> list[T]:
+    """Independent probe requests at once (a cold start waits for the probe); all always finish, and
+    the first failure is raised as if they had run one after the other."""
+    results = await asyncio.gather(*requests, return_exceptions=True)
     for result in results:
         if isinstance(result, BaseException):
             raise result
-    return results[0], results[1]  # type: ignore[return-value]
+    return list(results)  # type: ignore[arg-type]
 
 
 async def probe_endpoint(client: RoleClient, meter: Meter) -> Capabilities:
@@ -187,29 +191,39 @@ class _Found:
 
 
 async def _probe(client: RoleClient, meter: Meter, defaults_task: asyncio.Future[tuple[str | None, dict[str, float] | None, _Limits]]) -> Capabilities:
-    found = _Found()
-
     async def ask(path: str, body: dict[str, Any]) -> dict[str, Any] | None:
         return await _try(client, path, body, meter)
 
-    await _probe_completions(ask, found, client.endpoint.max_logprobs)
-    if found.values.get("echo_logprobs"):
-        await _probe_temperature(ask, found)
-    await _probe_chat(ask, found)
+    # The completions half and the chat half ask different endpoints and neither reads the other's
+    # answers: asked at once, the first request of a cold client waits for the longer half (two or
+    # three round trips), not for both one after the other (six).
+    completions, chat = _Found(), _Found()
+    await _all(_probe_completions(ask, completions, client.endpoint.max_logprobs), _probe_chat(ask, chat))
+    found = _Found({**completions.values, **chat.values}, completions.notes + chat.notes)
     await _probe_server(client, meter, found, await defaults_task)
     return Capabilities(notes=tuple(found.notes), **found.values)
 
 
 async def _probe_completions(ask: Ask, found: _Found, max_logprobs: int) -> None:
     """Completions with echo + logprobs: scores supplied tokens in one call. Ask for the longest lists
-    the endpoint is configured for; a server with a lower cap (OpenAI's base models: 5) refuses."""
+    the endpoint is configured for; a server with a lower cap (OpenAI's base models: 5) refuses.
+    Raw or temperature-scaled logprobs: the same prompt scored at two temperatures, asked meanwhile
+    (read only where echo scores prompts; a server that refuses echo refuses these as cheaply)."""
     prompt, values = _PROBE_PROMPT, found.values
-    response = None
-    for k in sorted({max_logprobs, 5}, reverse=True):
+    caps = sorted({max_logprobs, 5}, reverse=True)
+    response, hot, cold = await _all(
+        ask(*completion_request(prompt, 1, fixed_sampling(0), top_k=caps[0], echo=True)),
+        ask(*completion_request(prompt, 1, fixed_sampling(0.5, seed=0), top_k=1, echo=True)),
+        ask(*completion_request(prompt, 1, fixed_sampling(1.0, seed=0), top_k=1, echo=True)),
+    )
+    if response is not None:
+        values["max_logprobs"] = caps[0]
+    for k in caps[1:]:
+        if response is not None:
+            break
         response = await ask(*completion_request(prompt, 1, fixed_sampling(0), top_k=k, echo=True))
         if response is not None:
             values["max_logprobs"] = k
-            break
     if response is not None:
         values["completions"] = True
         tokens = _completion_tokens(response)
@@ -230,14 +244,12 @@ async def _probe_completions(ask: Ask, found: _Found, max_logprobs: int) -> None
         found.notes.append(f"text_offset counts {convention} (specapi aligns on bytes and does not rely on it)")
     if values.get("completions") and not values.get("echo_logprobs"):
         found.notes.append(f"completions logprobs on generated tokens: top {values.get('completions_logprobs', 0)}")
+    if values.get("echo_logprobs"):
+        _read_temperature(found, hot, cold)
 
 
-async def _probe_temperature(ask: Ask, found: _Found) -> None:
-    """Raw or temperature-scaled logprobs: score the same prompt at two temperatures."""
-    hot, cold = await _both(
-        ask(*completion_request(_PROBE_PROMPT, 1, fixed_sampling(0.5, seed=0), top_k=1, echo=True)),
-        ask(*completion_request(_PROBE_PROMPT, 1, fixed_sampling(1.0, seed=0), top_k=1, echo=True)),
-    )
+def _read_temperature(found: _Found, hot: dict[str, Any] | None, cold: dict[str, Any] | None) -> None:
+    """Raw logprobs score the prompt alike at both temperatures; scaled ones do not."""
     try:
         a = completion_tokens(hot["choices"][0]["logprobs"]) if hot else []
         b = completion_tokens(cold["choices"][0]["logprobs"]) if cold else []
@@ -250,9 +262,19 @@ async def _probe_temperature(ask: Ask, found: _Found) -> None:
 
 
 async def _probe_chat(ask: Ask, found: _Found) -> None:
-    """Chat: logprobs, continuing a final assistant message, vLLM's prompt scores, Predicted Outputs."""
+    """Chat: logprobs, continuing a final assistant message, vLLM's prompt scores, Predicted Outputs.
+    All asked at once (what a server without chat refuses costs it nothing); each answer is read only
+    where the ones it depends on say it means something: the prefill pair where chat works, the prompt
+    scores where the flags continue an assistant message."""
     messages = [{"role": "user", "content": "a b c d e"}]
-    response = await ask(*chat_request(messages, 1, fixed_sampling(0), top_k=20))
+    continued = messages + [{"role": "assistant", "content": _PREFILL_PREFIX}]
+    response, with_flags, bare, continued_scored, predicted = await _all(
+        ask(*chat_request(messages, 1, fixed_sampling(0), top_k=20)),
+        ask(*chat_request(continued, 1, fixed_sampling(0), prefill=Prefill())),
+        ask(*chat_request(continued, 1, fixed_sampling(0))),
+        ask(*prompt_scores_probe(continued)),
+        ask(*chat_request(messages, 2, fixed_sampling(0), prediction="a b")),
+    )
     if response is None:
         return
     found.values["chat"] = True
@@ -263,17 +285,15 @@ async def _probe_chat(ask: Ask, found: _Found) -> None:
         found.values["chat_logprobs"] = 0
     found.notes.append(f"chat logprobs: top {found.values.get('chat_logprobs', 0)}")
 
-    continued = messages + [{"role": "assistant", "content": _PREFILL_PREFIX}]
-    await _probe_prefill(ask, found, continued)
-    scored = found.values.get("prefill_style") == CONTINUE_FINAL_MESSAGE and scores_prompt(await ask(*prompt_scores_probe(continued)))
+    _read_prefill(found, with_flags, bare)
+    scored = found.values.get("prefill_style") == CONTINUE_FINAL_MESSAGE and scores_prompt(continued_scored)
     found.values.update(prompt_scores_finding(scored))
     chat_prefill = f"continues a final assistant message ({found.values.get('prefill_style')})" if found.values.get("chat_prefill") else "not supported"
     found.notes.append("chat prefill: " + chat_prefill)
     found.notes.append(prompt_scores_note(scored))
 
-    response = await ask(*chat_request(messages, 2, fixed_sampling(0), prediction="a b"))
-    if response is not None:
-        details = (response.get("usage") or {}).get("completion_tokens_details") or {}
+    if predicted is not None:
+        details = (predicted.get("usage") or {}).get("completion_tokens_details") or {}
         found.values["predicted_outputs"] = "accepted_prediction_tokens" in details
     found.notes.append("Predicted Outputs: " + ("yes" if found.values.get("predicted_outputs") else "no"))
 
@@ -282,12 +302,8 @@ async def _probe_chat(ask: Ask, found: _Found) -> None:
 _PREFILL_PREFIX = "a b c"
 
 
-async def _probe_prefill(ask: Ask, found: _Found, continued: list[dict[str, Any]]) -> None:
+def _read_prefill(found: _Found, with_flags: dict[str, Any] | None, bare: dict[str, Any] | None) -> None:
     """How the endpoint continues a final assistant message: with vLLM/SGLang's flags, or by itself."""
-    with_flags, bare = await _both(
-        ask(*chat_request(continued, 1, fixed_sampling(0), prefill=Prefill())),
-        ask(*chat_request(continued, 1, fixed_sampling(0))),
-    )
     flagged_prompt = _prompt_tokens(with_flags)
     bare_prompt = _prompt_tokens(bare)
     if with_flags is not None and flagged_prompt is not None and bare_prompt is not None and flagged_prompt < bare_prompt:

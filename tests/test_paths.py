@@ -14,6 +14,8 @@ import zlib
 
 import pytest
 
+import specapi.probe
+
 from specapi import AsyncSpeculativeOpenAI, Endpoint
 from specapi.paths import VERIFICATIONS
 from specapi.sim import EOS_TOKEN, SimProvider, encode_text, simulated_endpoints
@@ -166,7 +168,9 @@ async def test_openai_completions_path_is_exact_and_says_which_it_is():
             assert s.verification == "prefill-fanout", (s.verification, s.fallback_reason)
             assert s.speculated and s.drafted_tokens > 0
     echo_calls = [c for c in provider.calls if isinstance(c.body, dict) and c.body.get("echo") and c.body.get("logprobs") is not None]
-    assert len(echo_calls) <= 1, "only the probe may try echo + logprobs, which OpenAI refuses"
+    probing = [c for c in echo_calls if c.body.get("prompt") == specapi.probe._PROBE_PROMPT]
+    assert echo_calls == probing, "only the probe may try echo + logprobs, which OpenAI refuses"
+    assert len(probing) <= 3  # the scoring request and the two temperatures', asked at once
 
 
 # ----------------------------------------------------------------------------- vLLM-like

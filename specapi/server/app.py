@@ -47,6 +47,7 @@ from .metrics import CONTENT_TYPE, ProxyMetrics
 from .peers import Peers
 from ..share import RedisShare
 from .readiness import Readiness, target_check
+from .relay import TargetStream, stream_path
 from .served import ServedModels
 from .sse import DONE_EVENT, EventStreamResponse, encode_event
 
@@ -93,6 +94,8 @@ class _Proxy:
         self.peers: Peers | None = None
         #: The other replicas, through Redis (`specapi.share`), with `--share`.
         self.share: RedisShare | None = None
+        #: Verification off: every stream is one call of the target's, relayed as it comes (`relay.py`).
+        self.relays = config.client_options.get("verification") == "none"
         self._tenants: OrderedDict[str, AsyncSpeculativeOpenAI] = OrderedDict()
         self._client: AsyncSpeculativeOpenAI | None = self._build_client()  # validates the configuration now
         #: Every model of the target's server: a request may name any of them, as `model=` on the clients.
@@ -293,7 +296,10 @@ class _Proxy:
             await self.served.knows(body.get("model"))  # a model the target's server added since the last listing
             kwargs = arguments(body)
             if kwargs.get("stream"):
-                response = await self._start_stream(request, route, create, kwargs, started, request_id)
+                if self.relays:  # every stream is the target's alone: relayed, not rebuilt (`relay.py`)
+                    response = await self._start_relay(request, route, kwargs, started, request_id)
+                else:
+                    response = await self._start_stream(request, route, create, kwargs, started, request_id)
                 handed_over = True  # the stream's on_close records the outcome and the gauge
                 return response
             result = await run_unless_disconnected(create(**kwargs), request.receive)
@@ -380,11 +386,62 @@ class _Proxy:
                 data = await stream.next_data()
             yield DONE_EVENT
         except Exception as exc:  # after the headers: the error travels as an event (the SDK raises it)
-            self._watch_failure(exc)
-            error = error_from_exception(exc, secrets=self.secrets)
-            logger.warning("stream %s on %s failed: %s", request_id, route, self.scrub(str(exc)))
-            self.metrics.child(self.metrics.stream_errors, route).inc()
-            yield encode_event(error.body())
+            yield self._stream_error(route, exc, request_id)
+
+    async def _start_relay(self, request: Request, route: str, kwargs: dict[str, Any], started: float, request_id: str) -> Response:
+        """`_start_stream` for a stream the target writes alone: its chunks relayed (`relay.py`)."""
+        role, _ = self.client_for(request)._runtime.target_for(kwargs.get("model") or self.config.target.model)
+        body = {name: value for name, value in kwargs.items() if name not in ("extra_body", "model")}
+        body.update(kwargs.get("extra_body") or {})
+        stream = TargetStream(role, stream_path(route), body, clock=self.config.clock, started=started)
+        try:
+            first = await run_unless_disconnected(stream.next_batch(), request.receive)
+        except BaseException:
+            await stream.aclose()
+            raise
+        self.metrics.child(self.metrics.ttft, route).observe(self.config.clock() - started)
+
+        async def close(disconnected: bool) -> None:
+            try:
+                if stream.speculative is not None:
+                    self.metrics.observe(route, stream.speculative)
+                    if not disconnected:
+                        self.metrics.child(self.metrics.duration, route).observe(self.config.clock() - started)
+                if disconnected:
+                    self.metrics.child(self.metrics.disconnects, route).inc()
+                self.metrics.request(route, 200)
+                self.metrics.in_flight.dec()
+            finally:
+                await stream.aclose()
+
+        events = self._relayed(route, stream, first, request_id)
+        return EventStreamResponse(events, headers={"x-request-id": request_id}, on_close=close)
+
+    async def _relayed(
+        self, route: str, stream: TargetStream, first: list[dict[str, Any]] | None, request_id: str
+    ) -> AsyncGenerator[bytes, None]:
+        """The relayed chunks as SSE events, those that arrived together in one write; the last carries
+        `"speculative"`, and `[DONE]` follows it in the same write."""
+        try:
+            batch = first
+            while batch is not None:
+                if stream.speculative is not None:
+                    batch[-1]["speculative"] = self.summary(stream.speculative)
+                    yield b"".join(map(encode_event, batch)) + DONE_EVENT
+                    return
+                yield b"".join(map(encode_event, batch))
+                batch = await stream.next_batch()
+            yield DONE_EVENT
+        except Exception as exc:
+            yield self._stream_error(route, exc, request_id)
+
+    def _stream_error(self, route: str, exc: Exception, request_id: str) -> bytes:
+        """A failure after the headers: the error travels as an event (the SDK raises it)."""
+        self._watch_failure(exc)
+        error = error_from_exception(exc, secrets=self.secrets)
+        logger.warning("stream %s on %s failed: %s", request_id, route, self.scrub(str(exc)))
+        self.metrics.child(self.metrics.stream_errors, route).inc()
+        return encode_event(error.body())
 
     # -- other routes
 

@@ -48,7 +48,7 @@ class EventStreamResponse(StreamingResponse):
     async def _pump(self, send: Send) -> None:
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
         async for event in self._events:
-            if event == DONE_EVENT:  # the last event: it ends the body in the same write
+            if event.endswith(DONE_EVENT):  # the last event (and any sent with it): it ends the body in the same write
                 break
             await send({"type": "http.response.body", "body": event, "more_body": True})
         else:

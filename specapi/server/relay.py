@@ -1,0 +1,136 @@
+"""A lean path for streams the target writes alone: its chunks go on as it sent them.
+
+With verification off (`--verification none`) every answer is one call of the target's. Through the
+speculative client, each chunk of such a stream went through the engine (bytes held until a character
+is whole, stop strings, limits: the server has done all of that already), was built again as a chunk
+and encoded; the proxy spent 2.3x-2.6x a byte relay's CPU per stream (`benchmarks/README.md`). Here
+each chunk is read once, for what the statistics need (the target's usage, which the meter records;
+when the first text came), and the chunks that arrived together go out in one write. The chunk that may
+end the stream (one that finishes a choice, or the usage) waits for the next, so that the statistics
+(`"speculative"`) go on the last chunk; a stream that ends on a chunk already sent gets one more,
+without choices, for them. Usage is always asked of the target, so the statistics are billed figures;
+its chunk goes on only if the caller asked for it, as the target would send it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from .._calls import Meter, RoleClient
+from ..stats import RoleUsage, SpeculativeStats
+
+__all__ = ["TargetStream", "RELAY_REASON", "stream_path"]
+
+#: The statistics' `fallback_reason` of a relayed stream (the engine's words for the same choice).
+RELAY_REASON = "verification='none': the target alone"
+
+
+class TargetStream:
+    """One stream of the target's, relayed: `await next_batch()` until None; `speculative` is set with
+    the batch that ends it. Closing it (`aclose`) closes the upstream response."""
+
+    def __init__(self, role: RoleClient, path: str, body: Mapping[str, Any], *, clock: Callable[[], float], started: float) -> None:
+        options = body.get("stream_options")
+        self._wanted_usage = isinstance(options, Mapping) and bool(options.get("include_usage"))
+        upstream = {**body, "stream_options": {**(options if isinstance(options, Mapping) else {}), "include_usage": True}}
+        self.meter = Meter(role.endpoint)
+        self._batches = role.stream_batches(path, upstream, self.meter)
+        self._clock = clock
+        self._started = started
+        self._held: dict[str, Any] | None = None
+        self._last: dict[str, Any] | None = None
+        self._first_text: float | None = None
+        self._finished = False  # a choice came with its finish_reason
+        self._ended = False
+        self._role = role
+        self.speculative: SpeculativeStats | None = None
+
+    async def next_batch(self) -> list[dict[str, Any]] | None:
+        """The next chunks to send (at least one), None once the stream has ended."""
+        while not self._ended:
+            try:
+                batch = await self._batches.__anext__()
+            except StopAsyncIteration:
+                self._ended = True
+                return self._closing()
+            out = self._pass(batch)
+            if out:
+                return out
+        return None
+
+    def _pass(self, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        for chunk in batch:
+            choices = chunk.get("choices")
+            if not self._wanted_usage and "usage" in chunk:
+                if not choices and chunk["usage"]:
+                    continue  # asked for the statistics; the meter has it
+                if chunk["usage"] is None:
+                    del chunk["usage"]  # what asking for it added to every chunk (OpenAI's way)
+            if self._first_text is None and _has_text(choices):
+                self._first_text = self._clock()
+            if self._held is not None:
+                out.append(self._held)
+                self._held = None
+            if _may_end_a_stream(choices):
+                self._finished = self._finished or bool(choices)
+                self._held = chunk
+            else:
+                out.append(chunk)
+            self._last = chunk
+        return out
+
+    def _closing(self) -> list[dict[str, Any]] | None:
+        last = self._last
+        if last is None:
+            return None
+        if not self._finished:  # never silently cut text: the caller gets an error, as from the engine
+            raise self._role.malformed("the stream ended without a finish_reason: the text may be incomplete")
+        held = self._held
+        if held is None:
+            held = {key: last[key] for key in ("id", "object", "created", "model") if key in last}
+            held["choices"] = []
+        self._held = None
+        usage = self.meter.snapshot()
+        now = self._clock()
+        self.speculative = SpeculativeStats(
+            target=usage,
+            draft=RoleUsage(),
+            speculated=False,
+            fallback_reason=RELAY_REASON,
+            verification="none",
+            generated_tokens=usage.completion_tokens,
+            wall_s=now - self._started,
+            ttft_s=None if self._first_text is None else self._first_text - self._started,
+        )
+        return [held]
+
+    async def aclose(self) -> None:
+        with contextlib.suppress(Exception):
+            await self._batches.aclose()  # type: ignore[attr-defined]
+
+
+def _has_text(choices: Any) -> bool:
+    if not isinstance(choices, list):
+        return False
+    for choice in choices:
+        if isinstance(choice, Mapping):
+            delta = choice.get("delta")
+            if choice.get("text") or (isinstance(delta, Mapping) and delta.get("content")):
+                return True
+    return False
+
+
+def _may_end_a_stream(choices: Any) -> bool:
+    """Whether a well-formed stream may end after a chunk with these choices: one finishes, or there are
+    none (usage)."""
+    if not isinstance(choices, list) or not choices:
+        return True
+    return any(isinstance(choice, Mapping) and choice.get("finish_reason") is not None for choice in choices)
+
+
+def stream_path(route: str) -> str:
+    """The target's path for one of the proxy's routes (`/v1/completions` -> `/completions`)."""
+    return route.removeprefix("/v1")
