@@ -42,7 +42,6 @@ from .models import AsyncModels
 from .passthrough import passthrough
 from .policy import DraftLengthPolicy
 from .raw import AsyncRawCreate, AsyncStreamingCreate
-from .runtime import MAX_OTHER_MODELS as MAX_OTHER_MODELS  # still importable from here (tests read it)
 from .runtime import Runtime, acceptance_rule, build_policy
 from .sdk_post import Beta, resource_for, sdk_request
 from .streaming import SpeculativeStream
@@ -66,7 +65,6 @@ from .validation import (
 
 __all__ = ["AsyncSpeculativeOpenAI", "AsyncCompletions", "AsyncChatCompletions", "given_arguments"]
 
-_Runtime = Runtime  # still importable from here (tests patch it)
 
 
 class AsyncSpeculativeOpenAI(openai.AsyncOpenAI):

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import httpx2
 
 from specapi import AsyncSpeculativeOpenAI
-from specapi.client import MAX_OTHER_MODELS
+from specapi.runtime import MAX_OTHER_MODELS
 from specapi.server import ServerConfig, create_app
 from specapi.server.metrics import ProxyMetrics
 from specapi.sim import SimProvider, simulated_endpoints

@@ -12,7 +12,7 @@ import pytest
 from specapi import AsyncSpeculativeOpenAI
 from specapi._calls import Meter, RoleClient
 from specapi.acceptance import SamplingParams
-from specapi.client import _Runtime
+from specapi.runtime import Runtime as _Runtime
 from specapi.context import Context
 from specapi.drafters import CombinedDrafter, Draft, LookupDrafter, ModelDrafter
 from specapi.server import ServerConfig, create_app

@@ -69,7 +69,7 @@ from .params import (
     route_path,
 )
 from .profiles import Capabilities, get_capabilities
-from .responses import chat_logprob_items, completion_logprobs, raw_prompt_logprobs, usage_body
+from .responses import chat_logprob_items, completion_logprobs, raw_prompt_logprobs
 from .streams import SSEStream, chat_chunks, completion_chunks, shown_tokens, timed_events
 from .template import message_text, render_chat
 
