@@ -28,7 +28,7 @@ def test_options_give_a_config_with_defaults():
     config = settings.config
     assert (config.target.model, config.target.base_url, config.draft.model, config.draft.base_url) == ("big", "http://t/v1", "small", "http://d/v1")
     assert (settings.host, settings.port, config.num_speculative_tokens, config.api_key) == ("127.0.0.1", 8000, 4, None)
-    assert (config.max_request_bytes, config.max_tokens_limit) == (1 << 20, 4096)
+    assert (config.max_request_bytes, config.max_tokens_limit) == (1 << 20, None)
 
 
 def test_environment_fills_in_and_options_win():

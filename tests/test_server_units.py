@@ -48,6 +48,9 @@ def test_unknown_fields_move_to_extra_body_and_model_is_dropped():
 
 def test_chat_without_a_bound_gets_the_limit_and_one_with_a_bound_keeps_it():
     messages = [{"role": "user", "content": "x"}]
+    # No limit set (the default): nothing is added, the target's own limit applies.
+    assert chat_arguments({"messages": messages}, model="big", max_tokens_limit=None) == {"messages": messages}
+    assert completion_arguments({"prompt": "x", "max_tokens": 10**6}, model="big", max_tokens_limit=None)["max_tokens"] == 10**6
     assert chat_arguments({"messages": messages}, model="big", max_tokens_limit=77)["max_tokens"] == 77
     kwargs = chat_arguments({"messages": messages, "max_completion_tokens": 9}, model="big", max_tokens_limit=77)
     assert kwargs["max_completion_tokens"] == 9 and "max_tokens" not in kwargs

@@ -61,7 +61,7 @@ def parse_json_object(raw: bytes) -> dict[str, Any]:
 
 
 def _arguments(
-    body: Mapping[str, Any], *, required: str, fields: frozenset[str], model: str, max_tokens_limit: int, served: Collection[str] = ()
+    body: Mapping[str, Any], *, required: str, fields: frozenset[str], model: str, max_tokens_limit: int | None, served: Collection[str] = ()
 ) -> dict[str, Any]:
     if body.get(required) is None:
         raise ProxyError(400, f"Missing required parameter: '{required}'.", param=required, code="missing_required_parameter")
@@ -76,7 +76,7 @@ def _arguments(
         raise ProxyError(400, f"'stream' must be a boolean, got {stream!r}.", param="stream", code="invalid_type")
     for name in ("max_tokens", "max_completion_tokens"):
         value = body.get(name)
-        if isinstance(value, int) and not isinstance(value, bool) and value > max_tokens_limit:
+        if max_tokens_limit is not None and isinstance(value, int) and not isinstance(value, bool) and value > max_tokens_limit:
             raise ProxyError(
                 400, f"'{name}' is {value}, more than this proxy's limit of {max_tokens_limit}.", param=name, code="max_tokens_exceeded"
             )
@@ -95,15 +95,16 @@ def _arguments(
     return kwargs
 
 
-def completion_arguments(body: Mapping[str, Any], *, model: str, max_tokens_limit: int, served: Collection[str] = ()) -> dict[str, Any]:
+def completion_arguments(body: Mapping[str, Any], *, model: str, max_tokens_limit: int | None, served: Collection[str] = ()) -> dict[str, Any]:
     """Keyword arguments for `client.completions.create` from a `/v1/completions` body. `model`: the
     configured target model (a body without one gets it); `served`: the other models a body may name."""
     return _arguments(body, required="prompt", fields=COMPLETION_FIELDS, model=model, max_tokens_limit=max_tokens_limit, served=served)
 
 
-def chat_arguments(body: Mapping[str, Any], *, model: str, max_tokens_limit: int, served: Collection[str] = ()) -> dict[str, Any]:
-    """Keyword arguments for `client.chat.completions.create`; a request without a bound gets the limit."""
+def chat_arguments(body: Mapping[str, Any], *, model: str, max_tokens_limit: int | None, served: Collection[str] = ()) -> dict[str, Any]:
+    """Keyword arguments for `client.chat.completions.create`; a request without a bound gets the proxy's
+    limit where one was set (`ServerConfig.max_tokens_limit`, an opt-in), else none (the target's own)."""
     kwargs = _arguments(body, required="messages", fields=CHAT_FIELDS, model=model, max_tokens_limit=max_tokens_limit, served=served)
-    if kwargs.get("max_tokens") is None and kwargs.get("max_completion_tokens") is None:
+    if max_tokens_limit is not None and kwargs.get("max_tokens") is None and kwargs.get("max_completion_tokens") is None:
         kwargs["max_tokens"] = max_tokens_limit
     return kwargs

@@ -17,8 +17,8 @@ __all__ = ["ServerConfig", "DEFAULT_MAX_REQUEST_BYTES", "DEFAULT_MAX_TOKENS_LIMI
 
 #: Largest request body accepted (bytes); larger ones get HTTP 413.
 DEFAULT_MAX_REQUEST_BYTES = 1 << 20
-#: Largest `max_tokens` / `max_completion_tokens` accepted; chat requests without one get this bound.
-DEFAULT_MAX_TOKENS_LIMIT = 4096
+#: No limit of the proxy's own on `max_tokens` (the default): requests run as the target alone runs them.
+DEFAULT_MAX_TOKENS_LIMIT: int | None = None
 #: How the suffix index (drafts learnt from traffic) is shared: per upstream model, or per client API key.
 SUFFIX_SCOPES = ("model", "api-key")
 #: With `suffix_scope="api-key"`, the most keys that keep an index (least recently used ones are dropped).
@@ -37,7 +37,12 @@ class ServerConfig:
         api_key: the key clients must send as `Authorization: Bearer KEY`; None = no authentication.
             Upstream keys (on the endpoints) are never sent to clients.
         max_request_bytes: request bodies larger than this get HTTP 413.
-        max_tokens_limit: larger `max_tokens` get HTTP 400; chat requests without one are bounded by it.
+        max_tokens_limit: None (default): the proxy adds no limit of its own, and every request runs as the
+            target alone would run it (a chat request without `max_tokens` to the target's own end: end of
+            text or of its context). An integer opts into a cost cap: a larger `max_tokens` or
+            `max_completion_tokens` gets HTTP 400 before any upstream request, and a chat request
+            without one is bounded by it (its answer then ends with "length" at the cap where the target
+            alone would have written on).
         client_options: extra keyword arguments for `AsyncSpeculativeOpenAI` (`verification`, `policy`,
             `drafter`, `sleep`, `clock`, ...).
         suffix_scope: "model" (default): one suffix index per upstream model, learnt from every
@@ -74,7 +79,7 @@ class ServerConfig:
     num_speculative_tokens: int = 4
     api_key: str | None = field(default=None, repr=False)
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
-    max_tokens_limit: int = DEFAULT_MAX_TOKENS_LIMIT
+    max_tokens_limit: int | None = DEFAULT_MAX_TOKENS_LIMIT
     client_options: Mapping[str, Any] = field(default_factory=dict)
     suffix_scope: str = "model"
     suffix_max_tokens: int = 32_768
@@ -97,6 +102,8 @@ class ServerConfig:
             raise ConfigurationError(f"suffix_scope must be one of {', '.join(SUFFIX_SCOPES)}, got {self.suffix_scope!r}")
         for name in ("num_speculative_tokens", "max_request_bytes", "max_tokens_limit", "suffix_max_tokens", "max_tenants"):
             value = getattr(self, name)
+            if value is None and name == "max_tokens_limit":
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigurationError(f"{name} must be an integer >= 1, got {value!r}")
         if self.share_url is not None:
