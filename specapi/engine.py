@@ -86,7 +86,7 @@ class Engine:
         )
         path = await self._resolve(state)
         planned = plan(
-            request, path, self.paths.capabilities, top_k=state.top_k, has_drafter=self.drafter is not None,
+            request, path, self.paths.known, top_k=state.top_k, has_drafter=self.drafter is not None,
             seeded_drafter=self.seeded_drafter is not None,
         )
         self._adopt(state, planned)
@@ -138,7 +138,8 @@ class Engine:
         state.request, state.top_k = planned.request, planned.top_k
         state.path_note, state.prefill = path.note, path.prefill
         state.acceptance, state.acceptance_note = planned.acceptance, planned.acceptance_note
-        state.verifier = path.verifier
+        # A request the plan keeps with the target alone asks what the caller asked (no counting logprobs).
+        state.verifier = path.verifier if planned.speculate else None
         chosen = path.whole if path.whole is not None else path.verifier
         state.verification = chosen.name if chosen is not None else "none"
         state.fallback_reason = planned.fallback_reason
@@ -197,7 +198,7 @@ class Engine:
         self, state: RequestState, planned: Plan, speculate: bool, first: int | None, mode: str, started: float
     ) -> AsyncIterator[Piece]:
         """The request's steps until its text ends: rounds while they pay, the target alone otherwise."""
-        out, request, caps, stretch = state.out, state.request, self.paths.capabilities, planned.stretch
+        out, request, caps, stretch = state.out, state.request, self.paths.known, planned.stretch
         target_decides = False  # the previous round handed the next position to the target alone
         idle = 0  # steps in a row that added nothing
         while not out.ended and (out.remaining is None or out.remaining > 0):
@@ -256,7 +257,7 @@ class Engine:
 
     def _room(self, state: RequestState) -> int | None:
         """How many more tokens the target's context window holds after the output so far; None: unknown."""
-        caps, out = self.paths.capabilities, state.out
+        caps, out = self.paths.known, state.out
         ids = out.start.token_ids
         prompt = state.prompt_tokens if state.prompt_tokens is not None else (len(ids) if ids is not None else None)
         return room(caps.context_window if caps is not None else None, prompt, out.produced)
@@ -353,7 +354,7 @@ class Engine:
         )
         # One target call wrote the whole answer: its usage is the answer's, as the target alone reports it.
         alone = not state.rounds and state.plain_calls == 1 and not state.retokenized and isinstance(state.plain_usage, Mapping)
-        caps = self.paths.capabilities
+        caps = self.paths.known
         return Finished(
             finish_reason=finish_reason, stats=stats, prompt_tokens=state.prompt_tokens, completion_tokens=produced,
             usage=state.plain_usage if alone else None, stream_usage=caps is not None and caps.stream_usage_unasked and not state.request.context.is_chat,

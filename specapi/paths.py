@@ -17,7 +17,7 @@ from ._exceptions import ConfigurationError, EndpointError
 from .dialects.openai import CONTINUE_FINAL_MESSAGE, Prefill
 from .fanout import PrefillFanoutVerifier
 from .dialects import native_dialect
-from .probe import Capabilities, cached_probe, choose_verification
+from .probe import Capabilities, cached_probe, cached_server_facts, choose_verification
 from .tokenlevel import TokenIdVerifier
 from .verifiers import ChatPromptLogprobsVerifier, EchoVerifier, Verifier
 from .whole import PredictedOutputsPath, PrefixMatchPath
@@ -60,6 +60,8 @@ class PathResolver:
         self.draft = draft
         self.verification = verification
         self.capabilities: Capabilities | None = None
+        #: What a forced path that skips the probe learnt of the target's server (see `known`).
+        self.facts: Capabilities | None = None
         self.refused: dict[bool, str] = {}  # chat? -> reason
         self._strikes: dict[bool, int] = {}  # unreadable answers in a row
         self._refusals: dict[bool, int] = {}  # confirmed refusals of the shape since the last success
@@ -110,6 +112,25 @@ class PathResolver:
         need it. A failed probe is left to the first request, which probes again and reports."""
         if self.verification in ("auto", "token-ids", "prefill-fanout"):
             await self._probe(meter)
+        if self.verification != "none":
+            await self._learn_facts()
+
+    @property
+    def known(self) -> Capabilities | None:
+        """What is known of the target's server: the probe's findings, or a forced path's server facts
+        (its sampling defaults, default limit and context window); None before either was learnt."""
+        return self.capabilities if self.capabilities is not None else self.facts
+
+    async def _learn_facts(self) -> None:
+        """A path forced without probing still ends as the target would: learn the server's defaults and
+        window from its GETs (unbilled, once per endpoint and process). Unanswered: left unknown."""
+        if self.capabilities is None and self.facts is None:
+            async with self._lock:
+                if self.facts is None:
+                    try:
+                        self.facts = await cached_server_facts(self.target)
+                    except EndpointError:
+                        pass
 
     async def _probe(self, meter: Meter) -> EndpointError | None:
         """Probe the target once (later callers wait for the first); the failure if it failed."""
@@ -129,6 +150,7 @@ class PathResolver:
         if self.verification == "none":
             return VerificationPath("none", note="verification='none': the target alone", prefill=self.prefill())
         if self.verification != "auto" and not (chat and self.verification == "prefill-fanout") and self.verification != "token-ids":
+            await self._learn_facts()
             return self._build(self.verification, chat)
         # Auto needs the probe to choose; chat fan-out needs it to know how the target continues an
         # assistant message (vLLM's flags, or llama.cpp's echoed prefix).

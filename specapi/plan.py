@@ -19,7 +19,12 @@ from .paths import VerificationPath
 from .probe import Capabilities
 from .request import GenerationRequest
 
-__all__ = ["Plan", "plan"]
+__all__ = ["PENALTIES", "Plan", "plan"]
+
+#: The penalties and their neutral values. A server that counts the prompt's tokens in them (llama-server:
+#: `Capabilities.penalties_over_prompt`) penalises a verification call on prompt + draft exactly as the
+#: target alone at that position (docs/verification.md); elsewhere they keep the target alone.
+PENALTIES: dict[str, float] = {"repeat_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}
 
 
 @dataclass(frozen=True)
@@ -70,7 +75,8 @@ def plan(
         request = _with_sampling(request, raw_logprobs=path.raw_logprobs)
     penalty_reason = None
     if caps is not None and caps.sampler_defaults:
-        request, penalty_reason = _with_server_defaults(request, caps.sampler_defaults, caps.server or "the target")
+        request, penalty_reason = _with_server_defaults(request, caps.sampler_defaults, caps)
+    penalty_reason = penalty_reason or _penalty_reason(request.context.extras, caps)
     if not request.context.sampling.greedy and draws:
         # Only the target's own picks are kept here, whatever the draft proposed: a position is kept
         # with probability p(x) for a proposal x, most often for the draft's most likely token.
@@ -119,35 +125,30 @@ def _lossy_where_possible(request: GenerationRequest, path: VerificationPath) ->
     return _with_sampling(request, acceptance=EXACT), "exact", note
 
 
-def _with_server_defaults(request: GenerationRequest, defaults: Mapping[str, float], server: str) -> tuple[GenerationRequest, str | None]:
+def _with_server_defaults(request: GenerationRequest, defaults: Mapping[str, float], caps: Capabilities) -> tuple[GenerationRequest, str | None]:
     """The request as the target server will run it: the settings the caller left out take the
     server's own defaults, sent explicitly (the same request, and the verification knows them).
-    Returns the request and, if the defaults hold a penalty verification cannot reproduce, why not."""
-    context = request.context
+    Returns the request and, if the defaults hold a setting verification cannot reproduce, why not."""
+    context, server = request.context, caps.server or "the target"
     sampling, extras = context.sampling, dict(context.extras)
     changes: dict[str, Any] = {}
     for name in ("temperature", "top_p"):
         if name not in sampling.explicit and name in defaults:
             changes[name] = defaults[name]
-    for name in ("top_k", "min_p", "repeat_penalty"):
+    for name in ("top_k", "min_p", *PENALTIES):
         if name not in extras and name in defaults:
             extras[name] = defaults[name]
     sampling = replace(sampling, **changes)
     truncates = _number(extras.get("top_k")) > 0 or _number(extras.get("min_p")) > 0.0
     sampling = replace(sampling, target_sampler_only=sampling.target_sampler_only or (truncates and not sampling.greedy))
-    reason = None
-    if extras.get("repeat_penalty", 1.0) != 1.0:
-        reason = (
-            f"{server} applies repeat_penalty {extras['repeat_penalty']} to requests that do not set it, which verification "
-            "cannot reproduce: the target alone generates (send extra_body={'repeat_penalty': 1.0} to speculate)"
-        )
     # Every other default the server reports that changes its pick, at a value that does: the text would
-    # differ from what the verification calls score.
+    # differ from what the verification calls score. (Penalties: `_penalty_reason`, now that they are extras.)
     active = {
         name: defaults[name] for name, neutral in _NEUTRAL_DEFAULTS.items()
         if name not in extras and name in defaults and not neutral(_number(defaults[name]))
     }  # fmt: skip
-    if reason is None and active:
+    reason = None
+    if active:
         settings = ", ".join(f"{name} {value:g}" for name, value in active.items())
         reason = (
             f"{server} applies {settings} to requests that do not set them, which verification cannot reproduce: "
@@ -156,12 +157,25 @@ def _with_server_defaults(request: GenerationRequest, defaults: Mapping[str, flo
     return replace(request, context=replace(context, sampling=sampling, extras=extras)), reason
 
 
-#: llama-server's sampling settings (as `/props` reports its defaults) and the values that leave the
-#: target's pick alone: a penalty, DRY, XTC, typical-p, top-n-sigma, mirostat or dynamic temperature at any
+def _penalty_reason(extras: Mapping[str, Any], caps: Capabilities | None) -> str | None:
+    """Why the request's penalties (the caller's or its server's defaults) keep the target alone: a server
+    that counts only generated tokens in them (OpenAI, vLLM) penalises a verification call, whose prompt
+    holds the draft, otherwise than the target alone at that position. None where they are exact."""
+    active = {name: extras[name] for name, neutral in PENALTIES.items() if name in extras and extras[name] != neutral}
+    if not active or (caps is not None and caps.penalties_over_prompt):
+        return None
+    settings = ", ".join(f"{name} {value:g}" if isinstance(value, (int, float)) else f"{name} {value!r}" for name, value in active.items())
+    server = caps.server if caps is not None and caps.server else "the target"
+    return (
+        f"{settings}: {server} is not known to count the prompt's tokens in penalties (llama-server does), so a "
+        "verification call, whose prompt holds the draft, would be penalised otherwise: the target alone generates"
+    )
+
+
+#: llama-server's sampling settings (as `/props` reports its defaults) besides the penalties, and the values
+#: that leave the target's pick alone: DRY, XTC, typical-p, top-n-sigma, mirostat or dynamic temperature at any
 #: other value changes the distribution the target samples from, which the verification calls do not see.
 _NEUTRAL_DEFAULTS: dict[str, Callable[[float], bool]] = {
-    "presence_penalty": lambda v: v == 0.0,
-    "frequency_penalty": lambda v: v == 0.0,
     "dry_multiplier": lambda v: v == 0.0,
     "xtc_probability": lambda v: v == 0.0,
     "typical_p": lambda v: v >= 1.0,

@@ -26,7 +26,7 @@ from .dialects.vllm import prompt_scores_finding, prompt_scores_note, prompt_sco
 from .cli_options import EXIT_FAILED, EXIT_OK, EXIT_USAGE, Option, UsageError, add_options, boolean, resolve
 from .endpoint import Endpoint
 
-__all__ = ["Capabilities", "probe_endpoint", "choose_verification", "add_arguments", "run"]
+__all__ = ["Capabilities", "probe_endpoint", "choose_verification", "server_facts", "add_arguments", "run"]
 
 # Plain lowercase letters and spaces: every tokenizer (and the tests' toy servers) accepts them.
 _PROBE_PROMPT = "a b c d e f a b c d e f a b c"
@@ -318,18 +318,11 @@ async def _probe_server(
     client: RoleClient, meter: Meter, found: _Found, defaults: tuple[str | None, dict[str, float] | None, _Limits]
 ) -> None:
     """What the server found by its GETs applies unasked, and whether its native dialect takes token ids."""
-    server, sampler_defaults, limits = defaults
+    server = defaults[0]
     values, notes = found.values, found.notes
-    values.update(default_max_tokens=limits.default_max_tokens, context_window=limits.context_window)
+    _server_findings(found, defaults)
     if server is None:
-        notes.append("dialect: OpenAI formats only (no native API recognised)")
         return
-    values.update(
-        server=server, sampler_defaults=sampler_defaults, final_stretch=16 if server == "llama-cpp-python" else 0,
-        stream_usage_unasked=server == "llama-server",
-    )
-    if sampler_defaults:
-        notes.append(f"{server}: applies {sampler_defaults} to requests that do not set them")
     dialect = native_dialect(server)
     if dialect is not None and values.get("completions"):
         try:
@@ -340,6 +333,42 @@ async def _probe_server(
         notes.append(f"dialect: {dialect.name}; token-id prompts: " + ("yes" if values.get("token_ids") else "no (tokenize refused)"))
     else:
         notes.append(f"dialect: {server} (OpenAI formats only)")
+
+
+def _server_findings(found: _Found, defaults: tuple[str | None, dict[str, float] | None, _Limits]) -> None:
+    """What the server's GETs (`_server_defaults`) say: which server, what it applies unasked, its limits."""
+    server, sampler_defaults, limits = defaults
+    found.values.update(default_max_tokens=limits.default_max_tokens, context_window=limits.context_window)
+    if server is None:
+        found.notes.append("dialect: OpenAI formats only (no native API recognised)")
+        return
+    found.values.update(
+        server=server, sampler_defaults=sampler_defaults, final_stretch=16 if server == "llama-cpp-python" else 0,
+        stream_usage_unasked=server == "llama-server", penalties_over_prompt=server == "llama-server",
+    )
+    if sampler_defaults:
+        found.notes.append(f"{server}: applies {sampler_defaults} to requests that do not set them")
+
+
+async def server_facts(client: RoleClient) -> Capabilities:
+    """What a path forced by the caller needs to know of the target without probing it: which server it
+    is, the sampling defaults it applies unasked, its default limit and its context window. From the
+    probe's GETs alone (unbilled, one round trip); every verification capability keeps its unknown value."""
+    found = _Found()
+    _server_findings(found, await _server_defaults(client))
+    return Capabilities(notes=tuple(found.notes), **found.values)
+
+
+_FACTS: dict[tuple[str, str], Capabilities] = {}
+
+
+async def cached_server_facts(client: RoleClient) -> Capabilities:
+    key = (client.endpoint.label, client.endpoint.model)
+    if key in _CACHE:
+        return _CACHE[key]
+    if key not in _FACTS:
+        _FACTS[key] = await server_facts(client.apart())
+    return _FACTS[key]
 
 
 def _completion_tokens(response: dict[str, Any]) -> list:

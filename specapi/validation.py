@@ -16,6 +16,7 @@ from openai._types import NotGiven, Omit
 from ._exceptions import ConfigurationError, InvalidRequestError
 from .acceptance import SamplingParams
 from .endpoint import Endpoint
+from .plan import PENALTIES
 
 __all__ = [
     "CHAT_ARGS",
@@ -43,6 +44,8 @@ CHAT_ARGS = {"messages", "model", "max_tokens", "max_completion_tokens", "temper
 #: Sampling extras whose value changes nothing (forwarded, speculation still exact).
 _NEUTRAL_EXTRAS = {"repeat_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "min_p": 0.0, "top_k": -1, "repetition_penalty": 1.0}
 _HARMLESS_EXTRAS = {"user", "metadata", "store", "service_tier", "request_id"}
+#: The penalties' window (llama.cpp): it changes nothing where no penalty is set, and is reproduced where they are.
+_PENALTY_WINDOW = "repeat_last_n"
 #: Sampler truncations that never change the most likely token: exact when greedy; when sampling,
 #: only a path where the target draws its own tokens (fan-out) reproduces them.
 _TRUNCATIONS = {"top_k", "min_p", "typical_p"}
@@ -96,8 +99,8 @@ def unverifiable(kwargs: Mapping[str, Any], allowed: set[str]) -> str | None:
     for name, value in kwargs.items():
         if name in allowed or value is None:
             continue
-        if name in ("presence_penalty", "frequency_penalty") and value == 0:
-            continue
+        if name in PENALTIES:
+            continue  # decided per target once it is known (plan.py): exact where it counts the prompt in them
         if name == "logprobs" and value is False:
             continue
         if name == "echo" and value is False:
@@ -110,6 +113,8 @@ def unverifiable(kwargs: Mapping[str, Any], allowed: set[str]) -> str | None:
     for name, value in extra.items():
         if name in _HARMLESS_EXTRAS or (name in _NEUTRAL_EXTRAS and value == _NEUTRAL_EXTRAS[name]):
             continue
+        if name in PENALTIES or name == _PENALTY_WINDOW:
+            continue  # as the arguments above
         if name in _TRUNCATIONS and (greedy or isinstance(value, (int, float))):
             continue  # greedy: the most likely token survives any truncation; sampling: see request_fields
         return f"extra_body field {name!r} changes sampling in a way verification cannot reproduce"

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+import pytest
+
 from specapi.acceptance import SamplingParams
 from specapi.context import Context
 from specapi.dialects.openai import Prefill
@@ -120,13 +122,32 @@ def test_server_defaults_fill_what_the_caller_left_out():
     assert explicit.request.context.sampling.temperature == 0.8  # the caller's own value stays
 
 
-def test_a_default_repeat_penalty_sends_the_target_alone():
-    caps = Capabilities(sampler_defaults={"repeat_penalty": 1.1}, server="llama-server")
+def test_a_default_repeat_penalty_sends_the_target_alone_where_the_server_counts_only_generated_tokens():
+    caps = Capabilities(sampler_defaults={"repeat_penalty": 1.1}, server="llama-cpp-python")
     planned = plan(request(), path(Lists()), caps, top_k=20, has_drafter=True)
     assert not planned.speculate
-    assert "llama-server applies repeat_penalty 1.1" in (planned.fallback_reason or "")
+    assert "repeat_penalty 1.1: llama-cpp-python is not known to count the prompt" in (planned.fallback_reason or "")
     neutral = plan(request(extras={"repeat_penalty": 1.0}), path(Lists()), caps, top_k=20, has_drafter=True)
     assert neutral.speculate
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SAMPLED], ids=["greedy", "sampled"])
+def test_penalties_speculate_where_the_server_counts_the_prompt_in_them(sampling: SamplingParams):
+    """llama-server: a call on prompt + draft is penalised as the target alone is at that position, so the
+    caller's penalties and the server's default ones speculate, sent explicitly to every target call."""
+    caps = Capabilities(sampler_defaults={"frequency_penalty": 0.3, "repeat_penalty": 1.0}, server="llama-server", penalties_over_prompt=True)
+    planned = plan(request(sampling, extras={"presence_penalty": 0.5, "repeat_penalty": 1.2}), path(Picks()), caps, top_k=20, has_drafter=True)
+    assert planned.speculate and planned.fallback_reason is None
+    assert planned.request.context.extras == {"presence_penalty": 0.5, "repeat_penalty": 1.2, "frequency_penalty": 0.3}
+
+
+@pytest.mark.parametrize("caps", [None, Capabilities(server="vllm"), Capabilities()], ids=["unknown", "vllm", "openai"])
+def test_penalties_keep_the_target_alone_elsewhere_and_say_which(caps: Capabilities | None):
+    planned = plan(request(extras={"frequency_penalty": 0.5, "presence_penalty": 0.0}), path(Lists()), caps, top_k=20, has_drafter=True)
+    assert not planned.speculate
+    reason = planned.fallback_reason or ""
+    assert reason.startswith("frequency_penalty 0.5: ") and "presence_penalty" not in reason  # 0: neutral
+    assert "vllm" in reason if caps is not None and caps.server else "the target" in reason
 
 
 def test_any_other_default_that_changes_the_pick_sends_the_target_alone():

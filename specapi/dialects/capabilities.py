@@ -46,6 +46,10 @@ class Capabilities:
     #: A completions stream ends with the usage though the request did not ask for it (`stream_options`):
     #: llama-server puts it on the chunk with the finish_reason (its chat streams do not).
     stream_usage_unasked: bool = False
+    #: The server counts the prompt's tokens in `repeat_penalty`, `presence_penalty` and `frequency_penalty`
+    #: (over its last `repeat_last_n` tokens, prompt and output alike): llama-server feeds the prompt into its
+    #: penalty sampler, so a call on prompt + draft is penalised as the target alone is at that position.
+    penalties_over_prompt: bool = False
     notes: tuple[str, ...] = field(default=())
 
     def to_dict(self) -> dict[str, Any]:
