@@ -18,7 +18,9 @@ from typing import Any
 
 import openai
 import pytest
+import pytest_asyncio
 
+from conformance_matrix import DOC, LLAMA_EXTRAS, ROWS, Row, documented, render, request_args, sdk_parameters
 from specapi import AsyncSpeculativeOpenAI, Endpoint
 from toyserver import ToyServer
 
@@ -80,6 +82,8 @@ class Observed:
     logprobs: tuple[tuple[tuple[str, float | None], ...] | None, ...] = ()
     tool_calls: tuple[tuple[tuple[str, str], ...], ...] = ()
     error: tuple[str, int | None, str] | None = None
+    #: specapi's `speculative` statistics (None for the SDK's responses); not compared.
+    speculative: Any = field(default=None, compare=False)
 
     def differences(self, other: Observed) -> list[str]:
         """What differs from `other` (logprobs within float rounding); empty when the same."""
@@ -139,8 +143,10 @@ async def _observe(create: Any, chat: bool, stream: bool, **args: Any) -> Observ
         texts = tuple((c.message.content or "") if chat else c.text for c in response.choices)
         logprobs = tuple(_tuple(_logprob_pairs(c.logprobs, chat)) for c in response.choices)
         calls = tuple(tuple((t.function.name, t.function.arguments) for t in (c.message.tool_calls or [])) if chat else () for c in response.choices)
-        return Observed(texts, tuple(c.finish_reason for c in response.choices), _usage(response.usage), logprobs, calls)
-    chunks = [chunk async for chunk in await create(stream=True, **args)]
+        finishes = tuple(c.finish_reason for c in response.choices)
+        return Observed(texts, finishes, _usage(response.usage), logprobs, calls, speculative=getattr(response, "speculative", None))
+    stream_response = await create(stream=True, **args)
+    chunks = [chunk async for chunk in stream_response]
     pieces: dict[int, list[str]] = {}
     finishes: dict[int, str | None] = {}
     logprobs: dict[int, list[tuple[str, float | None]] | None] = {}
@@ -163,6 +169,7 @@ async def _observe(create: Any, chat: bool, stream: bool, **args: Any) -> Observ
         tuple("".join(pieces[i]) for i in order), tuple(finishes[i] for i in order), usage,
         tuple(_tuple(logprobs.get(i)) for i in order),
         tuple(tuple((name, arguments) for _, (name, arguments) in sorted(calls.get(i, {}).items())) for i in order),
+        speculative=getattr(stream_response, "speculative", None),
     )
 
 
@@ -171,21 +178,28 @@ def _tuple(pairs: list[tuple[str, float | None]] | None) -> tuple[tuple[str, flo
 
 
 async def compare(toy: ToyServer, verification: str, chat: bool, stream: bool, args: dict[str, Any]) -> tuple[Observed, Observed]:
-    """(specapi's, the target alone's) for one request."""
-    base = {"messages": MESSAGES} if chat else {"prompt": PROMPT}
-    request = {**base, **args}
-    if stream and "stream_options" not in request:
-        request["stream_options"] = {"include_usage": True}
+    """(specapi's, the target alone's) for one request, with clients of its own."""
     alone = sdk(toy)
     client = speculative(toy, verification)
     try:
-        alone_create = alone.chat.completions.create if chat else alone.completions.create
-        spec_create = client.chat.completions.create if chat else client.completions.create
-        expected = await observe(alone_create, chat, stream, model="target", **request)
-        got = await observe(spec_create, chat, stream, **request)
+        return await compare_with(client, alone, "target", chat, stream, {**({"messages": MESSAGES} if chat else {"prompt": PROMPT}), **args})
     finally:
         await client.close()
         await alone.close()
+
+
+async def compare_with(
+    client: AsyncSpeculativeOpenAI, alone: openai.AsyncOpenAI, model: str, chat: bool, stream: bool, request: dict[str, Any], *, ask_usage: bool = True
+) -> tuple[Observed, Observed]:
+    """(specapi's, the target alone's) for `request`, through `client` and the SDK's `alone` (`model`:
+    the target's, unless the request names one). A stream asks for usage unless `ask_usage` is False."""
+    request = dict(request)
+    if stream and ask_usage and "stream_options" not in request:
+        request["stream_options"] = {"include_usage": True}
+    alone_create = alone.chat.completions.create if chat else alone.completions.create
+    spec_create = client.chat.completions.create if chat else client.completions.create
+    expected = await observe(alone_create, chat, stream, **{"model": model, **request})
+    got = await observe(spec_create, chat, stream, **request)
     return got, expected
 
 
@@ -300,3 +314,80 @@ async def test_a_request_past_the_context_window_ends_as_the_target_alone(chat: 
         # Within the window the same requests speculate as before.
         got, expected = await compare(small, "auto", chat, False, {"max_tokens": 24, "temperature": 0})
         assert not got.differences(expected)
+
+
+# -- the matrix: every parameter of `create` (tests/conformance_matrix.py, docs/verification.md) ---------
+
+#: What the matrix's callables read of the toy (`conformance_matrix.request_args`).
+TOY_KNOWN = {
+    "completions": {"model": "target", "prompt": PROMPT, "stop_word": "fa:"},
+    "chat": {"model": "target", "messages": MESSAGES, "stop_word": "d"},
+}
+TOY_BASE = {"completions": {"prompt": PROMPT, "max_tokens": 12, "temperature": 0}, "chat": {"messages": MESSAGES, "max_tokens": 12, "temperature": 0}}
+
+
+def _row_id(row: Row) -> str:
+    return f"{row.resource}-{row.parameter}-{row.shown}"[:60]
+
+
+def test_the_matrix_covers_every_parameter_of_the_sdks_create_and_the_llama_cpp_extras() -> None:
+    """The installed SDK's signature is the list: a parameter a new SDK adds fails here until it has a row."""
+    for resource in ("completions", "chat"):
+        covered = {row.parameter for row in ROWS if row.resource == resource}
+        assert sdk_parameters(resource) - covered == set(), resource
+        assert {f"extra_body.{name}" for name in LLAMA_EXTRAS} - covered == set(), resource
+        assert all(row.toy is not None and row.llama is not None for row in ROWS if row.resource == resource and row.toy is None or row.toy.kind != "clear error")
+
+
+def test_the_documented_matrix_is_the_tested_one() -> None:
+    """docs/verification.md shows the table the tests run (`python tests/conformance_matrix.py` rewrites it)."""
+    assert documented(DOC.read_text()) == render(), "run: python tests/conformance_matrix.py"
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def toy_clients(toy: ToyServer) -> Any:
+    """The matrix's clients, shared by its rows (a client's setup costs more than a toy request): the
+    SDK's, and specapi's on each path."""
+    clients = {verification: speculative(toy, verification) for verification in {*PATHS, *CHAT_PATHS}}
+    alone = sdk(toy)
+    yield alone, clients
+    for client in clients.values():
+        await client.close()
+    await alone.close()
+
+
+@pytest.mark.asyncio(loop_scope="module")
+@pytest.mark.parametrize("row", [r for r in ROWS if r.toy is not None], ids=_row_id)
+async def test_the_matrix_on_the_toy_server(toy: ToyServer, toy_clients: Any, row: Row) -> None:
+    """Each row, plain and streamed, on every path the toy serves: the outcome the matrix shows. A row
+    the target alone answers before any path is chosen is the same on every path: checked on one."""
+    chat = row.resource == "chat"
+    request = request_args(row, TOY_BASE[row.resource], TOY_KNOWN[row.resource])
+    outcome = row.toy
+    assert outcome is not None
+    if outcome.kind == "clear error":
+        await _raises_before_any_request(toy, chat, request, outcome)
+        return
+    alone, clients = toy_clients
+    paths = CHAT_PATHS if chat else PATHS
+    for stream in (mode == "stream" for mode in row.modes):
+        for verification in paths:
+            got, expected = await compare_with(clients[verification], alone, "target", chat, stream, request)
+            assert not got.differences(expected), (verification, stream, got.differences(expected))
+            if outcome.kind == "target alone" and verification != "none":  # "none": the caller's own reason
+                stats = got.speculative
+                assert stats is not None and not stats.rounds, (verification, stream)
+                assert outcome.detail in (stats.fallback_reason or ""), (verification, stream)
+
+
+async def _raises_before_any_request(toy: ToyServer, chat: bool, request: dict[str, Any], outcome: Any) -> None:
+    client = speculative(toy, "echo")
+    before = len(toy.log)
+    try:
+        create = client.chat.completions.create if chat else client.completions.create
+        with pytest.raises(outcome.error) as raised:
+            await create(**request)
+    finally:
+        await client.close()
+    assert outcome.detail in str(raised.value)
+    assert len(toy.log) == before  # nothing was sent
