@@ -73,6 +73,9 @@ __all__ = [
     "without_suffix",
 ]
 
+#: The remaining tokens a request without max_tokens is judged by (the engine's budget for it).
+_NO_LIMIT = 1 << 20
+
 #: Default cap of one index, in tokens (about 13 MB of Python objects when full of code; an eviction
 #: rebuilds three quarters of it, 32–34 ms; learning costs 1.4–2.4 µs per token: specapi's own source
 #: added in pieces of 300 tokens, two runs).
@@ -488,11 +491,12 @@ class FreeDraftGate(PolicyBase):
     """
 
     def __init__(
-        self, inner: Any, expected: float, free_drafters: Any, *, max_length: int, remaining: int, min_tokens: float = 4.0
+        self, inner: Any, expected: float, free_drafters: Any, *, max_length: int, remaining: int | None, min_tokens: float = 4.0
     ) -> None:
         self.inner = inner
         self._policy = as_policy(inner)  # with every member of `DraftLengthPolicy`
-        self.remaining = remaining
+        # No limit set (the server's own applies): judged as a long request, as the engine budgets it.
+        self.remaining = remaining if remaining is not None else _NO_LIMIT
         self.name = self._policy.name
         self.expected = expected
         self.free_drafters = free_drafters
@@ -588,7 +592,7 @@ class FreeDraftGate(PolicyBase):
             self._dry = True  # a round without a free proposal: the target finishes alone
 
 
-def gate_free_drafts(drafter: Any, policy: Any, context: Context, index: SuffixIndex, max_tokens: int) -> tuple[Any, Any]:
+def gate_free_drafts(drafter: Any, policy: Any, context: Context, index: SuffixIndex, max_tokens: int | None) -> tuple[Any, Any]:
     """This request's drafter and policy: a `FreeDraftGate` around `policy`, and a copy of a combined
     drafter that the gate can restrict to its free drafters (what it learns is shared)."""
     if isinstance(drafter, CombinedDrafter):
