@@ -77,6 +77,9 @@ class RequestState:
     verifier: Verifier | None = None  # the round path's verifier (None: no round path)
     verification: str = "none"  # the name of the path's verifier (or whole-answer path), for the stats
     prefill: Prefill = Prefill()  # how the target continues an assistant message on this path
+    #: The target's chat content hides a token run left unfinished, its logprobs show it (llama-server):
+    #: a chat step that the text goes on from is asked with logprobs and cut back to whole runs.
+    whole_runs: bool = False
     output: Output | None = None
     prefetch: Prefetched | None = None
     #: Pipelined drafts that turned out stale: not verified, but billed once the server answers.

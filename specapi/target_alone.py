@@ -9,7 +9,8 @@ functions below them work on a `RequestState` and hand the engine `Emitted` toke
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
 
 from ._calls import Clock, Meter, RoleClient
 from .acceptance import Emitted
@@ -50,20 +51,25 @@ async def plain_step(
     *,
     count_tokens: bool = False,
     prefill: Prefill = Prefill(),
+    whole_runs: bool = False,
 ) -> PlainStep:
     """The target alone generates up to `max_tokens` tokens from the context (exact by construction).
 
     With `count_tokens`, logprobs are requested just to count the tokens exactly; an end-of-text
-    token counts, as servers count it in usage (the target alone's usage does).
+    token counts, as servers count it in usage (the target alone's usage does). With `whole_runs`, the
+    text is cut back to the tokens whose logprobs were listed (see `_whole_runs`).
     """
     form = openai_format(context)
-    path, body = generation_request(context, max_tokens, seed, stop, prefill, count_tokens=count_tokens and max_tokens != 1)
+    asks = (count_tokens and max_tokens != 1) or whole_runs
+    path, body = generation_request(context, max_tokens, seed, stop, prefill, count_tokens=asks)
     started = client.clock()
     response = await client.post(path, body, meter, options=context.options)
     latency = client.clock() - started
     with reading(client, "generation"):
         choice = response["choices"][0]
         text = form.text(choice, context.accepted, prefill)
+    if whole_runs and choice.get("finish_reason") == "length":
+        text = _whole_runs(form, choice, text)
     usage = response.get("usage") or {}
     completion = usage.get("completion_tokens")
     if max_tokens == 1 and choice.get("finish_reason") != "length":
@@ -80,6 +86,24 @@ async def plain_step(
         prompt_tokens=usage.get("prompt_tokens"),
         latency_s=latency,
     )
+
+
+def _whole_runs(form: Any, choice: Mapping[str, Any], text: str) -> str:
+    """The text up to the end of the last token run the server listed logprobs for. llama-server's chat
+    content leaves out the bytes of an unfinished character silently (no U+FFFD), and its logprobs list a
+    run of tokens that straddle characters as one entry only once the run ends: text past the listed runs
+    ended inside a token, and continuing it as text would re-tokenize it otherwise than the target
+    generated it (so it is asked again with more tokens, as a partial character is). Unreadable
+    logprobs: the text as it is."""
+    if choice.get("logprobs") is None:
+        listed = b""  # asked, and none listed: no run ended within the step
+    else:
+        try:
+            listed = b"".join(token.data for token in form.tokens(choice))
+        except UNREADABLE:
+            return text
+    data = text.encode("utf-8")
+    return listed.decode("utf-8") if data.startswith(listed) and len(listed) < len(data) else text
 
 
 async def plain_stream_batches(
@@ -157,7 +181,7 @@ def can_stream(state: RequestState, context: Context) -> bool:
 
 async def target_call(
     target: RoleClient, clock: Clock, state: RequestState, context: Context, max_tokens: int | None, seed: int | None, *,
-    streamed: bool, count_tokens: bool = False,
+    streamed: bool, count_tokens: bool = False, whole_runs: bool = False,
 ) -> PlainStep:
     """One target-alone call; `streamed` asks it as a stream and collects it, so that the text is
     rendered as a streaming caller would receive it."""
@@ -168,7 +192,7 @@ async def target_call(
         return step
     if not streamed or not can_stream(state, context):
         return await plain_step(
-            target, context, max_tokens, state.target_meter, seed, stop, count_tokens=count_tokens, prefill=state.prefill
+            target, context, max_tokens, state.target_meter, seed, stop, count_tokens=count_tokens, prefill=state.prefill, whole_runs=whole_runs
         )
     texts: list[str] = []
     finish: str | None = None
@@ -209,7 +233,12 @@ async def plain(target: RoleClient, clock: Clock, state: RequestState, context: 
         # The caller's last tokens, streamed to a streaming caller: servers drop an unfinished
         # character from a stream where a plain answer shows U+FFFD.
         last = remaining is not None and step_tokens is not None and step_tokens >= remaining
-        step = await target_call(target, clock, state, context, step_tokens, seed, streamed=state.request.stream and last, count_tokens=counting)
+        # llama-server's chat hides where a step ended inside a token: a step that the text goes on from
+        # is cut back to whole token runs (`_whole_runs`).
+        whole_runs = state.whole_runs and context.is_chat and not last
+        step = await target_call(
+            target, clock, state, context, step_tokens, seed, streamed=state.request.stream and last, count_tokens=counting, whole_runs=whole_runs
+        )
         state.plain_calls += 1
         state.plain_usage = state.target_meter.last_usage
         partial = step.finish_reason == "length" and (not step.text or step.text.endswith("\ufffd"))
