@@ -391,3 +391,39 @@ async def _raises_before_any_request(toy: ToyServer, chat: bool, request: dict[s
         await client.close()
     assert outcome.detail in str(raised.value)
     assert len(toy.log) == before  # nothing was sent
+
+
+# -- the proxy: a chat request without max_tokens ------------------------------------------------------
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+async def test_the_proxy_answers_a_chat_request_without_max_tokens_as_the_target_alone(stream: bool) -> None:
+    """`specapi serve` adds no limit of its own by default: the toy (a 64-token window, as vLLM refusing a
+    request whose prompt and max_tokens overflow it) writes on to its end of text, and the proxy's answer
+    is that one. The old bound (4096 sent with every chat request without one) made the same request
+    overflow the window. With the opt-in cap (`max_tokens_limit`), the answer ends at the cap with
+    "length", as documented."""
+    from test_server_support import PROXY_KEY, running_proxy
+
+    messages = [{"role": "user", "content": "ab"}]
+    with ToyServer(max_model_len=64) as upstream:
+        alone = sdk(upstream)
+        try:
+            for limit in (None, 4096, 5):
+                with running_proxy(upstream, max_tokens_limit=limit) as proxy:
+                    through = openai.AsyncOpenAI(base_url=proxy.url + "/v1", api_key=PROXY_KEY, max_retries=0)
+                    try:
+                        request = {"model": "target", "messages": messages, "temperature": 0}
+                        got, expected = await compare_with(through, alone, "target", True, stream, request)  # type: ignore[arg-type]
+                    finally:
+                        await through.close()
+                assert expected.finish_reasons == ("stop",) and expected.usage is not None and expected.usage[1] > 5
+                if limit is None:
+                    assert not got.differences(expected)
+                elif limit == 4096:
+                    assert got.error is not None and "maximum context length" in got.error[2]
+                else:
+                    assert got.finish_reasons == ("length",) and got.usage is not None and got.usage[1] == 5
+                    assert expected.texts[0].startswith(got.texts[0])
+        finally:
+            await alone.close()
