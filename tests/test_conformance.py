@@ -5,9 +5,10 @@ with specapi. For each case (a set of `create` arguments) and each verification 
 text, finish_reason, usage and number of choices must be the target's, plain and streamed, completions
 and chat. The target is the toy server (tests/toyserver.py) on a socket.
 
-To cover another parameter, add a `Case` to `CASES` (or to `CHAT_CASES`): every path and both stream
-modes then check it. Cases that the target alone serves (a reason in `speculative.fallback_reason`)
-are checked the same way: the answer is still the target's.
+Every parameter of the SDK's `create` (both resources) and the llama.cpp extras has a row in the
+matrix (tests/conformance_matrix.py), which `test_the_matrix_on_the_toy_server` runs on every path,
+plain and streamed, comparing logprobs, tool calls and errors too; docs/verification.md shows the same
+table. The `Case`s below add stop strings and limits on the toy's text, every path and both stream modes.
 """
 
 from __future__ import annotations

@@ -3,7 +3,10 @@
 The oracle is the same llama-server answering the same request through the plain SDK
 (`openai.AsyncOpenAI`). Compared: text, finish_reason and usage, completions and chat, plain and
 streamed, on each verification path llama-server serves (the default, token ids, prefill-fanout), with
-a fixed draft length so that rounds run. To cover another parameter, add a `Case`.
+a fixed draft length so that rounds run. The matrix (tests/conformance_matrix.py: every parameter of
+the SDK's `create` and the llama.cpp extras) runs through the default client, a fixed draft length,
+`token-ids` and `prefill-fanout`, greedy, plain and streamed. Penalties, which speculate here, are
+checked against the server's own distributions too.
 """
 
 from __future__ import annotations
