@@ -43,7 +43,8 @@ COMPLETION_ARGS = {"prompt", "model", "max_tokens", "temperature", "top_p", "see
 CHAT_ARGS = {"messages", "model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed", "stop", "n", "stream", "user", "extra_body", "stream_options", "metadata", "store", "prediction"} | TRANSPORT_ARGS
 #: Sampling extras whose value changes nothing (forwarded, speculation still exact).
 _NEUTRAL_EXTRAS = {"repeat_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "min_p": 0.0, "top_k": -1, "repetition_penalty": 1.0}
-_HARMLESS_EXTRAS = {"user", "metadata", "store", "service_tier", "request_id"}
+#: Extras that leave the text alone (`cache_prompt`: llama.cpp reusing a slot's cache, sent with every target call).
+_HARMLESS_EXTRAS = {"user", "metadata", "store", "service_tier", "request_id", "cache_prompt"}
 #: The penalties' window (llama.cpp): it changes nothing where no penalty is set, and is reproduced where they are.
 _PENALTY_WINDOW = "repeat_last_n"
 #: Sampler truncations that never change the most likely token: exact when greedy; when sampling,

@@ -147,7 +147,7 @@ def _common(resource: str) -> list[Row]:
         Row(r, "extra_body.n_probs", {"extra_body": {"n_probs": 3}}, "3", _extra("n_probs"), _extra("n_probs")),
         Row(r, "extra_body.grammar", {"extra_body": {"grammar": _GRAMMAR}}, f"`{_GRAMMAR}`", _extra("grammar"), _extra("grammar")),
         Row(r, "extra_body.json_schema", {"extra_body": {"json_schema": _SCHEMA}}, "an object with an integer `a`", _extra("json_schema"), _extra("json_schema")),
-        Row(r, "extra_body.cache_prompt", {"extra_body": {"cache_prompt": False}}, "false", SAME, SAME),
+        Row(r, "extra_body.cache_prompt", {"extra_body": {"cache_prompt": False}}, "false", SAME, SAME, note="sent with every target call, speculated"),
     ]
 
 

@@ -234,3 +234,10 @@ async def test_the_matrix_on_llama_server(ls: ServerPair, matrix: Any, row: Row)
             if outcome.kind == "target alone":
                 stats = got.speculative
                 assert stats is not None and not stats.rounds and outcome.detail in (stats.fallback_reason or ""), (name, stream)
+
+
+async def test_cache_prompt_off_speculates_as_llama_server_alone(ls: ServerPair) -> None:
+    """`cache_prompt: false` leaves the text alone: it goes with every verification call, and speculates."""
+    got, expected = await _compare(ls, "token-ids", False, False, {"max_tokens": 24, "temperature": 0, "extra_body": {"cache_prompt": False}})
+    assert not got.differences(expected)
+    assert got.speculative.fallback_reason is None and sum(r.accepted for r in got.speculative.rounds) > 0
