@@ -90,9 +90,9 @@ class Engine:
             seeded_drafter=self.seeded_drafter is not None,
         )
         self._adopt(state, planned)
-        if path.whole is not None:
+        if planned.path.whole is not None:
             assert state.drafter is not None
-            text, finish, completion_tokens = await whole_answer(self.target, path.whole, state, state.drafter)
+            text, finish, completion_tokens = await whole_answer(self.target, planned.path.whole, state, state.drafter)
             if text:
                 state.ttft_s = self.clock() - started
                 yield Piece(text=text)
@@ -142,6 +142,7 @@ class Engine:
         chosen = path.whole if path.whole is not None else path.verifier
         state.verification = chosen.name if chosen is not None else "none"
         state.fallback_reason = planned.fallback_reason
+        state.logprob_shape = planned.logprob_shape
         if planned.seeded_drafts:
             state.drafter = self.seeded_drafter
             state.policy = self.seeded_policy or self.policy
@@ -252,7 +253,7 @@ class Engine:
             if piece:
                 state.ttft_s = state.ttft_s if state.ttft_s is not None else self.clock() - started
                 if request.stream:
-                    yield Piece(text=piece)
+                    yield Piece(text=piece, logprobs=state.piece_logprobs())
 
     def _room(self, state: RequestState) -> int | None:
         """How many more tokens the target's context window holds after the output so far; None: unknown."""
@@ -326,6 +327,9 @@ class Engine:
     def _finished(self, state: RequestState, started: float, finish_reason: str, produced: int) -> Finished:
         if not state.rounds and state.fallback_reason is None and state.path_note:
             state.fallback_reason = state.path_note
+        # One target call wrote the whole answer: its usage is the answer's, as the target alone reports it.
+        alone = not state.rounds and state.plain_calls == 1 and not state.retokenized
+        logprobs = state.final_logprobs(alone)
         lossy = state.acceptance != "exact"
         stats = SpeculativeStats(
             rounds=tuple(state.rounds),
@@ -351,12 +355,11 @@ class Engine:
             verification_refused=state.refused_path,
             seed_note=state.seed_note(),
         )
-        # One target call wrote the whole answer: its usage is the answer's, as the target alone reports it.
-        alone = not state.rounds and state.plain_calls == 1 and not state.retokenized and isinstance(state.plain_usage, Mapping)
         caps = self.paths.capabilities
         return Finished(
             finish_reason=finish_reason, stats=stats, prompt_tokens=state.prompt_tokens, completion_tokens=produced,
-            usage=state.plain_usage if alone else None, stream_usage=caps is not None and caps.stream_usage_unasked and not state.request.context.is_chat,
+            usage=state.plain_usage if alone and isinstance(state.plain_usage, Mapping) else None,
+            stream_usage=caps is not None and caps.stream_usage_unasked and not state.request.context.is_chat, logprobs=logprobs,
         )
 
     async def _draft(self, context: Context, k: int, state: RequestState) -> Draft | None:

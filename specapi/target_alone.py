@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 
 from ._calls import Clock, Meter, RoleClient
 from .acceptance import Emitted
+from .alignment import token_bytes
 from .context import Context
 from .dialects.base import UNREADABLE, reading
 from .dialects.openai import Prefill, generation_request, openai_format
@@ -73,12 +74,18 @@ async def plain_step(
             completion = len(form.tokens(choice))
         except UNREADABLE:
             pass  # keep the billed count
+    scored = None
+    if context.logprobs is not None:
+        with reading(client, "generation logprobs"):
+            scored = tuple(form.tokens(choice))  # the caller's logprobs: every token's, as the target wrote them
     return PlainStep(
         text=text,
         finish_reason=choice.get("finish_reason"),
         completion_tokens=completion if isinstance(completion, int) else 0,
         prompt_tokens=usage.get("prompt_tokens"),
         latency_s=latency,
+        scored=scored,
+        logprobs=choice.get("logprobs") if scored is not None else None,
     )
 
 
@@ -152,6 +159,8 @@ def can_stream(state: RequestState, context: Context) -> bool:
     kept as token ids is continued from its ids (one plain call)."""
     if context.token_ids is not None and state.verifier is not None and state.verifier.sends_token_ids:
         return False
+    if context.logprobs is not None:
+        return False  # the caller's logprobs come with each step's tokens (see `_step_tokens`)
     return not (context.is_chat and context.accepted and state.prefill.echoes_prefix)
 
 
@@ -212,6 +221,7 @@ async def plain(target: RoleClient, clock: Clock, state: RequestState, context: 
         step = await target_call(target, clock, state, context, step_tokens, seed, streamed=state.request.stream and last, count_tokens=counting)
         state.plain_calls += 1
         state.plain_usage = state.target_meter.last_usage
+        state.plain_logprobs = step.logprobs
         partial = step.finish_reason == "length" and (not step.text or step.text.endswith("\ufffd"))
         if not partial or step_tokens is None or last:
             break
@@ -239,7 +249,11 @@ def _step_tokens(step: PlainStep, step_tokens: int | None, remaining: int | None
     count = len(step.ids) if step.ids is not None and step.finish_reason == "length" else tokens_of(step, step_tokens)
     if remaining is not None:
         count = min(count, remaining)
-    if step.text or (step.finish_reason == "length" and count):
+    scored = _scored_tokens(step, count)
+    if scored:
+        new += scored  # the caller's logprobs: one token at a time, each with the target's scores
+        count -= len(scored)  # what remains is the end of text's, where the server counts it
+    elif step.text or (step.finish_reason == "length" and count):
         data = step.data if step.data is not None else step.text.encode("utf-8")
         new.append(Emitted(token=step.text, data=data, count=max(count, 1), ids=step.ids))
         count = 0  # counted with the text
@@ -249,6 +263,21 @@ def _step_tokens(step: PlainStep, step_tokens: int | None, remaining: int | None
         # one that stopped short of its limit with "length" met the end of the context window.
         new.append(Emitted(token="", data=b"", eos=True, finish_reason=step.finish_reason or "stop", count=count))
     return new
+
+
+def _scored_tokens(step: PlainStep, count: int) -> list[Emitted] | None:
+    """A step's tokens one by one with their scores (the caller asked for logprobs), when they spell its
+    text (the last ones may go past a stop string the server cut) and its count holds them; else None."""
+    if not step.scored or not 0 <= count - len(step.scored) <= (0 if step.finish_reason == "length" else 1):
+        return None  # the list is not one entry per counted token (the end of text may be left out)
+    tokens = []
+    for token in step.scored:
+        data = token_bytes(token.text)
+        if data is None:
+            return None
+        tokens.append(Emitted(token=token.text, data=data, logprob=token.logprob, top=dict(token.top or {}), ids=(token.id,) if token.id is not None else None))
+    text = step.data if step.data is not None else step.text.encode("utf-8")
+    return tokens if b"".join(t.data for t in tokens).startswith(text) else None
 
 
 async def plain_streamed(

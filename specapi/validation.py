@@ -98,13 +98,9 @@ def unverifiable(kwargs: Mapping[str, Any], allowed: set[str]) -> str | None:
             continue
         if name in ("presence_penalty", "frequency_penalty") and value == 0:
             continue
-        if name == "logprobs" and value is False:
-            continue
         if name == "echo" and value is False:
             continue
         return f"argument {name!r} is not reproduced by verification"
-    if kwargs.get("n") not in (None, 1):
-        return "n > 1 is served by the target alone"
     extra = kwargs.get("extra_body") or {}
     greedy = kwargs.get("temperature") == 0
     for name, value in extra.items():
