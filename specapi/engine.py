@@ -199,7 +199,9 @@ class Engine:
     ) -> AsyncIterator[Piece]:
         """The request's steps until its text ends: rounds while they pay, the target alone otherwise."""
         out, request, caps, stretch = state.out, state.request, self.paths.capabilities, planned.stretch
-        target_decides = False  # the previous round handed the next position to the target alone
+        # The previous round handed the next position to the target alone; so does a request whose
+        # logprobs' offsets follow a convention its first target-alone step shows (see plan.py).
+        target_decides = planned.logprob_shape is not None and planned.logprob_shape.learn_offsets
         idle = 0  # steps in a row that added nothing
         while not out.ended and (out.remaining is None or out.remaining > 0):
             remaining, context = out.remaining, out.context

@@ -123,13 +123,17 @@ _OWN_LOGPROB_SHAPES = {
 
 def _logprob_shape(request: GenerationRequest, caps: Capabilities | None) -> LogprobShape | None:
     """How the target alone writes the caller's logprobs (None: not asked). Completions offsets start at
-    the prompt's start (OpenAI), at the answer's (vLLM), or are -1 (SGLang)."""
+    the prompt's start (OpenAI), at the answer's (vLLM), or are -1 (SGLang); on a server not known, the
+    request's first token comes from a target-alone step, whose offsets show which."""
     context = request.context
     if context.logprobs is None:
         return None
     server = caps.server if caps is not None else None
     base: int | None = 0 if server == "vllm" else (None if server == "sglang" else len(context.prompt or ""))
-    return LogprobShape(chat=context.is_chat, top=context.logprobs, offset_base=base, with_chosen=server == "vllm" and not context.is_chat)
+    learn = not context.is_chat and server not in ("vllm", "sglang")  # the first target-alone step shows the convention
+    return LogprobShape(
+        chat=context.is_chat, top=context.logprobs, offset_base=base, with_chosen=server == "vllm" and not context.is_chat, learn_offsets=learn
+    )
 
 
 def _logprobs_reason(request: GenerationRequest, path: VerificationPath, caps: Capabilities | None) -> str | None:

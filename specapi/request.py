@@ -17,7 +17,7 @@ from typing import Any
 
 from ._calls import Meter
 from .context import Context
-from .dialects.logprobs import LogprobShape, render
+from .dialects.logprobs import LogprobShape, learnt_offsets, render
 from .dialects.openai import Prefill
 from .drafters import Draft, Drafter
 from .output import Output, prompt_count_split, token_boundary_split, token_count_split
@@ -121,6 +121,12 @@ class RequestState:
         if shape is None or out.scores is None or out.scores_lost:
             return None
         return render(shape, out.take_scores(final=False))
+
+    def learn_offsets(self, logprobs: Any) -> None:
+        """Read the server's `text_offset` convention from a target-alone step at the answer's start."""
+        shape = self.logprob_shape
+        if shape is not None and shape.learn_offsets and self.output is not None and not self.output.text:
+            self.logprob_shape = learnt_offsets(shape, logprobs, len(self.request.context.prompt or ""))
 
     def final_logprobs(self, alone: bool) -> Any:
         """The caller's logprobs of the tokens not handed out yet. The target's own list as it sent it

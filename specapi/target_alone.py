@@ -222,6 +222,7 @@ async def plain(target: RoleClient, clock: Clock, state: RequestState, context: 
         state.plain_calls += 1
         state.plain_usage = state.target_meter.last_usage
         state.plain_logprobs = step.logprobs
+        state.learn_offsets(step.logprobs)
         partial = step.finish_reason == "length" and (not step.text or step.text.endswith("\ufffd"))
         if not partial or step_tokens is None or last:
             break

@@ -20,7 +20,7 @@ from ..alignment import ScoredToken, token_bytes
 
 __all__ = [
     "completion_tokens", "chat_tokens", "prompt_logprob_tokens", "WireError",
-    "caller_logprobs", "caller_fields", "LogprobShape", "TokenScore", "render", "top_list",
+    "caller_logprobs", "caller_fields", "LogprobShape", "TokenScore", "learnt_offsets", "render", "top_list",
 ]
 
 #: The longest top list a chat request may ask (OpenAI's and vLLM's cap).
@@ -177,6 +177,21 @@ class LogprobShape:
     top: int
     offset_base: int | None = 0
     with_chosen: bool = False
+    #: The server's convention is not known: it is read from the first target-alone step's own offsets
+    #: (`learnt_offsets`), and `offset_base` holds the prompt's length until then.
+    learn_offsets: bool = False
+
+
+def learnt_offsets(shape: LogprobShape, logprobs: Any, prompt_chars: int) -> LogprobShape:
+    """The shape with the offset convention a target-alone step showed for its first token, which sits at
+    the answer's start: the prompt's length (OpenAI), 0 (vLLM) or -1 (SGLang). Unchanged when the step
+    shows none (no token, or the chat shape)."""
+    offsets = logprobs.get("text_offset") if isinstance(logprobs, Mapping) else None
+    if not isinstance(offsets, Sequence) or not offsets or not isinstance(offsets[0], int) or isinstance(offsets[0], bool):
+        return shape
+    first = offsets[0]
+    base = None if first < 0 else (prompt_chars if first == prompt_chars else 0)
+    return LogprobShape(chat=shape.chat, top=shape.top, offset_base=base, with_chosen=shape.with_chosen)
 
 
 def top_list(score: TokenScore, count: int) -> list[tuple[str, float]]:

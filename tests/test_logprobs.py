@@ -1,0 +1,231 @@
+"""The caller's logprobs speculate: every token's logprob and top list are the target's own, read from the
+verification calls (echo, prompt logprobs) and the target-alone steps, equal to what the target alone
+returns for the same request (the oracle: the same simulated or toy server, asked directly through the
+openai SDK). Paths that cannot score each kept token leave the request to the target alone, and say why.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import httpx2
+import openai
+import pytest
+
+from specapi import AsyncSpeculativeOpenAI, Endpoint
+from specapi.sim import SimProvider, SimTransport, simulated_endpoints
+from toyserver import ToyServer
+
+#: CJK and emoji: byte-level tokens that end inside a character (their `bytes` fields, "bytes:" spellings).
+CJK_PROMPT = "🐱 " + "中文测试，龘靐齉。" * 6
+CODE = "def fibonacci(n):\n    if n < 2:\n        return n\n"
+MESSAGES = [{"role": "user", "content": "中文测试，龘靐齉。" * 6}]
+
+
+def _sim(profile: str) -> tuple[SimProvider, openai.AsyncOpenAI]:
+    provider = SimProvider(capabilities=profile, latency="instant", seed=0)
+    sdk = openai.AsyncOpenAI(base_url="http://sim/v1", api_key="x", http_client=httpx2.AsyncClient(transport=SimTransport(provider)), max_retries=0)
+    return provider, sdk
+
+
+def _client(provider: SimProvider, **options: Any) -> AsyncSpeculativeOpenAI:
+    target, draft = simulated_endpoints(provider=provider)
+    return AsyncSpeculativeOpenAI(target=target, draft=draft, **{"policy": "fixed", "num_speculative_tokens": 4, **options})
+
+
+def same_completion_logprobs(got: Any, own: Any) -> None:
+    """Completions arrays: tokens and offsets equal, values and top lists within float rounding."""
+    assert got.tokens == own.tokens
+    assert got.text_offset == own.text_offset
+    assert got.token_logprobs == pytest.approx(own.token_logprobs, abs=1e-9)
+    assert [set(t) for t in got.top_logprobs] == [set(t) for t in own.top_logprobs]
+    assert all(a == pytest.approx(b, abs=1e-9) for a, b in zip(got.top_logprobs, own.top_logprobs))
+
+
+def same_chat_logprobs(got: list[Any], own: list[Any]) -> None:
+    """Chat items: token, bytes and the top list's tokens in order equal, values within float rounding."""
+    assert [(c.token, c.bytes) for c in got] == [(c.token, c.bytes) for c in own]
+    assert [c.logprob for c in got] == pytest.approx([c.logprob for c in own], abs=1e-9)
+    assert [[(t.token, t.bytes) for t in c.top_logprobs] for c in got] == [[(t.token, t.bytes) for t in c.top_logprobs] for c in own]
+    assert [t.logprob for c in got for t in c.top_logprobs] == pytest.approx([t.logprob for c in own for t in c.top_logprobs], abs=1e-9)
+
+
+async def _completion_stream(stream: Any) -> tuple[str, dict[str, list], str | None]:
+    """A streamed completion's text, its chunks' logprobs joined, and its finish reason."""
+    text, joined, finish = "", {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}, None
+    async for chunk in stream:
+        for choice in chunk.choices:
+            text += choice.text
+            finish = choice.finish_reason or finish
+            if choice.logprobs is not None:
+                for name in joined:
+                    joined[name] += getattr(choice.logprobs, name)
+    return text, joined, finish
+
+
+def _partial_tokens(tokens: list[str]) -> int:
+    return sum(t.startswith("bytes:") for t in tokens)
+
+
+# ----------------------------------------------------------------------------- completions, echo verification
+
+
+@pytest.mark.parametrize("profile", ["vllm", "sglang"])
+@pytest.mark.parametrize("prompt", [CJK_PROMPT, CODE], ids=["cjk", "code"])
+async def test_completions_logprobs_speculate_and_equal_the_targets(profile: str, prompt: str) -> None:
+    provider, sdk = _sim(profile)
+    async with _client(provider, verification="echo") as client, sdk:
+        got = await client.completions.create(prompt=prompt, max_tokens=40, temperature=0, logprobs=3)
+        own = await sdk.completions.create(model="sim-target", prompt=prompt, max_tokens=40, temperature=0, logprobs=3)
+    s = got.speculative
+    assert s.verification == "echo" and s.accepted_tokens > 0 and s.exact, s.fallback_reason
+    assert got.choices[0].text == own.choices[0].text and got.choices[0].finish_reason == own.choices[0].finish_reason
+    same_completion_logprobs(got.choices[0].logprobs, own.choices[0].logprobs)
+    assert got.usage.completion_tokens == own.usage.completion_tokens == len(own.choices[0].logprobs.tokens)
+
+
+async def test_cjk_logprobs_hold_tokens_that_end_inside_a_character() -> None:
+    """The CJK case above is a real one: the target's answer holds byte tokens ("bytes:\\x..") whose
+    offsets sit where their character starts, and specapi lists them the same way."""
+    provider, sdk = _sim("vllm")
+    async with _client(provider, verification="echo") as client, sdk:
+        got = await client.completions.create(prompt=CJK_PROMPT, max_tokens=40, temperature=0, logprobs=2)
+        own = await sdk.completions.create(model="sim-target", prompt=CJK_PROMPT, max_tokens=40, temperature=0, logprobs=2)
+    assert _partial_tokens(own.choices[0].logprobs.tokens) > 0
+    assert got.speculative.accepted_tokens > 0
+    same_completion_logprobs(got.choices[0].logprobs, own.choices[0].logprobs)
+
+
+async def test_streamed_completions_logprobs_join_to_the_targets() -> None:
+    provider, sdk = _sim("vllm")
+    async with _client(provider, verification="echo") as client, sdk:
+        stream = await client.completions.create(prompt=CJK_PROMPT, max_tokens=40, temperature=0, logprobs=3, stream=True)
+        text, joined, finish = await _completion_stream(stream)
+        own = await sdk.completions.create(model="sim-target", prompt=CJK_PROMPT, max_tokens=40, temperature=0, logprobs=3)
+    assert stream.speculative is not None and stream.speculative.accepted_tokens > 0
+    assert (text, finish) == (own.choices[0].text, own.choices[0].finish_reason)
+    assert joined["tokens"] == own.choices[0].logprobs.tokens and joined["text_offset"] == own.choices[0].logprobs.text_offset
+    assert joined["token_logprobs"] == pytest.approx(own.choices[0].logprobs.token_logprobs, abs=1e-9)
+    assert joined["top_logprobs"] == own.choices[0].logprobs.top_logprobs
+
+
+async def test_logprobs_with_a_stop_string_list_the_tokens_the_target_counts() -> None:
+    """The target lists every token it generated, the one that completes the stop string included."""
+    provider, sdk = _sim("vllm")
+    async with sdk:
+        full = await sdk.completions.create(model="sim-target", prompt=CODE, max_tokens=40, temperature=0)
+        stop = full.choices[0].text[25:28]
+        own = await sdk.completions.create(model="sim-target", prompt=CODE, max_tokens=40, temperature=0, logprobs=2, stop=[stop])
+        async with _client(provider, verification="echo") as client:
+            got = await client.completions.create(prompt=CODE, max_tokens=40, temperature=0, logprobs=2, stop=[stop])
+    assert own.choices[0].finish_reason == "stop"
+    assert got.choices[0].text == own.choices[0].text
+    same_completion_logprobs(got.choices[0].logprobs, own.choices[0].logprobs)
+    assert got.usage.completion_tokens == own.usage.completion_tokens
+
+
+async def test_sampled_logprobs_are_the_targets_scores_of_the_sampled_text() -> None:
+    """Sampled, the text is a draw; its logprobs must be the target's (raw) scores of that text, which the
+    target's own echo of the prompt and the text gives."""
+    provider, sdk = _sim("vllm")
+    async with _client(provider, verification="echo") as client, sdk:
+        got = await client.completions.create(prompt=CODE, max_tokens=30, temperature=0.8, logprobs=2, seed=7)
+        text = got.choices[0].text
+        scored = await sdk.completions.create(model="sim-target", prompt=CODE + text, max_tokens=1, temperature=0, logprobs=2, echo=True)
+    assert got.speculative.accepted_tokens > 0 and got.speculative.verification == "echo"
+    listed = scored.choices[0].logprobs
+    start = listed.text_offset.index(len(CODE))
+    count = len(got.choices[0].logprobs.tokens)
+    assert got.choices[0].logprobs.tokens == listed.tokens[start : start + count]
+    assert got.choices[0].logprobs.token_logprobs == pytest.approx(listed.token_logprobs[start : start + count], abs=1e-9)
+    assert all(math.isfinite(v) for v in got.choices[0].logprobs.token_logprobs)
+
+
+async def test_toy_server_offsets_are_learnt_from_the_first_target_step() -> None:
+    """A server specapi does not recognise counts `text_offset` its own way (the toy: from the answer's
+    start, as vLLM): the request's first token comes from a target-alone step, whose offsets tell."""
+    with ToyServer() as srv:
+        target = Endpoint(base_url=srv.base_url, model="target", api_key="x")
+        draft = Endpoint(base_url=srv.base_url, model="draft", api_key="x")
+        async with AsyncSpeculativeOpenAI(target=target, draft=draft, policy="fixed", num_speculative_tokens=4) as client:
+            got = await client.completions.create(prompt="cafe", max_tokens=30, temperature=0, logprobs=3)
+        async with openai.AsyncOpenAI(base_url=srv.base_url, api_key="x", max_retries=0) as sdk:
+            own = await sdk.completions.create(model="target", prompt="cafe", max_tokens=30, temperature=0, logprobs=3)
+    assert got.speculative.accepted_tokens > 0, got.speculative.fallback_reason
+    assert got.choices[0].text == own.choices[0].text
+    same_completion_logprobs(got.choices[0].logprobs, own.choices[0].logprobs)
+
+
+# ----------------------------------------------------------------------------- chat, prompt-logprobs verification
+
+
+@pytest.mark.parametrize("top", [0, 3])
+async def test_chat_logprobs_speculate_and_equal_the_targets(top: int) -> None:
+    provider, sdk = _sim("vllm")
+    async with _client(provider) as client, sdk:
+        got = await client.chat.completions.create(messages=MESSAGES, max_tokens=40, temperature=0, logprobs=True, top_logprobs=top)
+        own = await sdk.chat.completions.create(model="sim-target", messages=MESSAGES, max_tokens=40, temperature=0, logprobs=True, top_logprobs=top)
+    s = got.speculative
+    assert s.verification == "prompt-logprobs" and s.accepted_tokens > 0 and s.exact, s.fallback_reason
+    assert got.choices[0].message.content == own.choices[0].message.content
+    same_chat_logprobs(got.choices[0].logprobs.content, own.choices[0].logprobs.content)
+    assert all(len(c.top_logprobs) == top for c in got.choices[0].logprobs.content)
+    assert _partial_tokens([c.token for c in own.choices[0].logprobs.content]) > 0  # bytes of part of a character
+
+
+async def test_streamed_chat_logprobs_join_to_the_targets() -> None:
+    provider, sdk = _sim("vllm")
+    async with _client(provider) as client, sdk:
+        stream = await client.chat.completions.create(messages=MESSAGES, max_tokens=40, temperature=0, logprobs=True, top_logprobs=2, stream=True)
+        text, items = "", []
+        async for chunk in stream:
+            for choice in chunk.choices:
+                text += choice.delta.content or ""
+                items += choice.logprobs.content if choice.logprobs is not None else []
+        own = await sdk.chat.completions.create(model="sim-target", messages=MESSAGES, max_tokens=40, temperature=0, logprobs=True, top_logprobs=2)
+    assert stream.speculative is not None and stream.speculative.accepted_tokens > 0
+    assert text == own.choices[0].message.content
+    same_chat_logprobs(items, own.choices[0].logprobs.content)
+
+
+# ----------------------------------------------------------------------------- where the target alone answers
+
+
+@pytest.mark.parametrize("chat", [False, True], ids=["completions", "chat"])
+async def test_paths_that_cannot_score_kept_tokens_leave_logprobs_to_the_target(chat: bool) -> None:
+    """llama.cpp's profile verifies by fan-out: its picks carry no caller-sized lists, and llama-server
+    lists one entry per character. The target alone answers, with its own logprobs and the reason."""
+    provider, sdk = _sim("llamacpp")
+    async with _client(provider) as client, sdk:
+        if chat:
+            got = await client.chat.completions.create(messages=MESSAGES, max_tokens=30, temperature=0, logprobs=True, top_logprobs=2)
+            own = await sdk.chat.completions.create(model="sim-target", messages=MESSAGES, max_tokens=30, temperature=0, logprobs=True, top_logprobs=2)
+            same_chat_logprobs(got.choices[0].logprobs.content, own.choices[0].logprobs.content)
+        else:
+            got = await client.completions.create(prompt=CJK_PROMPT, max_tokens=30, temperature=0, logprobs=2)
+            own = await sdk.completions.create(model="sim-target", prompt=CJK_PROMPT, max_tokens=30, temperature=0, logprobs=2)
+            assert got.choices[0].logprobs.model_dump() == own.choices[0].logprobs.model_dump()
+    s = got.speculative
+    assert not s.speculated and s.fallback_reason is not None and s.fallback_reason.startswith("logprobs:")
+
+
+async def test_a_top_list_longer_than_verification_lists_goes_to_the_target() -> None:
+    provider, sdk = _sim("vllm")
+    async with _client(provider, verification="echo") as client, sdk:
+        got = await client.completions.create(prompt=CODE, max_tokens=10, temperature=0, logprobs=20)
+        own = await sdk.completions.create(model="sim-target", prompt=CODE, max_tokens=10, temperature=0, logprobs=20)
+    same_completion_logprobs(got.choices[0].logprobs, own.choices[0].logprobs)
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [{"top_logprobs": 2}, {"logprobs": True, "top_logprobs": 21}, {"logprobs": "yes"}],
+    ids=repr,
+)
+async def test_bad_chat_logprobs_arguments_fail_before_any_request(arguments: dict[str, Any]) -> None:
+    provider, _ = _sim("vllm")
+    async with _client(provider) as client:
+        with pytest.raises(openai.BadRequestError):
+            await client.chat.completions.create(messages=MESSAGES, max_tokens=5, temperature=0, **arguments)
+    assert [c for c in provider.calls if c.model == "sim-target" and "logprobs" in str(c.body)] == []
