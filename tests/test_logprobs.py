@@ -7,6 +7,7 @@ openai SDK). Paths that cannot score each kept token leave the request to the ta
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 import httpx2
@@ -14,7 +15,10 @@ import openai
 import pytest
 
 from specapi import AsyncSpeculativeOpenAI, Endpoint
+from specapi.plan import plan
+from specapi.probe import Capabilities
 from specapi.sim import SimProvider, SimTransport, simulated_endpoints
+from test_plan import GREEDY, SAMPLED, Ids, Lists, Picks, Whole, path, request
 from toyserver import ToyServer
 
 #: CJK and emoji: byte-level tokens that end inside a character (their `bytes` fields, "bytes:" spellings).
@@ -210,12 +214,57 @@ async def test_paths_that_cannot_score_kept_tokens_leave_logprobs_to_the_target(
     assert not s.speculated and s.fallback_reason is not None and s.fallback_reason.startswith("logprobs:")
 
 
-async def test_a_top_list_longer_than_verification_lists_goes_to_the_target() -> None:
+async def test_the_longest_top_list_the_server_takes_speculates_too() -> None:
     provider, sdk = _sim("vllm")
     async with _client(provider, verification="echo") as client, sdk:
         got = await client.completions.create(prompt=CODE, max_tokens=10, temperature=0, logprobs=20)
         own = await sdk.completions.create(model="sim-target", prompt=CODE, max_tokens=10, temperature=0, logprobs=20)
+    assert got.speculative.accepted_tokens > 0
     same_completion_logprobs(got.choices[0].logprobs, own.choices[0].logprobs)
+
+
+# ----------------------------------------------------------------------------- the plan's gates (pure)
+
+
+def test_verification_asks_at_least_the_callers_top_count() -> None:
+    planned = plan(request(logprobs=7), path(Lists(), max_logprobs=20), None, top_k=20, has_drafter=True)
+    assert planned.speculate and planned.top_k == 7  # greedy needs the argmax only; the caller needs 7
+    assert planned.logprob_shape is not None and planned.logprob_shape.top == 7
+
+
+@pytest.mark.parametrize(
+    ("verifier", "fields", "caps", "sampling", "why"),
+    [
+        (Lists(), {"max_logprobs": 5}, None, GREEDY, "longer than the 5"),
+        (Picks(), {}, None, GREEDY, "prefill-fanout path"),
+        (Ids(), {}, Capabilities(server="vllm"), GREEDY, "token-ids path"),
+        (Lists(), {}, Capabilities(server="llama-cpp-python"), GREEDY, "empty strings"),
+        (Lists(), {}, Capabilities(server="sglang"), SAMPLED, "raw ones"),
+        (Lists(), {}, None, replace(SAMPLED, raw_logprobs=False), "raw ones"),
+    ],
+    ids=["cap", "fan-out", "token-ids", "llama-cpp-python", "sglang-sampled", "processed"],
+)
+def test_where_the_callers_logprobs_cannot_be_written_the_target_alone_answers(verifier, fields, caps, sampling, why) -> None:  # type: ignore[no-untyped-def]
+    planned = plan(request(sampling, logprobs=6), path(verifier, **fields), caps, top_k=20, has_drafter=True)
+    assert not planned.speculate
+    assert planned.fallback_reason is not None and planned.fallback_reason.startswith("logprobs:") and why in planned.fallback_reason
+    assert planned.logprob_shape is not None  # the target's own list is written as it is
+
+
+def test_a_whole_answer_path_leaves_logprobs_to_the_target() -> None:
+    planned = plan(request(logprobs=2), path(None, whole=Whole()), None, top_k=20, has_drafter=True)
+    assert planned.path.whole is None and not planned.speculate
+    assert planned.fallback_reason is not None and "prefix-match" in planned.fallback_reason
+
+
+@pytest.mark.parametrize(
+    ("server", "base", "chosen", "learn"),
+    [("vllm", 0, True, False), ("sglang", None, False, False), (None, len("def f(x):"), False, True)],
+)
+def test_the_offsets_and_lists_follow_the_server(server, base, chosen, learn) -> None:  # type: ignore[no-untyped-def]
+    caps = Capabilities(server=server) if server else None
+    shape = plan(request(logprobs=2), path(Lists()), caps, top_k=20, has_drafter=True).logprob_shape
+    assert shape is not None and (shape.offset_base, shape.with_chosen, shape.learn_offsets) == (base, chosen, learn)
 
 
 @pytest.mark.parametrize(
