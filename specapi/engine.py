@@ -24,7 +24,7 @@ from .alignment import token_bytes
 from .context import Context
 from .drafters import Draft, Drafter, ModelDrafter, as_drafter, usable_prefix
 from .load import current_request, queue_delay
-from .output import Output, complete_characters, room, within_limit
+from .output import Output, complete_characters, room, with_pick_scores, within_limit
 from .paths import PathResolver, VerificationPath
 from .plan import Plan, plan
 from .policy import RECHECK, TARGET_ALONE, DraftLengthPolicy, PolicyState, as_policy
@@ -430,6 +430,8 @@ class Engine:
                 new.append(Emitted(token=bonus.text, data=token_bytes(bonus.text) or b"", logprob=bonus.logprob, top=dict(bonus.top or {})))
             elif verification.finish_reason == "stop":
                 new.append(Emitted(token="", data=b"", eos=True))
+        if verification.picks and state.logprob_shape is not None:
+            new = with_pick_scores(new, verification.picks)  # the caller's logprobs: each pick's own
         if not context.sampling.greedy:
             state.max_gap = max(state.max_gap, decision.gap)
         if verification.decision is not None:

@@ -12,15 +12,16 @@ from __future__ import annotations
 
 import codecs
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .acceptance import Emitted
-from .alignment import complete_utf8_prefix
+from .alignment import ScoredToken, complete_utf8_prefix, token_bytes
 from .context import Context
 from .dialects.logprobs import TokenScore
 
 __all__ = [
     "Output",
+    "with_pick_scores",
     "find_stop",
     "stop_prefix_len",
     "within_limit",
@@ -156,6 +157,22 @@ class Output:
                 end += 1
         taken, self.released = self.scores[self.released : end], end
         return taken
+
+
+def with_pick_scores(tokens: list[Emitted], picks: Sequence[ScoredToken | None]) -> list[Emitted]:
+    """Fan-out's tokens with the scores of the calls that picked them (token i: call i's pick), spelled as
+    the target spelled them; a token whose pick showed no scores keeps none (the caller's logprobs then
+    say so rather than show a placeholder)."""
+    scored = []
+    for index, token in enumerate(tokens):
+        pick = picks[index] if index < len(picks) else None
+        if token.eos:
+            scored.append(token)
+        elif pick is not None and pick.logprob is not None and token_bytes(pick.text) == token.data:
+            scored.append(replace(token, token=pick.text, logprob=pick.logprob, top=dict(pick.top or {})))
+        else:
+            scored.append(replace(token, logprob=None, top=None))
+    return scored
 
 
 def stop_prefix_len(text: str, stops: Sequence[str]) -> int:

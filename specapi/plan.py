@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from .dialects.logprobs import LogprobShape
+from .dialects.openai import OPENAI_LIST_CAP
 from .lossy import EXACT, lossy_path_note
 from .paths import VerificationPath
 from .probe import Capabilities
@@ -143,13 +144,17 @@ def _logprobs_reason(request: GenerationRequest, path: VerificationPath, caps: C
     count = context.logprobs or 0
     server = caps.server if caps is not None else None
     alone = "the target alone generates, with its own logprobs"
-    if verifier is None or verifier.draws_target_tokens or verifier.sends_token_ids:
+    if verifier is None or verifier.sends_token_ids:
         name = verifier.name if verifier is not None else path.name
         return f"logprobs: the {name} path does not score every kept token with the caller's top list: {alone}"
     if server in _OWN_LOGPROB_SHAPES:
         return f"logprobs: {server} {_OWN_LOGPROB_SHAPES[server]}, which verification cannot reproduce: {alone}"
-    if path.max_logprobs is not None and count > path.max_logprobs:
-        return f"logprobs: the caller's top {count} is longer than the {path.max_logprobs} the target lists when verifying: {alone}"
+    # Fan-out's one-token completions calls ask at most OpenAI's legacy list (see dialects/openai.py).
+    cap = path.max_logprobs if not (verifier.draws_target_tokens and not context.is_chat) else min(path.max_logprobs or OPENAI_LIST_CAP, OPENAI_LIST_CAP)
+    if cap is not None and count > cap:
+        return f"logprobs: the caller's top {count} is longer than the {cap} the target lists when verifying: {alone}"
+    if verifier.draws_target_tokens:
+        return None  # each kept token is a pick of a one-token call: its logprobs are the target's own
     if not context.sampling.greedy and (not context.sampling.raw_logprobs or server == "sglang"):
         # Prompt scores are raw (temperature 1); the target's own logprobs of sampled tokens must be too.
         return f"logprobs: the target's logprobs of sampled tokens are not the raw ones its prompt scores give: {alone}"

@@ -138,7 +138,7 @@ class RequestState:
         if alone and self.plain_logprobs is not None and (out.scores_lost or not self.request.stream):
             return self.plain_logprobs
         if out.scores_lost and self.inexact_reason is None:
-            self.inexact_reason = "approximate: the logprobs of a target-alone step did not come one per token: some are missing"
+            self.inexact_reason = "approximate: the target did not show the logprobs of every token one by one: some are missing"
         return render(shape, out.take_scores(final=True))
 
     # -- seeds ----------------------------------------------------------------------------------

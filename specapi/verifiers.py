@@ -50,6 +50,9 @@ class Verification:
     seeds: tuple[int | None, ...] = ()
     #: Token-id verification decides the round itself (the target's own picks, compared by id).
     decision: RoundDecision | None = None
+    #: Fan-out: the target's pick of the call that continued the context plus j draft tokens, with the
+    #: scores the server listed for it (None where unknown): the caller's logprobs of the kept tokens.
+    picks: tuple[ScoredToken | None, ...] = ()
 
 
 SeedSource = Callable[[], "int | None"]

@@ -193,6 +193,31 @@ async def test_streamed_chat_logprobs_join_to_the_targets() -> None:
     same_chat_logprobs(items, own.choices[0].logprobs.content)
 
 
+# ----------------------------------------------------------------------------- fan-out: each kept token a pick
+
+
+@pytest.mark.parametrize("chat", [False, True], ids=["completions", "chat"])
+async def test_fan_out_picks_carry_the_callers_logprobs(chat: bool) -> None:
+    """Each kept token is the pick of a one-token call, whose own logprobs entry is the target's for that
+    position. Completions on OpenAI's profile (no echo with logprobs; offsets learnt: the prompt's
+    start); chat on vLLM's (OpenAI continues no assistant message)."""
+    provider, sdk = _sim("vllm" if chat else "openai")
+    async with _client(provider, verification="prefill-fanout") as client, sdk:
+        if chat:
+            got = await client.chat.completions.create(messages=MESSAGES, max_tokens=40, temperature=0, logprobs=True, top_logprobs=3)
+            own = await sdk.chat.completions.create(model="sim-target", messages=MESSAGES, max_tokens=40, temperature=0, logprobs=True, top_logprobs=3)
+            assert got.choices[0].message.content == own.choices[0].message.content
+            same_chat_logprobs(got.choices[0].logprobs.content, own.choices[0].logprobs.content)
+        else:
+            got = await client.completions.create(prompt=CJK_PROMPT, max_tokens=40, temperature=0, logprobs=3)
+            own = await sdk.completions.create(model="sim-target", prompt=CJK_PROMPT, max_tokens=40, temperature=0, logprobs=3)
+            assert got.choices[0].text == own.choices[0].text
+            assert own.choices[0].logprobs.text_offset[0] == len(CJK_PROMPT)
+            same_completion_logprobs(got.choices[0].logprobs, own.choices[0].logprobs)
+    s = got.speculative
+    assert s.verification == "prefill-fanout" and s.accepted_tokens > 0 and s.exact, (s.fallback_reason, s.exact_reason)
+
+
 # ----------------------------------------------------------------------------- where the target alone answers
 
 
@@ -236,13 +261,13 @@ def test_verification_asks_at_least_the_callers_top_count() -> None:
     ("verifier", "fields", "caps", "sampling", "why"),
     [
         (Lists(), {"max_logprobs": 5}, None, GREEDY, "longer than the 5"),
-        (Picks(), {}, None, GREEDY, "prefill-fanout path"),
+        (Picks(), {}, None, GREEDY, "longer than the 5"),  # fan-out's completions calls list up to 5
         (Ids(), {}, Capabilities(server="vllm"), GREEDY, "token-ids path"),
         (Lists(), {}, Capabilities(server="llama-cpp-python"), GREEDY, "empty strings"),
         (Lists(), {}, Capabilities(server="sglang"), SAMPLED, "raw ones"),
         (Lists(), {}, None, replace(SAMPLED, raw_logprobs=False), "raw ones"),
     ],
-    ids=["cap", "fan-out", "token-ids", "llama-cpp-python", "sglang-sampled", "processed"],
+    ids=["cap", "fan-out-cap", "token-ids", "llama-cpp-python", "sglang-sampled", "processed"],
 )
 def test_where_the_callers_logprobs_cannot_be_written_the_target_alone_answers(verifier, fields, caps, sampling, why) -> None:  # type: ignore[no-untyped-def]
     planned = plan(request(sampling, logprobs=6), path(verifier, **fields), caps, top_k=20, has_drafter=True)
