@@ -234,7 +234,7 @@ class Engine:
                     piece = out.add(tokens)
                     if piece:
                         state.ttft_s = state.ttft_s if state.ttft_s is not None else self.clock() - started
-                        yield Piece(text=piece)
+                        yield Piece(text=piece, logprobs=state.piece_logprobs())
                 out.ended = True
                 continue
             if not new and (not target_decides or final):

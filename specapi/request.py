@@ -17,7 +17,7 @@ from typing import Any
 
 from ._calls import Meter
 from .context import Context
-from .dialects.logprobs import LogprobShape, learnt_offsets, render
+from .dialects.logprobs import LogprobShape, joined, learnt_offsets, render
 from .dialects.openai import Prefill
 from .drafters import Draft, Drafter
 from .output import Output, prompt_count_split, token_boundary_split, token_count_split
@@ -111,6 +111,8 @@ class RequestState:
     plain_calls: int = 0  # target-alone calls whose text is in the answer
     plain_usage: Mapping[str, Any] | None = None  # the usage the last of them reported
     plain_logprobs: Any = None  # the caller's logprobs as the last of them sent them
+    #: The caller's logprobs of a streamed whole answer, as the target's chunks carried them, not yet out.
+    streamed_logprobs: list[Any] | None = None
     logprob_shape: LogprobShape | None = None  # how the caller's logprobs are written (None: not asked)
 
     # -- the caller's logprobs ------------------------------------------------------------------
@@ -118,6 +120,9 @@ class RequestState:
         """The caller's logprobs of the tokens handed out since the last piece (None: not asked, or
         left for the end, where the target's own list may stand in for them)."""
         out, shape = self.out, self.logprob_shape
+        if self.streamed_logprobs is not None:
+            taken, self.streamed_logprobs[:] = list(self.streamed_logprobs), []
+            return joined(taken)
         if shape is None or out.scores is None or out.scores_lost:
             return None
         return render(shape, out.take_scores(final=False))
@@ -133,6 +138,8 @@ class RequestState:
         when one target call wrote the whole answer (`alone`) and its tokens could not be kept one by
         one, or the answer is collected; else written from the kept tokens' scores."""
         out, shape = self.output, self.logprob_shape
+        if self.streamed_logprobs is not None:
+            return joined(self.streamed_logprobs)
         if shape is None or out is None or out.scores is None:
             return None
         if alone and self.plain_logprobs is not None and (out.scores_lost or not self.request.stream):

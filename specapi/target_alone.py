@@ -99,9 +99,11 @@ async def plain_stream_batches(
     *,
     prefill: Prefill = Prefill(),
     usage: dict | None = None,
+    logprobs: list | None = None,
 ) -> AsyncIterator[list[tuple[str, str | None]]]:
     """`plain_stream`'s `(text, finish_reason)` pairs, those of chunks that arrived together in one
-    list (see `RoleClient.stream_batches`). Does not check that a finish_reason came."""
+    list (see `RoleClient.stream_batches`). Does not check that a finish_reason came. The chunks'
+    `logprobs` objects (the caller's, when it asked) are appended to `logprobs`, in order."""
     form = openai_format(context)
     path, body = generation_request(context, max_tokens, seed, stop, prefill, stream_usage=True)
     async with contextlib.aclosing(client.stream_batches(path, body, meter, options=context.options)) as batches:
@@ -115,6 +117,8 @@ async def plain_stream_batches(
                         continue
                     text = form.delta(choice)
                     finish = choice.get("finish_reason")
+                    if logprobs is not None and choice.get("logprobs") is not None:
+                        logprobs.append(choice["logprobs"])
                     if text or finish is not None:
                         out.append((text, finish))
             if out:
@@ -160,7 +164,9 @@ def can_stream(state: RequestState, context: Context) -> bool:
     if context.token_ids is not None and state.verifier is not None and state.verifier.sends_token_ids:
         return False
     if context.logprobs is not None:
-        return False  # the caller's logprobs come with each step's tokens (see `_step_tokens`)
+        # The caller's logprobs: a stream of the whole answer passes the target's own on as they come;
+        # later steps bring them with each step's tokens (see `_step_tokens`).
+        return not context.accepted and not state.rounds
     return not (context.is_chat and context.accepted and state.prefill.echoes_prefix)
 
 
@@ -175,7 +181,7 @@ async def target_call(
     if verifier is not None and verifier.sends_token_ids and context.token_ids is not None:
         step: PlainStep = await verifier.plain(context, max_tokens, state.target_meter, seed, stop, streamed=streamed)
         return step
-    if not streamed or not can_stream(state, context):
+    if not streamed or not can_stream(state, context) or context.logprobs is not None:
         return await plain_step(
             target, context, max_tokens, state.target_meter, seed, stop, count_tokens=count_tokens, prefill=state.prefill
         )
@@ -290,9 +296,11 @@ async def plain_streamed(
     usage: dict = {}
     # Chunks that arrived together (the reader fell behind, under load) go on as one piece: the
     # same tokens, counted one by one, with the work per piece (and per chunk sent on) done once.
+    if context.logprobs is not None:
+        state.streamed_logprobs = []  # the target's own, handed on with the text (`RequestState.piece_logprobs`)
     batches = plain_stream_batches(
         target, context, remaining, state.target_meter, state.plain_seed(context, True, produced), list(state.request.stop) or None,
-        prefill=state.prefill, usage=usage,
+        prefill=state.prefill, usage=usage, logprobs=state.streamed_logprobs,
     )
     chunks = 0
     started = clock()

@@ -239,6 +239,31 @@ async def test_paths_that_cannot_score_kept_tokens_leave_logprobs_to_the_target(
     assert not s.speculated and s.fallback_reason is not None and s.fallback_reason.startswith("logprobs:")
 
 
+@pytest.mark.parametrize("chat", [False, True], ids=["completions", "chat"])
+async def test_a_streamed_answer_of_the_target_alone_streams_its_own_logprobs(chat: bool) -> None:
+    """Where the target alone answers, a streaming caller gets its chunks' own logprobs as they come."""
+    provider, sdk = _sim("llamacpp")
+    asked: dict[str, Any] = {"max_tokens": 30, "temperature": 0, "stream": True}
+    asked |= {"messages": MESSAGES, "logprobs": True, "top_logprobs": 2} if chat else {"prompt": CJK_PROMPT, "logprobs": 2}
+    create = (lambda c: c.chat.completions.create) if chat else (lambda c: c.completions.create)
+    async with _client(provider) as client, sdk:
+        mine = [chunk async for chunk in await create(client)(**asked)]
+        theirs = [chunk async for chunk in await create(sdk)(model="sim-target", **asked)]
+
+    def items(chunks: list[Any]) -> tuple[str, list[Any]]:
+        text, found = "", []
+        for chunk in chunks:
+            for choice in chunk.choices:
+                text += (choice.delta.content or "") if chat else choice.text
+                logprobs = choice.logprobs.model_dump() if choice.logprobs is not None else {}
+                found += logprobs.get("content") or []
+        return text, found
+
+    assert items(mine) == items(theirs) and items(theirs)[1]
+    assert sum(bool(c.choices and c.choices[0].logprobs) for c in mine) > 1  # as they come, not at the end
+    assert mine[-1].speculative.fallback_reason.startswith("logprobs:")
+
+
 async def test_the_longest_top_list_the_server_takes_speculates_too() -> None:
     provider, sdk = _sim("vllm")
     async with _client(provider, verification="echo") as client, sdk:

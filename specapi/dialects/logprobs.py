@@ -20,7 +20,7 @@ from ..alignment import ScoredToken, token_bytes
 
 __all__ = [
     "completion_tokens", "chat_tokens", "prompt_logprob_tokens", "WireError",
-    "caller_logprobs", "caller_fields", "LogprobShape", "TokenScore", "learnt_offsets", "render", "top_list",
+    "caller_logprobs", "caller_fields", "LogprobShape", "TokenScore", "joined", "learnt_offsets", "render", "top_list",
 ]
 
 #: The longest top list a chat request may ask (OpenAI's and vLLM's cap).
@@ -234,3 +234,15 @@ def render(shape: LogprobShape, scores: Sequence[TokenScore]) -> dict[str, Any]:
         "top_logprobs": tops,
         "text_offset": [-1 if base is None else base + s.offset for s in scores],
     }
+
+
+def joined(objects: Sequence[Any]) -> Any:
+    """Several `logprobs` objects of one choice (a stream's chunks) as one, in order: the chat shape's
+    items, or the completions arrays, one after the other. None when there are none."""
+    parts = [o for o in objects if isinstance(o, Mapping)]
+    if not parts:
+        return None
+    if len(parts) == 1:
+        return parts[0]
+    keys = [k for k in parts[0] if all(isinstance(p.get(k), list) for p in parts)]
+    return {**parts[0], **{k: [item for p in parts for item in p[k]] for k in keys}}

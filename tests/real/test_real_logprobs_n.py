@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from real_helpers import ServerPair, client_for, oracle_post
+from real_helpers import ServerPair, client_for, oracle_post, oracle_stream
 
 PROMPT = "def fibonacci(n):\n    if n < 2:\n        return n\n"
 ZH_PROMPT = "你好，请介绍一下你自己。我是"
@@ -71,6 +71,19 @@ async def test_chat_logprobs_are_llama_servers_own_with_the_reason(ls: ServerPai
     assert [[t.token for t in c.top_logprobs] for c in mine] == [[t["token"] for t in c["top_logprobs"]] for c in theirs]
     s = got.speculative
     assert not s.speculated and s.fallback_reason is not None and s.fallback_reason.startswith("logprobs:"), s.fallback_reason
+
+
+async def test_streamed_chat_logprobs_are_llama_servers_own_as_they_come(ls: ServerPair) -> None:
+    request = {"messages": [{"role": "user", "content": "你好，请介绍一下你自己。"}], "max_tokens": 30, "temperature": 0, "logprobs": True, "top_logprobs": 2}
+    own = [c for chunk in await oracle_stream(ls.target, "/chat/completions", request) for c in chunk.get("choices") or []]
+    async with client_for(ls, policy="fixed", num_speculative_tokens=4) as client:
+        stream = await client.chat.completions.create(stream=True, **request)
+        mine = [c async for chunk in stream for c in chunk.choices]
+    theirs_items = [item for c in own for item in ((c.get("logprobs") or {}).get("content") or [])]
+    mine_items = [item.model_dump(exclude_none=True) for c in mine for item in (c.logprobs.content if c.logprobs else [])]
+    assert "".join(c.delta.content or "" for c in mine) == "".join((c.get("delta") or {}).get("content") or "" for c in own)
+    assert mine_items == _without_nulls(theirs_items)
+    assert stream.speculative is not None and stream.speculative.fallback_reason.startswith("logprobs:")
 
 
 def _without_nulls(value: Any) -> Any:
