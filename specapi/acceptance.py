@@ -86,13 +86,13 @@ class RoundDecision:
 
 def _emit(token: str, position: ScoredToken, eos_tokens: Collection[str]) -> Emitted | None:
     """The output for `token` chosen at `position`; None when it adds nothing (an empty token)."""
-    dist = position.distribution()
+    dist = position.distribution()  # the position's scores: a list may leave out the token it scored
     if token in eos_tokens:
-        return Emitted(token=token, data=b"", logprob=dist.get(token), top=dict(position.top or {}), eos=True)
+        return Emitted(token=token, data=b"", logprob=dist.get(token), top=dist, eos=True)
     data = token_bytes(token)
     if not data:
         return None
-    return Emitted(token=token, data=data, logprob=dist.get(token), top=dict(position.top or {}))
+    return Emitted(token=token, data=data, logprob=dist.get(token), top=dist)
 
 
 def _without_eos(q: TokenDist, eos_tokens: Collection[str]) -> TokenDist:

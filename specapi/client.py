@@ -34,6 +34,7 @@ from ._calls import Clock, Meter, Sleep
 from ._exceptions import ConfigurationError
 from .call_options import deadline, request_options, seconds
 from .context import Context
+from .dialects.logprobs import caller_logprobs
 from .dialects.openai_params import ChatCompletionCreateParams, ChatCompletionParseParams, CompletionCreateParams, declared
 from .drafters import Drafter
 from .endpoint import Endpoint
@@ -354,12 +355,14 @@ class AsyncCompletions(_Resource):
             if isinstance(prompt, list) and prompt:
                 return await self._alone("/completions", with_limit({"prompt": prompt, "model": model, **kwargs}, "max_tokens", limit), "a list prompt (batch or token ids) is served by the target alone", options)
             raise ConfigurationError(f"prompt must be a string, got {type(prompt).__name__}")
-        reason = unverifiable(kwargs, COMPLETION_ARGS)
+        speculated = dict(kwargs)  # the caller's logprobs are the engine's to ask for (Context.logprobs)
+        logprobs = caller_logprobs(False, speculated)
+        reason = unverifiable(speculated, COMPLETION_ARGS)
         if reason is not None:
             return await self._alone("/completions", with_limit({"prompt": prompt, "model": model, **kwargs}, "max_tokens", limit), reason, options)
-        extras, truncated = request_fields(kwargs)
+        extras, truncated = request_fields(speculated)
         sampling = replace(sampling, target_sampler_only=truncated and not sampling.greedy)
-        context = Context(prompt=prompt, sampling=sampling, seed=seed, extras=extras, options=options)
+        context = Context(prompt=prompt, sampling=sampling, seed=seed, extras=extras, options=options, logprobs=logprobs)
         return await self._speculate(context, limit, stop, kwargs, model)
 
 
@@ -405,7 +408,9 @@ class AsyncChatCompletions(_Resource):
         seed = validated_seed(kwargs.get("seed"))
         stop = stops(kwargs.get("stop"))
         stream_options(kwargs)
-        reason = unverifiable(kwargs, CHAT_ARGS)
+        speculated = dict(kwargs)  # the caller's logprobs are the engine's to ask for (Context.logprobs)
+        logprobs = caller_logprobs(True, speculated)
+        reason = unverifiable(speculated, CHAT_ARGS)
         if reason is None and not all(isinstance(m.get("content"), str) for m in messages):
             reason = "message content that is not plain text is served by the target alone"
         if reason is None and messages[-1].get("role") == "assistant":
@@ -413,9 +418,9 @@ class AsyncChatCompletions(_Resource):
         if reason is not None:
             body = with_limit({"messages": list(messages), "model": model, **kwargs}, limit_field, max_tokens)
             return await self._alone("/chat/completions", body, reason, options)
-        extras, truncated = request_fields(kwargs)
+        extras, truncated = request_fields(speculated)
         sampling = replace(sampling, target_sampler_only=truncated and not sampling.greedy)
-        context = Context(messages=tuple(dict(m) for m in messages), sampling=sampling, seed=seed, extras=extras, options=options)
+        context = Context(messages=tuple(dict(m) for m in messages), sampling=sampling, seed=seed, extras=extras, options=options, logprobs=logprobs)
         return await self._speculate(context, limit, stop, kwargs, model)
 
     async def parse(

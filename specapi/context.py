@@ -31,6 +31,8 @@ class Context:
     #: The target's token ids of the prompt and the accepted text, when the target is spoken to in ids
     #: (token-id verification); None when unknown.
     token_ids: tuple[int, ...] | None = None
+    #: The caller asked for the generated tokens' logprobs, with top lists this long; None: not asked.
+    logprobs: int | None = None
 
     @property
     def is_chat(self) -> bool:

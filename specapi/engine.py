@@ -24,7 +24,7 @@ from .alignment import token_bytes
 from .context import Context
 from .drafters import Draft, Drafter, ModelDrafter, as_drafter, usable_prefix
 from .load import current_request, queue_delay
-from .output import Output, complete_characters, room, within_limit
+from .output import Output, complete_characters, room, with_pick_scores, within_limit
 from .paths import PathResolver, VerificationPath
 from .plan import Plan, plan
 from .policy import RECHECK, TARGET_ALONE, DraftLengthPolicy, PolicyState, as_policy
@@ -90,9 +90,9 @@ class Engine:
             seeded_drafter=self.seeded_drafter is not None,
         )
         self._adopt(state, planned)
-        if path.whole is not None:
+        if planned.path.whole is not None:
             assert state.drafter is not None
-            text, finish, completion_tokens = await whole_answer(self.target, path.whole, state, state.drafter)
+            text, finish, completion_tokens = await whole_answer(self.target, planned.path.whole, state, state.drafter)
             if text:
                 state.ttft_s = self.clock() - started
                 yield Piece(text=text)
@@ -145,6 +145,7 @@ class Engine:
         chosen = path.whole if path.whole is not None else path.verifier
         state.verification = chosen.name if chosen is not None else "none"
         state.fallback_reason = planned.fallback_reason
+        state.logprob_shape = planned.logprob_shape
         if planned.seeded_drafts:
             state.drafter = self.seeded_drafter
             state.policy = self.seeded_policy or self.policy
@@ -201,7 +202,9 @@ class Engine:
     ) -> AsyncIterator[Piece]:
         """The request's steps until its text ends: rounds while they pay, the target alone otherwise."""
         out, request, caps, stretch = state.out, state.request, self.paths.known, planned.stretch
-        target_decides = False  # the previous round handed the next position to the target alone
+        # The previous round handed the next position to the target alone; so does a request whose
+        # logprobs' offsets follow a convention its first target-alone step shows (see plan.py).
+        target_decides = planned.logprob_shape is not None and planned.logprob_shape.learn_offsets
         idle = 0  # steps in a row that added nothing
         while not out.ended and (out.remaining is None or out.remaining > 0):
             remaining, context = out.remaining, out.context
@@ -234,7 +237,7 @@ class Engine:
                     piece = out.add(tokens)
                     if piece:
                         state.ttft_s = state.ttft_s if state.ttft_s is not None else self.clock() - started
-                        yield Piece(text=piece)
+                        yield Piece(text=piece, logprobs=state.piece_logprobs())
                 out.ended = True
                 continue
             if not new and (not target_decides or final):
@@ -255,7 +258,7 @@ class Engine:
             if piece:
                 state.ttft_s = state.ttft_s if state.ttft_s is not None else self.clock() - started
                 if request.stream:
-                    yield Piece(text=piece)
+                    yield Piece(text=piece, logprobs=state.piece_logprobs())
 
     def _room(self, state: RequestState) -> int | None:
         """How many more tokens the target's context window holds after the output so far; None: unknown."""
@@ -329,6 +332,9 @@ class Engine:
     def _finished(self, state: RequestState, started: float, finish_reason: str, produced: int) -> Finished:
         if not state.rounds and state.fallback_reason is None and state.path_note:
             state.fallback_reason = state.path_note
+        # One target call wrote the whole answer: its usage is the answer's, as the target alone reports it.
+        alone = not state.rounds and state.plain_calls == 1 and not state.retokenized
+        logprobs = state.final_logprobs(alone)
         lossy = state.acceptance != "exact"
         stats = SpeculativeStats(
             rounds=tuple(state.rounds),
@@ -354,12 +360,11 @@ class Engine:
             verification_refused=state.refused_path,
             seed_note=state.seed_note(),
         )
-        # One target call wrote the whole answer: its usage is the answer's, as the target alone reports it.
-        alone = not state.rounds and state.plain_calls == 1 and not state.retokenized and isinstance(state.plain_usage, Mapping)
         caps = self.paths.known
         return Finished(
             finish_reason=finish_reason, stats=stats, prompt_tokens=state.prompt_tokens, completion_tokens=produced,
-            usage=state.plain_usage if alone else None, stream_usage=caps is not None and caps.stream_usage_unasked and not state.request.context.is_chat,
+            usage=state.plain_usage if alone and isinstance(state.plain_usage, Mapping) else None,
+            stream_usage=caps is not None and caps.stream_usage_unasked and not state.request.context.is_chat, logprobs=logprobs,
         )
 
     async def _draft(self, context: Context, k: int, state: RequestState) -> Draft | None:
@@ -428,6 +433,8 @@ class Engine:
                 new.append(Emitted(token=bonus.text, data=token_bytes(bonus.text) or b"", logprob=bonus.logprob, top=dict(bonus.top or {})))
             elif verification.finish_reason == "stop":
                 new.append(Emitted(token="", data=b"", eos=True))
+        if verification.picks and state.logprob_shape is not None:
+            new = with_pick_scores(new, verification.picks)  # the caller's logprobs: each pick's own
         if not context.sampling.greedy:
             state.max_gap = max(state.max_gap, decision.gap)
         if verification.decision is not None:

@@ -52,7 +52,7 @@ class PrefillFanoutVerifier(VerifierBase):
         started = self.client.clock()
         answers = await asyncio.gather(*(self._pick(context, prefix, meter, seed, top_k) for prefix, seed in zip(prefixes, seeds)))
         latency = self.client.clock() - started
-        picks = [pick for pick, _ in answers]
+        picks = [pick for pick, _, _ in answers]
         positions = []
         for token, pick in zip(draft, picks):
             if pick is None:
@@ -73,16 +73,19 @@ class PrefillFanoutVerifier(VerifierBase):
             finish_reason="stop" if bonus_pick == END_OF_TEXT else "length",
             latency_s=latency,
             prompt_tokens=answers[0][1],  # the context alone, as the target tokenized it
-            prompt_counts=tuple(count for _, count in answers),
+            prompt_counts=tuple(count for _, count, _ in answers),
             seeds=tuple(seeds),
+            picks=tuple(scored for _, _, scored in answers),
         )
 
-    async def _pick(self, context: Context, prefix: str | None, meter: Meter, seed: int | None, top_k: int) -> tuple[str | None, int | None]:
+    async def _pick(
+        self, context: Context, prefix: str | None, meter: Meter, seed: int | None, top_k: int
+    ) -> tuple[str | None, int | None, ScoredToken | None]:
         """The target's next token after `accepted + prefix` (END_OF_TEXT when it ends the text, None
         when it cannot be known: no whole-character prefix, or a partial character with no bytes
-        shown), and the prompt tokens it was billed."""
+        shown), the prompt tokens it was billed, and the token with its scores when the server listed them."""
         if prefix is None:
-            return None, None
+            return None, None, None
         path, body = next_token_request(context, prefix, top_k, seed, self.prefill)
         response = await self.client.post(path, body, meter, options=context.options)
         with reading(self.client, "fan-out"):
@@ -97,13 +100,13 @@ class PrefillFanoutVerifier(VerifierBase):
         if len(real) == 1 and token_bytes(real[0].text):
             token = real[0].text
             if text.encode("utf-8") == token_bytes(token) or (finish == "length" and text in ("", "\ufffd")):
-                return token, prompt_tokens  # the token as the server spelled it (its bytes, if partial)
+                return token, prompt_tokens, real[0]  # the token as the server spelled it (its bytes, if partial)
         if not text:
             if finish == "stop":
-                return END_OF_TEXT, prompt_tokens
+                return END_OF_TEXT, prompt_tokens, None
             if finish == "length":
-                return None, prompt_tokens  # part of a character, and no logprobs show which bytes
+                return None, prompt_tokens, None  # part of a character, and no logprobs show which bytes
             raise self.client.malformed("fan-out response generated nothing and did not stop")
         if text.endswith("\ufffd") and finish == "length":
-            return None, prompt_tokens
-        return text, prompt_tokens
+            return None, prompt_tokens, None
+        return text, prompt_tokens, None

@@ -8,16 +8,18 @@ last event is out.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from ._exceptions import ConfigurationError
 from .context import Context
 from .engine import Engine
 from .request import Finished, GenerationRequest, Piece
 from .load import current_request, new_request_id
-from .responses import build, completion_data
+from .responses import build, combined_stats, completion_data
 from .runtime import Runtime
 from .streaming import SpeculativeStream, chat_chunks, completion_chunks, parse_chat_chunk, parse_completion
 from .validation import prediction_text
@@ -37,18 +39,77 @@ async def respond(
     include_usage: bool,
     model: str,
 ) -> Any:
-    """Run the engine: a stream of chunks, or one response collected from it."""
+    """Run the engine, once per choice (`n`): a stream of chunks, or one response collected from it."""
     if runtime.acceptance.lossy:
         context = replace(context, sampling=replace(context.sampling, acceptance=runtime.acceptance))
-    engine = runtime.engine(prediction=prediction_text(kwargs.get("prediction")), model=model, context=context, max_tokens=limit)
-    request = GenerationRequest(context=context, max_tokens=limit, stop=stop, stream=stream)
-    speculation = Speculation(runtime, engine, request)
+    choices = choice_count(kwargs.get("n"))
+    speculations = [_speculation(runtime, context, index, limit=limit, stop=stop, kwargs=kwargs, stream=stream, model=model) for index in range(choices)]
     if stream:
-        if chat:
-            return SpeculativeStream(chat_chunks(speculation.events(), model, include_usage), parse_chat_chunk)
-        return SpeculativeStream(completion_chunks(speculation.events(), model, include_usage), parse_completion)
-    text, finished = await speculation.collect()
-    return build(runtime.target, chat, completion_data(chat, model, text, finished), finished.stats)
+        chunks = chat_chunks if chat else completion_chunks
+        return SpeculativeStream(chunks(interleaved(speculations), model, include_usage, choices), parse_chat_chunk if chat else parse_completion)
+    # Each choice its own run, at once: they share the prompt, which the target's prefix cache holds for all.
+    answers = await asyncio.gather(*(speculation.collect() for speculation in speculations))
+    return build(runtime.target, chat, completion_data(chat, model, answers), combined_stats([finished.stats for _, finished in answers]))
+
+
+def choice_count(n: Any) -> int:
+    """The caller's `n`: how many choices, each its own speculative run."""
+    if n is None:
+        return 1
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_CHOICES:
+        raise ConfigurationError(f"n must be an integer in [1, {MAX_CHOICES}], got {n!r}")
+    return n
+
+
+#: The most choices one request may ask for (OpenAI's limit).
+MAX_CHOICES = 128
+
+
+def _speculation(
+    runtime: Runtime, context: Context, index: int, *, limit: int | None, stop: tuple[str, ...], kwargs: Mapping[str, Any], stream: bool, model: str
+) -> Speculation:
+    """Choice `index`'s run. A seeded request's choices draw with seeds of their own (the caller's, plus
+    the choice's index): the same request gives the same choices again, and they differ from each other."""
+    if index and context.seed is not None:
+        context = replace(context, seed=context.seed + index)
+    engine = runtime.engine(prediction=prediction_text(kwargs.get("prediction")), model=model, context=context, max_tokens=limit)
+    return Speculation(runtime, engine, GenerationRequest(context=context, max_tokens=limit, stop=stop, stream=stream))
+
+
+async def interleaved(speculations: Sequence[Speculation]) -> AsyncIterator[tuple[int, Piece | Finished]]:
+    """The events of every choice's run, each tagged with its choice's index, as they come."""
+    if len(speculations) == 1:
+        async with contextlib.aclosing(speculations[0].events()) as events:
+            async for event in events:
+                yield 0, event
+        return
+    queue: asyncio.Queue[tuple[int, Piece | Finished] | BaseException | None] = asyncio.Queue()
+
+    async def run(index: int, speculation: Speculation) -> None:
+        try:
+            async with contextlib.aclosing(speculation.events()) as events:
+                async for event in events:
+                    await queue.put((index, event))
+            await queue.put(None)
+        except BaseException as exc:  # handed to the reader, which raises it
+            await queue.put(exc)
+            raise
+
+    tasks = [asyncio.ensure_future(run(index, speculation)) for index, speculation in enumerate(speculations)]
+    try:
+        running = len(tasks)
+        while running:
+            item = await queue.get()
+            if item is None:
+                running -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 class Speculation:

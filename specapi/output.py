@@ -12,14 +12,16 @@ from __future__ import annotations
 
 import codecs
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .acceptance import Emitted
-from .alignment import complete_utf8_prefix
+from .alignment import ScoredToken, complete_utf8_prefix, token_bytes
 from .context import Context
+from .dialects.logprobs import TokenScore
 
 __all__ = [
     "Output",
+    "with_pick_scores",
     "find_stop",
     "stop_prefix_len",
     "within_limit",
@@ -54,9 +56,16 @@ class Output:
     decoder: codecs.IncrementalDecoder = field(default_factory=lambda: codecs.getincrementaldecoder("utf-8")(errors="replace"))
     #: The text so far holds U+FFFD for bytes that are not UTF-8: a text API cannot send them back.
     invalid_bytes: bool = False
+    #: The caller's logprobs: the target's scores of every counted token, kept while `scores` is a list
+    #: (None: not asked). `scores_lost`: a counted token came without its own scores.
+    scores: list[TokenScore] | None = None
+    scores_lost: bool = False
+    released: int = 0  # the scores handed out so far (`take_scores`)
 
     def __post_init__(self) -> None:
         self.context = self.start
+        if self.start.logprobs is not None:
+            self.scores = []
 
     def restart_after(self, kept: int) -> None:
         """Forget all text after its first `kept` characters (those the caller already has)."""
@@ -66,6 +75,10 @@ class Output:
         self.decoder.reset()
         self.token_starts = [0]
         self.context = self.start.advanced(sent)
+        if self.scores is not None:
+            # The text after the kept characters is written again: so are the scores of its tokens.
+            self.scores = [s for s in self.scores[: self.released]]
+            self.scores_lost = self.scores_lost or sum(len(s.data) for s in self.scores) != len(sent.encode("utf-8"))
 
     @property
     def remaining(self) -> int | None:
@@ -87,6 +100,8 @@ class Output:
                 ids.extend(token.ids)
             else:
                 ids = None
+            if self.scores is not None:
+                self._score(token)
             if token.data:
                 if token.count == 1 and self.token_starts[-1] != len(self.data):
                     self.token_starts.append(len(self.data))
@@ -119,6 +134,45 @@ class Output:
             return ""
         piece, self.sent = self.text[self.sent : safe], safe
         return piece
+
+
+    def _score(self, token: Emitted) -> None:
+        """Keep the target's scores of `token` (before its text is added: its offset is the text's length)."""
+        assert self.scores is not None
+        if token.count != 1 or (token.logprob is None and not token.top):
+            self.scores_lost = self.scores_lost or token.count > 0
+            return
+        self.scores.append(TokenScore(text=token.token, data=token.data, logprob=token.logprob, top=token.top, offset=len(self.text)))
+
+    def take_scores(self, final: bool) -> list[TokenScore]:
+        """The scores of the tokens whose text has been handed out (all of them once `final`), each once."""
+        if self.scores is None:
+            return []
+        end = len(self.scores)
+        if not final:
+            # A token is out once the text handed out reaches past its start (a token held back whole
+            # waits); the last one may still be cut by a stop string only if the text ends after it.
+            end = self.released
+            while end < len(self.scores) and self.scores[end].offset < self.sent:
+                end += 1
+        taken, self.released = self.scores[self.released : end], end
+        return taken
+
+
+def with_pick_scores(tokens: list[Emitted], picks: Sequence[ScoredToken | None]) -> list[Emitted]:
+    """Fan-out's tokens with the scores of the calls that picked them (token i: call i's pick), spelled as
+    the target spelled them; a token whose pick showed no scores keeps none (the caller's logprobs then
+    say so rather than show a placeholder)."""
+    scored = []
+    for index, token in enumerate(tokens):
+        pick = picks[index] if index < len(picks) else None
+        if token.eos:
+            scored.append(token)
+        elif pick is not None and pick.logprob is not None and token_bytes(pick.text) == token.data:
+            scored.append(replace(token, token=pick.text, logprob=pick.logprob, top=dict(pick.top or {})))
+        else:
+            scored.append(replace(token, logprob=None, top=None))
+    return scored
 
 
 def stop_prefix_len(text: str, stops: Sequence[str]) -> int:

@@ -14,6 +14,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from .dialects.logprobs import LogprobShape
+from .dialects.openai import OPENAI_LIST_CAP
 from .lossy import EXACT, lossy_path_note
 from .paths import VerificationPath
 from .probe import Capabilities
@@ -49,6 +51,8 @@ class Plan:
     first_before_tokenize: bool = False
     #: The caller's last tokens come from one target call (`Capabilities.final_stretch`).
     stretch: int = 0
+    #: How the caller's logprobs are written from the target's scores of the kept tokens (None: not asked).
+    logprob_shape: LogprobShape | None = None
 
 
 def plan(
@@ -64,7 +68,13 @@ def plan(
         # Greedy needs the argmax only; the typical rule (when this path applies it) reads the
         # target's whole list (its entropy) even when greedy.
         top_k = 1
-    base = Plan(path=path, request=request, top_k=top_k, speculate=False, acceptance=acceptance, acceptance_note=acceptance_note)
+    shape = _logprob_shape(request, caps)
+    base = Plan(
+        path=path, request=request, top_k=top_k, speculate=False, acceptance=acceptance, acceptance_note=acceptance_note, logprob_shape=shape
+    )
+    if path.whole is not None and request.context.logprobs is not None:
+        reason = f"logprobs: the {path.whole.name} path scores no token: the target alone generates, with its own logprobs"
+        return replace(base, path=VerificationPath("none", note=reason), fallback_reason=reason)
     if path.whole is not None:
         return base
     verifier = path.verifier
@@ -95,6 +105,11 @@ def plan(
         default = caps.default_max_tokens if caps is not None else Capabilities().default_max_tokens
         if default is not None:
             request = replace(request, max_tokens=default)
+    if request.context.logprobs is not None:
+        logprobs_reason = _logprobs_reason(request, path, caps)
+        top_k = max(top_k, request.context.logprobs)
+        if speculate and logprobs_reason is not None:
+            speculate, reason = False, logprobs_reason
     stretch = caps.final_stretch if caps is not None else 0  # see Capabilities.final_stretch
     tokenize = speculate and verifier is not None and verifier.sends_token_ids and not request.context.is_chat
     limit = request.max_tokens
@@ -102,6 +117,54 @@ def plan(
         base, request=request, top_k=top_k, speculate=speculate, fallback_reason=reason, seeded_drafts=seeded_drafter and not draws,
         tokenize_prompt=tokenize, first_before_tokenize=tokenize and (limit is None or limit > stretch), stretch=stretch,
     )
+
+
+#: Servers whose own logprobs verification cannot write as they do: llama-server lists one entry per
+#: character (a token that completes a character shows the character's bytes; the tokens before it are
+#: not listed); llama-cpp-python renders tokens inside a character as empty strings.
+_OWN_LOGPROB_SHAPES = {
+    "llama-server": "lists one logprobs entry per character, not per token",
+    "llama-cpp-python": "renders tokens inside a character as empty strings in its logprobs",
+}
+
+
+def _logprob_shape(request: GenerationRequest, caps: Capabilities | None) -> LogprobShape | None:
+    """How the target alone writes the caller's logprobs (None: not asked). Completions offsets start at
+    the prompt's start (OpenAI), at the answer's (vLLM), or are -1 (SGLang); on a server not known, the
+    request's first token comes from a target-alone step, whose offsets show which."""
+    context = request.context
+    if context.logprobs is None:
+        return None
+    server = caps.server if caps is not None else None
+    base: int | None = 0 if server == "vllm" else (None if server == "sglang" else len(context.prompt or ""))
+    learn = not context.is_chat and server not in ("vllm", "sglang")  # the first target-alone step shows the convention
+    return LogprobShape(
+        chat=context.is_chat, top=context.logprobs, offset_base=base, with_chosen=server == "vllm" and not context.is_chat, learn_offsets=learn
+    )
+
+
+def _logprobs_reason(request: GenerationRequest, path: VerificationPath, caps: Capabilities | None) -> str | None:
+    """Why the caller's logprobs cannot be written from the verification's scores (then the target
+    alone generates, and its own logprobs are the answer), or None."""
+    context, verifier = request.context, path.verifier
+    count = context.logprobs or 0
+    server = caps.server if caps is not None else None
+    alone = "the target alone generates, with its own logprobs"
+    if verifier is None or verifier.sends_token_ids:
+        name = verifier.name if verifier is not None else path.name
+        return f"logprobs: the {name} path does not score every kept token with the caller's top list: {alone}"
+    if server in _OWN_LOGPROB_SHAPES:
+        return f"logprobs: {server} {_OWN_LOGPROB_SHAPES[server]}, which verification cannot reproduce: {alone}"
+    # Fan-out's one-token completions calls ask at most OpenAI's legacy list (see dialects/openai.py).
+    cap = path.max_logprobs if not (verifier.draws_target_tokens and not context.is_chat) else min(path.max_logprobs or OPENAI_LIST_CAP, OPENAI_LIST_CAP)
+    if cap is not None and count > cap:
+        return f"logprobs: the caller's top {count} is longer than the {cap} the target lists when verifying: {alone}"
+    if verifier.draws_target_tokens:
+        return None  # each kept token is a pick of a one-token call: its logprobs are the target's own
+    if not context.sampling.greedy and (not context.sampling.raw_logprobs or server == "sglang"):
+        # Prompt scores are raw (temperature 1); the target's own logprobs of sampled tokens must be too.
+        return f"logprobs: the target's logprobs of sampled tokens are not the raw ones its prompt scores give: {alone}"
+    return None
 
 
 def _with_sampling(request: GenerationRequest, **changes: Any) -> GenerationRequest:

@@ -17,6 +17,7 @@ from typing import Any
 
 from ._calls import Meter
 from .context import Context
+from .dialects.logprobs import LogprobShape, joined, learnt_offsets, render
 from .dialects.openai import Prefill
 from .drafters import Draft, Drafter
 from .output import Output, prompt_count_split, token_boundary_split, token_count_split
@@ -37,9 +38,10 @@ class GenerationRequest:
 
 @dataclass(frozen=True)
 class Piece:
-    """Text the target accepted, ready to hand out."""
+    """Text the target accepted, ready to hand out (with the caller's logprobs of its tokens, if asked)."""
 
     text: str
+    logprobs: Any = None
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,8 @@ class Finished:
     usage: Mapping[str, Any] | None = None
     #: The target alone's stream would carry the usage unasked, on its last chunk (llama-server's completions).
     stream_usage: bool = False
+    #: The caller's logprobs (the `logprobs` object of the choice; of a stream, that of the tokens not yet out).
+    logprobs: Any = None
 
 
 @dataclass(frozen=True)
@@ -109,6 +113,43 @@ class RequestState:
     refused_path: str | None = None  # the path this request's refusal wrote off (see `Engine._learn_refusal`)
     plain_calls: int = 0  # target-alone calls whose text is in the answer
     plain_usage: Mapping[str, Any] | None = None  # the usage the last of them reported
+    plain_logprobs: Any = None  # the caller's logprobs as the last of them sent them
+    #: The caller's logprobs of a streamed whole answer, as the target's chunks carried them, not yet out.
+    streamed_logprobs: list[Any] | None = None
+    logprob_shape: LogprobShape | None = None  # how the caller's logprobs are written (None: not asked)
+
+    # -- the caller's logprobs ------------------------------------------------------------------
+    def piece_logprobs(self) -> Any:
+        """The caller's logprobs of the tokens handed out since the last piece (None: not asked, or
+        left for the end, where the target's own list may stand in for them)."""
+        out, shape = self.out, self.logprob_shape
+        if self.streamed_logprobs is not None:
+            taken, self.streamed_logprobs[:] = list(self.streamed_logprobs), []
+            return joined(taken)
+        if shape is None or out.scores is None or out.scores_lost:
+            return None
+        return render(shape, out.take_scores(final=False))
+
+    def learn_offsets(self, logprobs: Any) -> None:
+        """Read the server's `text_offset` convention from a target-alone step at the answer's start."""
+        shape = self.logprob_shape
+        if shape is not None and shape.learn_offsets and self.output is not None and not self.output.text:
+            self.logprob_shape = learnt_offsets(shape, logprobs, len(self.request.context.prompt or ""))
+
+    def final_logprobs(self, alone: bool) -> Any:
+        """The caller's logprobs of the tokens not handed out yet. The target's own list as it sent it
+        when one target call wrote the whole answer (`alone`) and its tokens could not be kept one by
+        one, or the answer is collected; else written from the kept tokens' scores."""
+        out, shape = self.output, self.logprob_shape
+        if self.streamed_logprobs is not None:
+            return joined(self.streamed_logprobs)
+        if shape is None or out is None or out.scores is None:
+            return None
+        if alone and self.plain_logprobs is not None and (out.scores_lost or not self.request.stream):
+            return self.plain_logprobs
+        if out.scores_lost and self.inexact_reason is None:
+            self.inexact_reason = "approximate: the target did not show the logprobs of every token one by one: some are missing"
+        return render(shape, out.take_scores(final=True))
 
     # -- seeds ----------------------------------------------------------------------------------
     #: The seed a fan-out call used on this exact context (accepted text, seed), when its pick could

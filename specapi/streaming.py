@@ -15,7 +15,7 @@ from openai.types import Completion
 from openai.types.chat import ChatCompletionChunk
 
 from .request import Finished, Piece
-from .responses import response_id, usage
+from .responses import combined_stats, response_id, usage
 from .stats import SpeculativeStats
 
 __all__ = ["SpeculativeStream", "completion_chunks", "chat_chunks", "response_id"]
@@ -84,63 +84,66 @@ class _StreamResponse:
         await self._close()
 
 
-def _chunker(chat: bool, model: str) -> Callable[[dict[str, Any], str | None], dict[str, Any]]:
-    """What makes the chunks of one new response: a choice's own fields and its finish reason in, a chunk out."""
+def _chunker(chat: bool, model: str) -> Callable[..., dict[str, Any]]:
+    """What makes the chunks of one new response: a choice's own fields, its finish reason, its index and
+    its tokens' logprobs in, a chunk out."""
     ident, created = response_id(chat), int(time.time())
     kind = "chat.completion.chunk" if chat else "text_completion"
 
-    def chunk(fields: dict[str, Any], finish: str | None) -> dict[str, Any]:
-        choice = {"index": 0, **fields, "logprobs": None, "finish_reason": finish}
+    def chunk(fields: dict[str, Any], finish: str | None, index: int = 0, logprobs: Any = None) -> dict[str, Any]:
+        choice = {"index": index, **fields, "logprobs": logprobs, "finish_reason": finish}
         return {"id": ident, "object": kind, "created": created, "model": model, "choices": [choice]}
 
     return chunk
 
 
-async def completion_chunks(events: AsyncIterator[Piece | Finished], model: str, include_usage: bool) -> AsyncIterator[dict[str, Any]]:
-    chunker = _chunker(False, model)
+Events = AsyncIterator[tuple[int, Piece | Finished]]
 
-    def chunk(text: str, finish: str | None) -> dict[str, Any]:
-        return chunker({"text": text}, finish)
+
+async def _chunks(events: Events, chat: bool, model: str, include_usage: bool, choices: int) -> AsyncIterator[dict[str, Any]]:
+    """The chunks of `choices` interleaved choices (each event tagged with its choice's index): each
+    choice's text as it comes, its finish reason, then the usage and the statistics once all have ended."""
+    chunker = _chunker(chat, model)
+    started: set[int] = set()  # chat: the choices whose first delta (with the role) is out
+    finished: dict[int, Finished] = {}
+
+    def fields(index: int, text: str | None) -> dict[str, Any]:
+        if not chat:
+            return {"text": text or ""}
+        delta = {} if text is None else {"content": text}
+        if index not in started:
+            started.add(index)
+            delta = {"role": "assistant", "content": text or ""}
+        return {"delta": delta}
 
     try:
-        async for event in events:
+        async for index, event in events:
             if isinstance(event, Piece):
-                yield chunk(event.text, None)
+                yield chunker(fields(index, event.text), None, index, event.logprobs)
                 continue
-            last = chunk("", event.finish_reason)
+            finished[index] = event
+            last = chunker(fields(index, None), event.finish_reason, index, event.logprobs)
+            if len(finished) < choices:
+                yield last
+                continue
+            ended = [finished[i] for i in sorted(finished)]
             if include_usage:
                 yield last
-                last = {**chunk("", None), "choices": [], "usage": usage(event)}
+                last = {**chunker(fields(index, None), None), "choices": [], "usage": usage(*ended)}
             elif event.stream_usage:
-                last["usage"] = usage(event)  # as the target alone's stream ends (see Capabilities.stream_usage_unasked)
-            last["_speculative"] = event.stats
+                last["usage"] = usage(*ended)  # as the target alone's stream ends (see Capabilities.stream_usage_unasked)
+            last["_speculative"] = combined_stats([f.stats for f in ended])
             yield last
     finally:
         await events.aclose()  # type: ignore[attr-defined]
 
 
-async def chat_chunks(events: AsyncIterator[Piece | Finished], model: str, include_usage: bool) -> AsyncIterator[dict[str, Any]]:
-    chunker = _chunker(True, model)
+def completion_chunks(events: Events, model: str, include_usage: bool, choices: int = 1) -> AsyncIterator[dict[str, Any]]:
+    return _chunks(events, False, model, include_usage, choices)
 
-    def chunk(delta: dict[str, Any], finish: str | None) -> dict[str, Any]:
-        return chunker({"delta": delta}, finish)
 
-    first = True
-    try:
-        async for event in events:
-            if isinstance(event, Piece):
-                delta = {"role": "assistant", "content": event.text} if first else {"content": event.text}
-                first = False
-                yield chunk(delta, None)
-                continue
-            last = chunk({"role": "assistant", "content": ""} if first else {}, event.finish_reason)
-            if include_usage:
-                yield last
-                last = {**chunk({}, None), "choices": [], "usage": usage(event)}
-            last["_speculative"] = event.stats
-            yield last
-    finally:
-        await events.aclose()  # type: ignore[attr-defined]
+def chat_chunks(events: Events, model: str, include_usage: bool, choices: int = 1) -> AsyncIterator[dict[str, Any]]:
+    return _chunks(events, True, model, include_usage, choices)
 
 
 def parse_completion(data: dict[str, Any]) -> Completion:

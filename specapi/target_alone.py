@@ -14,6 +14,7 @@ from typing import Any
 
 from ._calls import Clock, Meter, RoleClient
 from .acceptance import Emitted
+from .alignment import token_bytes
 from .context import Context
 from .dialects.base import UNREADABLE, reading
 from .dialects.openai import Prefill, generation_request, openai_format
@@ -79,12 +80,18 @@ async def plain_step(
             completion = len(form.tokens(choice))
         except UNREADABLE:
             pass  # keep the billed count
+    scored = None
+    if context.logprobs is not None:
+        with reading(client, "generation logprobs"):
+            scored = tuple(form.tokens(choice))  # the caller's logprobs: every token's, as the target wrote them
     return PlainStep(
         text=text,
         finish_reason=choice.get("finish_reason"),
         completion_tokens=completion if isinstance(completion, int) else 0,
         prompt_tokens=usage.get("prompt_tokens"),
         latency_s=latency,
+        scored=scored,
+        logprobs=choice.get("logprobs") if scored is not None else None,
     )
 
 
@@ -116,9 +123,11 @@ async def plain_stream_batches(
     *,
     prefill: Prefill = Prefill(),
     usage: dict | None = None,
+    logprobs: list | None = None,
 ) -> AsyncIterator[list[tuple[str, str | None]]]:
     """`plain_stream`'s `(text, finish_reason)` pairs, those of chunks that arrived together in one
-    list (see `RoleClient.stream_batches`). Does not check that a finish_reason came."""
+    list (see `RoleClient.stream_batches`). Does not check that a finish_reason came. The chunks'
+    `logprobs` objects (the caller's, when it asked) are appended to `logprobs`, in order."""
     form = openai_format(context)
     path, body = generation_request(context, max_tokens, seed, stop, prefill, stream_usage=True)
     async with contextlib.aclosing(client.stream_batches(path, body, meter, options=context.options)) as batches:
@@ -132,6 +141,8 @@ async def plain_stream_batches(
                         continue
                     text = form.delta(choice)
                     finish = choice.get("finish_reason")
+                    if logprobs is not None and choice.get("logprobs") is not None:
+                        logprobs.append(choice["logprobs"])
                     if text or finish is not None:
                         out.append((text, finish))
             if out:
@@ -176,6 +187,10 @@ def can_stream(state: RequestState, context: Context) -> bool:
     kept as token ids is continued from its ids (one plain call)."""
     if context.token_ids is not None and state.verifier is not None and state.verifier.sends_token_ids:
         return False
+    if context.logprobs is not None:
+        # The caller's logprobs: a stream of the whole answer passes the target's own on as they come;
+        # later steps bring them with each step's tokens (see `_step_tokens`).
+        return not context.accepted and not state.rounds
     return not (context.is_chat and context.accepted and state.prefill.echoes_prefix)
 
 
@@ -190,7 +205,7 @@ async def target_call(
     if verifier is not None and verifier.sends_token_ids and context.token_ids is not None:
         step: PlainStep = await verifier.plain(context, max_tokens, state.target_meter, seed, stop, streamed=streamed)
         return step
-    if not streamed or not can_stream(state, context):
+    if not streamed or not can_stream(state, context) or context.logprobs is not None:
         return await plain_step(
             target, context, max_tokens, state.target_meter, seed, stop, count_tokens=count_tokens, prefill=state.prefill, whole_runs=whole_runs
         )
@@ -241,6 +256,8 @@ async def plain(target: RoleClient, clock: Clock, state: RequestState, context: 
         )
         state.plain_calls += 1
         state.plain_usage = state.target_meter.last_usage
+        state.plain_logprobs = step.logprobs
+        state.learn_offsets(step.logprobs)
         partial = step.finish_reason == "length" and (not step.text or step.text.endswith("\ufffd"))
         if not partial or step_tokens is None or last:
             break
@@ -268,7 +285,11 @@ def _step_tokens(step: PlainStep, step_tokens: int | None, remaining: int | None
     count = len(step.ids) if step.ids is not None and step.finish_reason == "length" else tokens_of(step, step_tokens)
     if remaining is not None:
         count = min(count, remaining)
-    if step.text or (step.finish_reason == "length" and count):
+    scored = _scored_tokens(step, count)
+    if scored:
+        new += scored  # the caller's logprobs: one token at a time, each with the target's scores
+        count -= len(scored)  # what remains is the end of text's, where the server counts it
+    elif step.text or (step.finish_reason == "length" and count):
         data = step.data if step.data is not None else step.text.encode("utf-8")
         new.append(Emitted(token=step.text, data=data, count=max(count, 1), ids=step.ids))
         count = 0  # counted with the text
@@ -280,6 +301,21 @@ def _step_tokens(step: PlainStep, step_tokens: int | None, remaining: int | None
     return new
 
 
+def _scored_tokens(step: PlainStep, count: int) -> list[Emitted] | None:
+    """A step's tokens one by one with their scores (the caller asked for logprobs), when they spell its
+    text (the last ones may go past a stop string the server cut) and its count holds them; else None."""
+    if not step.scored or not 0 <= count - len(step.scored) <= (0 if step.finish_reason == "length" else 1):
+        return None  # the list is not one entry per counted token (the end of text may be left out)
+    tokens = []
+    for token in step.scored:
+        data = token_bytes(token.text)
+        if data is None:
+            return None
+        tokens.append(Emitted(token=token.text, data=data, logprob=token.logprob, top=dict(token.top or {}), ids=(token.id,) if token.id is not None else None))
+    text = step.data if step.data is not None else step.text.encode("utf-8")
+    return tokens if b"".join(t.data for t in tokens).startswith(text) else None
+
+
 async def plain_streamed(
     target: RoleClient, clock: Clock, state: RequestState, context: Context, remaining: int | None, produced: int
 ) -> AsyncIterator[list[Emitted]]:
@@ -289,9 +325,11 @@ async def plain_streamed(
     usage: dict = {}
     # Chunks that arrived together (the reader fell behind, under load) go on as one piece: the
     # same tokens, counted one by one, with the work per piece (and per chunk sent on) done once.
+    if context.logprobs is not None:
+        state.streamed_logprobs = []  # the target's own, handed on with the text (`RequestState.piece_logprobs`)
     batches = plain_stream_batches(
         target, context, remaining, state.target_meter, state.plain_seed(context, True, produced), list(state.request.stop) or None,
-        prefill=state.prefill, usage=usage,
+        prefill=state.prefill, usage=usage, logprobs=state.streamed_logprobs,
     )
     chunks = 0
     started = clock()

@@ -107,8 +107,6 @@ def unverifiable(kwargs: Mapping[str, Any], allowed: set[str]) -> str | None:
         if name == "echo" and value is False:
             continue
         return f"argument {name!r} is not reproduced by verification"
-    if kwargs.get("n") not in (None, 1):
-        return "n > 1 is served by the target alone"
     extra = kwargs.get("extra_body") or {}
     greedy = kwargs.get("temperature") == 0
     for name, value in extra.items():

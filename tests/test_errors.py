@@ -501,11 +501,10 @@ def _canned_reply(model, path, body, status, payload):
 @pytest.mark.parametrize(
     "arguments",
     [
-        {"n": 2},
         {"logit_bias": {"50256": -100}},
         {"presence_penalty": 0.5},
         {"frequency_penalty": 0.3},
-        {"logprobs": 2},
+        {"echo": True, "logprobs": 2},
         {"echo": True},
         {"extra_body": {"repeat_penalty": 1.1}},
     ],
@@ -545,7 +544,7 @@ async def test_zero_penalties_still_speculate(provider, client):
 async def test_passthrough_failure_is_a_target_error(provider, client, sleep):
     provider.toy.fail_next(1000, 500, model="target")
     with pytest.raises(TargetError) as info:
-        await client.completions.create(prompt=PROMPT, max_tokens=5, n=2)
+        await client.completions.create(prompt=PROMPT, max_tokens=5, logit_bias={"50256": -100})
     assert isinstance(info.value.__cause__, openai.APIStatusError)
     assert len(sleep.calls) == MAX_RETRIES
 

@@ -100,12 +100,23 @@ def test_model_may_be_omitted_by_raw_clients(http):
 
 
 def test_target_only_requests_pass_through_exactly(sdk):
-    # logprobs cannot be reproduced by verification: the target serves the request alone, unchanged.
-    response = sdk.completions.create(model="target", prompt="ab", max_tokens=6, temperature=0, logprobs=2)
-    assert response.choices[0].text == TARGET.greedy("ab", 6)[0]
-    assert response.choices[0].logprobs is not None and len(response.choices[0].logprobs.tokens) == 6
+    # echo cannot be reproduced by verification: the target serves the request alone, unchanged.
+    response = sdk.completions.create(model="target", prompt="ab", max_tokens=6, temperature=0, logprobs=2, echo=True)
+    assert response.choices[0].text == "ab" + TARGET.greedy("ab", 6)[0]
+    assert response.choices[0].logprobs is not None and len(response.choices[0].logprobs.tokens) == 6 + 2
     assert response.model_extra["speculative"]["speculated"] is False
     assert response.model_extra["speculative"]["fallback_reason"]
+
+
+def test_logprobs_through_the_proxy_are_the_targets_own(sdk, upstream):
+    response = sdk.completions.create(model="target", prompt="ab", max_tokens=12, temperature=0, logprobs=2)
+    with openai.OpenAI(base_url=upstream.base_url, api_key=UPSTREAM_KEY, max_retries=0) as direct:
+        own = direct.completions.create(model="target", prompt="ab", max_tokens=12, temperature=0, logprobs=2)
+    assert response.choices[0].text == own.choices[0].text
+    mine, theirs = response.choices[0].logprobs, own.choices[0].logprobs
+    assert (mine.tokens, mine.text_offset) == (theirs.tokens, theirs.text_offset)
+    assert mine.token_logprobs == pytest.approx(theirs.token_logprobs, abs=1e-9)
+    assert response.model_extra["speculative"]["speculated"] is True
 
 
 # ----------------------------------------------------------------------------- statistics
@@ -351,7 +362,7 @@ def test_metrics_count_requests_and_speculation():
 
 def test_fallbacks_are_counted_by_category():
     with proxy_pair() as (srv, proxy), openai.OpenAI(base_url=proxy.url + "/v1", api_key=PROXY_KEY, max_retries=0) as client:
-        client.completions.create(model="target", prompt="ab", max_tokens=4, temperature=0, logprobs=1)
+        client.completions.create(model="target", prompt="ab", max_tokens=4, temperature=0, logprobs=1, echo=True)
         with httpx2.Client(base_url=proxy.url) as anonymous:
             text = anonymous.get("/metrics").text
     assert metric(text, "specapi_fallbacks_total", reason="target_only_request") == 1

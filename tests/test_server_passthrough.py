@@ -85,12 +85,39 @@ def _same_answer(proxied: dict[str, Any], direct: dict[str, Any]) -> None:
 
 
 TARGET_ALONE = [
-    ("/completions", {"prompt": "ab", "max_tokens": 6, "temperature": 0, "logprobs": 2}),
     ("/completions", {"prompt": "fa c", "max_tokens": 4, "temperature": 0, "echo": True, "logprobs": 1}),
     ("/completions", {"prompt": "dd e", "max_tokens": 0, "echo": True, "logprobs": 1}),
     ("/completions", {"prompt": "dd e", "max_tokens": 0, "echo": True}),
+]
+#: Requests whose logprobs speculate (test_logprobs.py): the choices are the target's all the same.
+WITH_LOGPROBS = [
+    ("/completions", {"prompt": "ab", "max_tokens": 6, "temperature": 0, "logprobs": 2}),
     ("/chat/completions", {"messages": [{"role": "user", "content": "ab"}], "max_tokens": 6, "temperature": 0, "logprobs": True, "top_logprobs": 2}),
 ]
+
+
+@pytest.mark.parametrize(("path", "body"), WITH_LOGPROBS)
+def test_a_request_with_logprobs_gets_the_targets_choices(setup, path, body):
+    toy, http, _ = setup
+    direct = toy.direct(path, body)
+    assert direct.status_code == 200, direct.text
+    response = http.post("/v1" + path, json=body)
+    assert response.status_code == 200, response.text
+    [mine], [theirs] = _rounded(response.json()["choices"]), _rounded(direct.json()["choices"])
+    for name in ("text", "message", "finish_reason", "logprobs"):
+        if name == "message" and name in theirs:
+            assert mine[name]["content"] == theirs[name]["content"]
+        else:
+            assert mine.get(name) == theirs.get(name)
+
+
+def _rounded(value):  # type: ignore[no-untyped-def]
+    """The JSON with its floats to 9 places: logprobs equal within float rounding."""
+    if isinstance(value, dict):
+        return {k: _rounded(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_rounded(v) for v in value]
+    return round(value, 9) if isinstance(value, float) else value
 
 
 @pytest.mark.parametrize(("path", "body"), TARGET_ALONE)

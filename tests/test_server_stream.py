@@ -84,8 +84,8 @@ def test_streamed_chat_is_the_targets_greedy_output(sdk, content):
 
 
 def test_streamed_target_only_request_carries_stats_in_its_last_chunk(sdk):
-    chunks = list(sdk.completions.create(model="target", prompt="ab", max_tokens=6, temperature=0, logprobs=1, stream=True))
-    assert "".join(c.choices[0].text for c in chunks if c.choices) == TARGET.greedy("ab", 6)[0]
+    chunks = list(sdk.completions.create(model="target", prompt="ab", max_tokens=6, temperature=0, logprobs=1, echo=True, stream=True))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == "ab" + TARGET.greedy("ab", 6)[0]
     assert chunks[-1].model_extra["speculative"]["speculated"] is False
 
 

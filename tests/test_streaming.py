@@ -422,9 +422,9 @@ async def test_next_data_gives_the_chunks_as_json_objects_with_the_statistics_se
     stats = _Stats()
 
     async def events():
-        yield Piece(text="Hel")
-        yield Piece(text="lo")
-        yield Finished(finish_reason="stop", stats=stats, completion_tokens=2, prompt_tokens=3)
+        yield 0, Piece(text="Hel")
+        yield 0, Piece(text="lo")
+        yield 0, Finished(finish_reason="stop", stats=stats, completion_tokens=2, prompt_tokens=3)
 
     stream = SpeculativeStream(completion_chunks(events(), "m", include_usage=False), parse_completion)
     chunks = []

@@ -3,16 +3,28 @@
 Chat answers list `logprobs.content` (`{token, logprob, bytes, top_logprobs: [...]}`, llama.cpp adding `id`);
 OpenAI's legacy completions list parallel arrays (`tokens`, `token_logprobs`, `top_logprobs` as dicts), which
 llama-server replaces with the chat shape; vLLM's `prompt_logprobs` score the prompt, position by position.
+
+The caller's own logprobs go the other way: `caller_logprobs` reads what a `create` call asked for,
+`caller_fields` asks a target call for the same, and `render` writes the target's scores of the kept
+tokens in the shape the target alone answers (`LogprobShape`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from ..alignment import ScoredToken
+from .._exceptions import ConfigurationError
+from ..alignment import ScoredToken, token_bytes
 
-__all__ = ["completion_tokens", "chat_tokens", "prompt_logprob_tokens", "WireError"]
+__all__ = [
+    "completion_tokens", "chat_tokens", "prompt_logprob_tokens", "WireError",
+    "caller_logprobs", "caller_fields", "LogprobShape", "TokenScore", "joined", "learnt_offsets", "render", "top_list",
+]
+
+#: The longest top list a chat request may ask (OpenAI's and vLLM's cap).
+CHAT_MAX_TOP = 20
 
 
 class WireError(ValueError):
@@ -113,3 +125,124 @@ def prompt_logprob_tokens(entries: Any, token_ids: Any) -> list[ScoredToken]:
         }
         tokens.append(ScoredToken(text=str(actual["decoded_token"]), logprob=float(actual["logprob"]), top=top))
     return tokens
+
+
+def caller_logprobs(chat: bool, kwargs: MutableMapping[str, Any]) -> int | None:
+    """The length of the top lists the caller asked for (0: the tokens' own logprobs only), None when it
+    asked for no logprobs; the fields are taken out of `kwargs`. Chat: `logprobs=True` with
+    `top_logprobs` 0..20; completions: `logprobs` an integer."""
+    if not chat:
+        value = kwargs.pop("logprobs", None)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ConfigurationError(f"logprobs must be an integer >= 0, got {value!r}")
+        return value
+    asked, top = kwargs.pop("logprobs", None), kwargs.pop("top_logprobs", None)
+    if asked is not None and not isinstance(asked, bool):
+        raise ConfigurationError(f"logprobs must be a boolean, got {asked!r}")
+    if top is not None and (isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= CHAT_MAX_TOP):
+        raise ConfigurationError(f"top_logprobs must be an integer in [0, {CHAT_MAX_TOP}], got {top!r}")
+    if top is not None and not asked:
+        raise ConfigurationError("top_logprobs needs logprobs=True")
+    return (top or 0) if asked else None
+
+
+def caller_fields(chat: bool, count: int) -> dict[str, Any]:
+    """The fields asking a target call for the caller's logprobs (`count` alternatives per token)."""
+    return {"logprobs": True, "top_logprobs": count} if chat else {"logprobs": count}
+
+
+@dataclass(frozen=True)
+class TokenScore:
+    """One token of the answer with the target's scores: `text` as the server spells it, `data` its
+    bytes, `offset` where it starts in the answer (code points; a token inside a character sits where
+    that character starts)."""
+
+    text: str
+    data: bytes
+    logprob: float | None
+    top: Mapping[str, float] | None
+    offset: int
+
+
+@dataclass(frozen=True)
+class LogprobShape:
+    """How the target alone writes the caller's logprobs: chat items or completions arrays, `top`
+    alternatives each; completions add `offset_base` to each token's offset (None: the server sends -1
+    for every offset, as SGLang does) and, with `with_chosen`, list the chosen token among its
+    alternatives as vLLM does."""
+
+    chat: bool
+    top: int
+    offset_base: int | None = 0
+    with_chosen: bool = False
+    #: The server's convention is not known: it is read from the first target-alone step's own offsets
+    #: (`learnt_offsets`), and `offset_base` holds the prompt's length until then.
+    learn_offsets: bool = False
+
+
+def learnt_offsets(shape: LogprobShape, logprobs: Any, prompt_chars: int) -> LogprobShape:
+    """The shape with the offset convention a target-alone step showed for its first token, which sits at
+    the answer's start: the prompt's length (OpenAI), 0 (vLLM) or -1 (SGLang). Unchanged when the step
+    shows none (no token, or the chat shape)."""
+    offsets = logprobs.get("text_offset") if isinstance(logprobs, Mapping) else None
+    if not isinstance(offsets, Sequence) or not offsets or not isinstance(offsets[0], int) or isinstance(offsets[0], bool):
+        return shape
+    first = offsets[0]
+    base = None if first < 0 else (prompt_chars if first == prompt_chars else 0)
+    return LogprobShape(chat=shape.chat, top=shape.top, offset_base=base, with_chosen=shape.with_chosen)
+
+
+def top_list(score: TokenScore, count: int) -> list[tuple[str, float]]:
+    """The `count` likeliest alternatives at the token's position, the server's order kept among equals:
+    its list together with the token itself (some lists leave the token out)."""
+    listed = dict(score.top or {})
+    if score.logprob is not None:
+        listed.setdefault(score.text, score.logprob)
+    ranked = sorted(listed.items(), key=lambda item: -item[1])
+    return ranked[:count]
+
+
+def _spelled_bytes(text: str) -> list[int]:
+    data = token_bytes(text)
+    return list(data if data is not None else text.encode("utf-8"))
+
+
+def render(shape: LogprobShape, scores: Sequence[TokenScore]) -> dict[str, Any]:
+    """The `logprobs` object of a choice (or of one chunk) holding `scores`."""
+    if shape.chat:
+        return {
+            "content": [
+                {
+                    "token": s.text, "logprob": s.logprob, "bytes": list(s.data),
+                    "top_logprobs": [{"token": t, "logprob": v, "bytes": _spelled_bytes(t)} for t, v in top_list(s, shape.top)],
+                }
+                for s in scores
+            ]
+        }  # fmt: skip
+    tops = []
+    for s in scores:
+        top = dict(top_list(s, shape.top))
+        if shape.with_chosen and s.logprob is not None:
+            top.setdefault(s.text, s.logprob)
+        tops.append(top)
+    base = shape.offset_base
+    return {
+        "tokens": [s.text for s in scores],
+        "token_logprobs": [s.logprob for s in scores],
+        "top_logprobs": tops,
+        "text_offset": [-1 if base is None else base + s.offset for s in scores],
+    }
+
+
+def joined(objects: Sequence[Any]) -> Any:
+    """Several `logprobs` objects of one choice (a stream's chunks) as one, in order: the chat shape's
+    items, or the completions arrays, one after the other. None when there are none."""
+    parts = [o for o in objects if isinstance(o, Mapping)]
+    if not parts:
+        return None
+    if len(parts) == 1:
+        return parts[0]
+    keys = [k for k in parts[0] if all(isinstance(p.get(k), list) for p in parts)]
+    return {**parts[0], **{k: [item for p in parts for item in p[k]] for k in keys}}

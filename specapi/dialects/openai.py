@@ -28,7 +28,7 @@ from typing import Any
 
 from ..alignment import ScoredToken
 from ..context import Context
-from .logprobs import chat_tokens, completion_tokens
+from .logprobs import caller_fields, chat_tokens, completion_tokens
 
 __all__ = [
     "CHAT_FIELDS",
@@ -235,6 +235,8 @@ def generation_request(
     body.update(form.prompt_fields(context, prefill=prefill))
     if count_tokens:
         body.update(form.logprobs())
+    if context.logprobs is not None:
+        body.update(caller_fields(form.chat, context.logprobs))  # the caller's own, as the target alone gets them
     if stream_usage:
         body["stream_options"] = {"include_usage": True}
     if prediction:
