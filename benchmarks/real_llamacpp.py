@@ -5,7 +5,8 @@ whose decode step is real matrix work (4 F32 blocks of width 1024, about 186 MB,
 so a step is bound by memory, and a few tokens scored in one batch cost much less than as many steps)
 and a draft of one small block, both carrying the tiny pair's bigram tables (greedy agreement about 77%
 per token). Every server is llama.cpp's `llama-server` as `tests/real` builds it, one thread each
-(`--threads-batch` gives the target's batches more), on 127.0.0.1. Side by side, on the same prompts
+(`--threads-batch` gives the target's batches more), on 127.0.0.1; the target's and the in-engine ones
+with `--kv-unified --cache-ram 0` (`--target-flags`; why: docs/performance.md). Side by side, on the same prompts
 (three code, three prose, one of them CJK), greedy and at temperature 0.7 (llama-server's own sampler
 chain, pinned: top_k 40, top_p 0.95, min_p 0.05):
 
