@@ -5,7 +5,8 @@ whose decode step is real matrix work (4 F32 blocks of width 1024, about 186 MB,
 so a step is bound by memory, and a few tokens scored in one batch cost much less than as many steps)
 and a draft of one small block, both carrying the tiny pair's bigram tables (greedy agreement about 77%
 per token). Every server is llama.cpp's `llama-server` as `tests/real` builds it, one thread each
-(`--threads-batch` gives the target's batches more), on 127.0.0.1. Side by side, on the same prompts
+(`--threads-batch` gives the target's batches more), on 127.0.0.1; the target's and the in-engine ones
+with `--kv-unified --cache-ram 0` (`--target-flags`; why: docs/performance.md). Side by side, on the same prompts
 (three code, three prose, one of them CJK), greedy and at temperature 0.7 (llama-server's own sampler
 chain, pinned: top_k 40, top_p 0.95, min_p 0.05):
 
@@ -98,6 +99,11 @@ ALPHA = 1e-3
 #: Slots of the target server: a greedy token-ids round sends K + 1 prompts at once (K up to 10).
 TARGET_SLOTS = 12
 DEFAULT_TUNED = ["--spec-draft-n-max 8 --spec-draft-p-min 0.3"]
+#: The target's llama-server (and the in-engine ones, alike): one KV pool for every slot, and no prompt
+#: cache in RAM. Without `--kv-unified` a batch over several slots is split into one forward pass per
+#: slot length (a round's K + 1 prompts cost 73 ms instead of 31 ms); with it but with the RAM cache,
+#: the server clears idle slots and a round re-evaluates whole prompts (docs/performance.md).
+TARGET_FLAGS = "--kv-unified --cache-ram 0"
 STARTUP_S = 120.0
 REQUEST_TIMEOUT_S = 300.0
 
@@ -536,11 +542,12 @@ def servers(args: argparse.Namespace, logs: pathlib.Path) -> Iterator[dict[str, 
     in_engine = ["--model-draft", str(draft_model), "--spec-type", "draft-simple", "--spec-draft-threads", "1", "--spec-draft-threads-batch", "1"]
     started: dict[str, Process] = {}
     try:
-        started["target"] = start_process("target llama-server", llama_server_argv(binary, target_model, "compute-target", slots=args.target_slots, threads_batch=args.threads_batch), logs, "/health")
+        target_flags = args.target_flags.split()
+        started["target"] = start_process("target llama-server", llama_server_argv(binary, target_model, "compute-target", slots=args.target_slots, extra=target_flags, threads_batch=args.threads_batch), logs, "/health")
         started["draft"] = start_process("draft llama-server", llama_server_argv(binary, draft_model, "compute-draft", slots=TARGET_SLOTS), logs, "/health")
-        started["in-engine"] = start_process("in-engine llama-server (defaults)", llama_server_argv(binary, target_model, "compute-target", slots=4, extra=in_engine, threads_batch=args.threads_batch), logs, "/health")
+        started["in-engine"] = start_process("in-engine llama-server (defaults)", llama_server_argv(binary, target_model, "compute-target", slots=4, extra=in_engine + target_flags, threads_batch=args.threads_batch), logs, "/health")
         for flags in args.tuned:
-            started[f"in-engine {flags}"] = start_process(f"in-engine llama-server ({flags})", llama_server_argv(binary, target_model, "compute-target", slots=4, extra=in_engine + flags.split(), threads_batch=args.threads_batch), logs, "/health")
+            started[f"in-engine {flags}"] = start_process(f"in-engine llama-server ({flags})", llama_server_argv(binary, target_model, "compute-target", slots=4, extra=in_engine + target_flags + flags.split(), threads_batch=args.threads_batch), logs, "/health")
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
         serve = [
             sys.executable, "-c", "from specapi.cli import cli; cli()", "serve",
@@ -730,6 +737,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--samples", type=int, help="samples per distribution check at T=0.7 (default 200; --quick 60)")
     parser.add_argument("--tuned", action="append", help=f"extra llama-server flags of a tuned in-engine row (repeatable; default {DEFAULT_TUNED!r}; 'none' leaves it out)")
     parser.add_argument("--threads-batch", type=int, default=1, help="threads of the target's batches (verify calls, prompts) on the target and in-engine servers; decode steps keep one (default 1)")
+    parser.add_argument("--target-flags", default=TARGET_FLAGS, help=f"llama-server flags of the target and in-engine servers (default {TARGET_FLAGS!r})")
     parser.add_argument("--target-slots", type=int, default=TARGET_SLOTS, help=f"--parallel of the target's llama-server (default {TARGET_SLOTS})")
     parser.add_argument("--diagnose", type=int, action="append", metavar="K", help="a row of specapi's client with a fixed draft length K (repeatable; default 4; 0 leaves it out): what its rounds cost, and a distribution check of rounds that happen")
     parser.add_argument("--proxy-flag", dest="proxy_flags", action="append", default=[], metavar="FLAG", help="a word added to `specapi serve`'s command line (repeatable)")

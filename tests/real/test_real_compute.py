@@ -6,7 +6,8 @@ llama.cpp's in-engine speculation with the same pair and `specapi serve` in fron
 (fixed draft length 4, so that it speculates on every request). The benchmark's own rows answer a code,
 a prose and a CJK prompt greedily, 32 tokens each: every text must be the target alone's, and the rows
 that speculate must have kept draft tokens (llama.cpp's `draft_n_accepted`, specapi's
-`accepted_tokens`). Speed is the benchmark's business (ratios from one run), never asserted here.
+`accepted_tokens`), and a round's slots must evaluate only what they have not cached (llama-server's own
+count of prompt tokens). Speed is the benchmark's business (ratios from one run), never asserted here.
 """
 
 from __future__ import annotations
@@ -59,5 +60,10 @@ async def test_greedy_texts_are_the_target_alones_and_rounds_happen(compute: dic
     client = rows[f"specapi client, fixed K={K}"]
     assert client.rounds >= len(PROMPTS), [s.note for s in client.samples]
     assert all(s.note.startswith("token-ids") for s in client.samples), [s.note for s in client.samples]
+    # Each slot of a round evaluates the tokens emitted since it last ran and its draft tail (about K + 1
+    # an output token, plus K(K + 1) / 2 a round), not its whole prompt: 30-60 an output token where the
+    # server re-reads whole prompts (a unified KV pool with the RAM prompt cache on, its default).
+    evaluated = client.counters["target llama-server"]["prompt_tokens_total"] / client.tokens
+    assert evaluated < 3 * (K + 1), f"{evaluated:.1f} prompt tokens evaluated per output token"
     # CPU seconds were read for every process of every row (the benchmark's column).
     assert alone.cpu_s["target llama-server"] > 0 and client.cpu_s["draft llama-server"] > 0, (alone.cpu_s, client.cpu_s)
