@@ -12,8 +12,9 @@ Each row is one request: the base request (greedy, a short limit) with the row's
   `speculative.fallback_reason` holds the reason shown) and ran no round.
 * `clear error`: raised before any request (the exception and message shown; no request recorded).
 
-Rows whose outcome `i36l`'s logprobs and `n` work may change (they may come to speculate) are `same`:
-only equality with the target alone is asserted there.
+* `usage per choice` (`n` > 1 on llama-server only): the same but for usage. llama-server's own usage
+  for `n` > 1 counts one choice's tokens, and varies from run to run; specapi bills every choice's, as
+  OpenAI and vLLM bill `n`: the prompt once, and `n` times the one-choice answer's tokens (greedy).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from typing import Any
 
 from specapi import ConfigurationError
 
-__all__ = ["ROWS", "Outcome", "Row", "LLAMA_EXTRAS", "SAME", "alone", "error", "request_args", "render", "DOC", "MARKERS"]
+__all__ = ["ROWS", "Outcome", "Row", "LLAMA_EXTRAS", "SAME", "PER_CHOICE", "alone", "error", "request_args", "render", "DOC", "MARKERS"]
 
 #: The llama.cpp sampling extras the issue names (sent in `extra_body`).
 LLAMA_EXTRAS = ("repeat_penalty", "top_k", "min_p", "typical_p", "n_probs", "grammar", "json_schema", "cache_prompt")
@@ -49,6 +50,12 @@ class Outcome:
 
 
 SAME = Outcome("same")
+
+#: `n` > 1 on llama-server: see the module's docstring.
+PER_CHOICE = Outcome("usage per choice", "llama-server's own usage for n > 1 counts one choice's tokens")
+
+#: Completions take the token-ids path there (it scores no top list); chat, llama-server's own shape.
+_LLAMA_LOGPROBS = "the target alone generates, with its own logprobs"
 
 
 def alone(reason: str) -> Outcome:
@@ -118,7 +125,7 @@ def _common(resource: str) -> list[Row]:
             note="toy: its own 400 (it takes no penalties); llama-server: speculated (it counts the prompt in penalties)"),
         Row(r, "presence_penalty", {"presence_penalty": 0.5}, "0.5", SAME, SAME, note="as frequency_penalty"),
         Row(r, "logit_bias", {"logit_bias": {"3": 5}}, '{"3": 5}', SAME, _unverified("logit_bias"), note="toy: its own 400"),
-        Row(r, "n", {"n": 2}, "2", SAME, SAME, note="i36l: n > 1; only equality is asserted"),
+        Row(r, "n", {"n": 2}, "2", SAME, PER_CHOICE, note="each choice its own speculative run"),
         Row(r, "seed", {"seed": 7}, "7", SAME, SAME),
         Row(r, "stop", {"stop": lambda known: known["stop_word"]}, "a piece of the greedy text", SAME, SAME),
         Row(r, "stream", {}, "True / False (every row runs both)", SAME, SAME),
@@ -162,7 +169,7 @@ def _completions() -> list[Row]:
         Row(r, "max_tokens", {"max_tokens": DROP}, "not given (the server's default)", SAME, SAME),
         Row(r, "best_of", {"best_of": 1}, "1", _unverified("best_of"), _unverified("best_of")),
         Row(r, "echo", {"echo": True}, "True", _unverified("echo"), _unverified("echo")),
-        Row(r, "logprobs", {"logprobs": 2}, "2", SAME, SAME, note="i36l: may speculate; only equality is asserted"),
+        Row(r, "logprobs", {"logprobs": 2}, "2", SAME, alone(_LLAMA_LOGPROBS), note="speculated on echo and fan-out; llama-server: token ids score no top list"),
         Row(r, "suffix", {"suffix": " end"}, '" end"', _unverified("suffix"), _unverified("suffix")),
         *_common(r),
     ]
@@ -181,7 +188,7 @@ def _chat() -> list[Row]:
         Row(r, "audio", {"audio": {"voice": "alloy", "format": "wav"}}, '{"voice": "alloy", "format": "wav"}', _unverified("audio"), _unverified("audio")),
         Row(r, "function_call", {"function_call": "none"}, '"none"', _unverified("function_call"), _unverified("function_call")),
         Row(r, "functions", {"functions": _FUNCTIONS}, "one function", _unverified("functions"), _unverified("functions")),
-        Row(r, "logprobs", {"logprobs": True}, "True", SAME, SAME, note="i36l: may speculate; only equality is asserted"),
+        Row(r, "logprobs", {"logprobs": True}, "True", SAME, alone(_LLAMA_LOGPROBS), note="speculated on fan-out; llama-server lists one entry per character"),
         Row(r, "top_logprobs", {"logprobs": True, "top_logprobs": 2}, "2 (with logprobs)", SAME, SAME, note="as logprobs"),
         Row(r, "metadata", {"metadata": {"k": "v"}}, '{"k": "v"}', SAME, SAME),
         Row(r, "modalities", {"modalities": ["text"]}, '["text"]', _unverified("modalities"), _unverified("modalities")),

@@ -246,7 +246,7 @@ async def test_max_tokens_validation_and_errors(srv, aclient):
     with pytest.raises(openai.BadRequestError):
         await aclient.completions.create(model="target", prompt="xyz", max_tokens=1)
     with pytest.raises(openai.BadRequestError):
-        await aclient.completions.create(model="target", prompt="ab", max_tokens=2, n=2)
+        await aclient.completions.create(model="target", prompt="ab", max_tokens=2, n=0)
     with pytest.raises(openai.BadRequestError):
         await aclient.completions.create(model="target", prompt="ab", max_tokens=2, logprobs=21)
     with pytest.raises(openai.NotFoundError):
@@ -416,3 +416,27 @@ def test_delay():
             t0 = time.perf_counter()
             post(s, "/completions", {"model": "target", "prompt": "ab", "max_tokens": 1})
             assert time.perf_counter() - t0 < 0.05
+
+
+async def test_n_choices_are_drawn_apart_and_billed_with_the_prompt_once(srv, aclient):
+    """n > 1 as OpenAI and vLLM answer it: choices indexed in order, a seeded choice i drawn with the seed
+    plus i, the prompt billed once; streamed, each chunk names its choice and one usage ends the stream."""
+    one = [await aclient.completions.create(model="target", prompt="ab", max_tokens=6, temperature=1.0, seed=40 + i)
+           for i in range(3)]
+    both = await aclient.completions.create(model="target", prompt="ab", max_tokens=6, temperature=1.0, seed=40, n=3)
+    assert [c.index for c in both.choices] == [0, 1, 2]
+    assert [c.text for c in both.choices] == [r.choices[0].text for r in one]
+    assert both.usage.prompt_tokens == one[0].usage.prompt_tokens
+    assert both.usage.completion_tokens == sum(r.usage.completion_tokens for r in one)
+    stream = await aclient.chat.completions.create(
+        model="target", messages=[{"role": "user", "content": "ab"}], max_tokens=4, temperature=0, n=2, stream=True,
+        stream_options={"include_usage": True})
+    texts, usages = ["", ""], []
+    async for chunk in stream:
+        for c in chunk.choices:
+            texts[c.index] += c.delta.content or ""
+        if chunk.usage is not None:
+            usages.append(chunk.usage)
+    alone = await aclient.chat.completions.create(model="target", messages=[{"role": "user", "content": "ab"}], max_tokens=4, temperature=0)
+    assert texts == [alone.choices[0].message.content] * 2
+    assert len(usages) == 1 and usages[0].completion_tokens == 2 * alone.usage.completion_tokens

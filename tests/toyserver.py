@@ -44,7 +44,7 @@ by one server, selected by the request's ``model`` ("target" / "draft").
   ``max_tokens`` (default 16; >= 0 with echo, else >= 1), ``temperature`` (default 1; 0 = argmax,
   ties to the lowest id), ``top_p``, ``top_k`` (vLLM's order: temperature, top_k, top_p), ``seed`` (reproducible sampling; absent = fresh
   randomness), ``stop`` (str or list; matched in the generated text only, not included in the
-  output, finish_reason "stop"), ``n`` (1 only), ``logprobs`` (int k in 0..max_logprobs (20),
+  output, finish_reason "stop"), ``n`` (each choice drawn apart, the prompt billed once), ``logprobs`` (int k in 0..max_logprobs (20),
   -1 = all: top-k plus the chosen token; raw = temperature-1 values, clamped at -9999),
   ``echo`` (prompt first; with logprobs the prompt tokens and their logprobs come first, position
   0 ``null``), vLLM's ``prompt_logprobs`` (int; ``choices[0].prompt_logprobs``),
@@ -93,7 +93,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 __all__ = [
@@ -637,9 +637,11 @@ class ToyServer:
                     hdrs["Retry-After"] = f"{fault.retry_after:g}"
                 raise ToyError(fault.status, fault.message or f"injected failure ({fault.status})", headers=hdrs)
             omit = fault is not None and fault.kind == "omit_logprobs"
-            if endpoint == "chat":
-                return self._chat(model_name, body, omit)
-            return self._completions(model_name, body, omit)
+            one = self._chat if endpoint == "chat" else self._completions
+            n = _int_param(body, "n", 1, lo=1, hi=128)
+            if n == 1:
+                return one(model_name, body, omit)
+            return self._choices(one, model_name, body, omit, n)
         raise ToyError(404, f"no route for {method} {path}", code="not_found")
 
     def _model_card(self, name: str) -> dict[str, Any]:
@@ -655,8 +657,6 @@ class ToyServer:
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
             raise ToyError(400, "'seed' must be an integer", param="seed")
         rng = random.Random(seed) if seed is not None else random.Random()
-        if _int_param(body, "n", 1, lo=1) != 1:
-            raise ToyError(400, "the toy server supports only n=1", param="n")
         if _int_param(body, "best_of", 1, lo=1) != 1:
             raise ToyError(400, "the toy server supports only best_of=1", param="best_of")
         for name in ("presence_penalty", "frequency_penalty"):
@@ -695,6 +695,48 @@ class ToyServer:
             out.append({str(t): {"logprob": _lp(probs[t]), "rank": rank[t], "decoded_token": TOKENS[t]}
                         for t in sorted(chosen, key=lambda t: rank[t])})
         return out
+
+    # -- n > 1
+    def _choices(self, one: Callable[[str, Mapping[str, Any], bool], "_Reply"], name: str, body: Mapping[str, Any],
+                 omit: bool, n: int) -> "_Reply":
+        """`n` choices as OpenAI and vLLM answer them: each drawn on its own (a seeded request's choice i with
+        the seed plus i), indexed 0..n-1, one request billed with the prompt once."""
+        seed = body.get("seed")
+        streamed = bool(body.get("stream"))
+        with self._lock:
+            before = self.stats[name].prompt_tokens
+        replies = [one(name, {**body, "n": 1, "stream_options": {"include_usage": True} if streamed else None,
+                              "seed": seed + i if isinstance(seed, int) and not isinstance(seed, bool) else seed}, omit)
+                   for i in range(n)]
+        with self._lock:  # the n calls above billed the prompt n times and counted n requests
+            s = self.stats[name]
+            prompt_tokens = (s.prompt_tokens - before) // n
+            s.prompt_tokens -= prompt_tokens * (n - 1)
+            s.requests -= n - 1
+
+        def usage_of(completion_tokens: int, first: Mapping[str, Any]) -> dict[str, Any]:
+            return {**first, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens}
+
+        if not streamed:
+            usages = [r.payload["usage"] for r in replies]
+            choices = [{**r.payload["choices"][0], "index": i} for i, r in enumerate(replies)]
+            usage = usage_of(sum(u["completion_tokens"] for u in usages), usages[0])
+            return _Reply(200, {**replies[0].payload, "choices": choices, "usage": usage})
+        wants_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+
+        def chunks() -> Iterable[tuple[float, dict[str, Any]]]:
+            usages: list[Mapping[str, Any]] = []
+            for i, reply in enumerate(replies):
+                for delay, chunk in reply.stream or ():
+                    if not chunk["choices"] and "usage" in chunk:
+                        usages.append(chunk["usage"])
+                        continue
+                    yield delay, {**chunk, "choices": [{**c, "index": i} for c in chunk["choices"]]}
+            if wants_usage:
+                usage = usage_of(sum(u["completion_tokens"] for u in usages), usages[0])
+                yield 0.0, {"id": f"cmpl-{uuid.uuid4().hex}", "object": "chat.completion.chunk" if "messages" in body
+                            else "text_completion", "created": int(time.time()), "model": name, "choices": [], "usage": usage}
+        return _Reply(200, None, stream=chunks())
 
     # -- /v1/completions
     def _completions(self, name: str, body: Mapping[str, Any], omit_logprobs: bool) -> "_Reply":

@@ -149,8 +149,12 @@ def caller_logprobs(chat: bool, kwargs: MutableMapping[str, Any]) -> int | None:
 
 
 def caller_fields(chat: bool, count: int) -> dict[str, Any]:
-    """The fields asking a target call for the caller's logprobs (`count` alternatives per token)."""
-    return {"logprobs": True, "top_logprobs": count} if chat else {"logprobs": count}
+    """The fields asking a target call for the caller's logprobs (`count` alternatives per token). Chat
+    without alternatives sends `logprobs` alone, as the caller did: llama-server reads `top_logprobs: 0`
+    as "no logprobs" and answers `logprobs: null`."""
+    if not chat:
+        return {"logprobs": count}
+    return {"logprobs": True, "top_logprobs": count} if count else {"logprobs": True}
 
 
 @dataclass(frozen=True)

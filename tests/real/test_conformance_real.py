@@ -11,13 +11,14 @@ checked against the server's own distributions too.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import openai
 import pytest
 import pytest_asyncio
 
-from conformance_matrix import ROWS, Row, request_args
+from conformance_matrix import PER_CHOICE, ROWS, Row, request_args
 from real_helpers import Server, ServerPair
 from specapi import AsyncSpeculativeOpenAI
 from test_conformance import Case, Observed, compare_with, observe
@@ -230,6 +231,11 @@ async def test_the_matrix_on_llama_server(ls: ServerPair, matrix: Any, row: Row)
     for stream in (mode == "stream" for mode in row.modes):
         for name in names:
             got, expected = await compare_with(clients[name], alone, ls.target.model, chat, stream, request)
+            if outcome is PER_CHOICE:  # usage: the prompt once, every choice's tokens (greedy: the one-choice answer's)
+                create = alone.chat.completions.create if chat else alone.completions.create
+                one = (await observe(create, chat, False, **{"model": ls.target.model, **request, "n": 1})).usage
+                assert one is not None and got.usage == (one[0], request["n"] * one[1]), (name, stream, got.usage, one)
+                got = replace(got, usage=expected.usage)
             assert not got.differences(expected), (name, stream, got.differences(expected))
             if outcome.kind == "target alone":
                 stats = got.speculative
