@@ -51,10 +51,12 @@ WHOLE_TOLERANCE = 1e-6
 #: The longest list asked after the sampler chain (the caller's top_k bounds the support).
 MAX_PROCESSED_LIST = 100
 
-#: Proposals per position beyond the draft's most likely token, on the unseeded batched path: the
-#: target also draws after each, so a position where the draft's first choice is not drawn but its
-#: second is yields one more token in the same request.
-ALTERNATIVES = 2
+#: Proposals beyond the draft's most likely token at each draft position, on the unseeded batched
+#: path: the target also draws after each, so a position where the draft's first choice is not drawn
+#: but its second is yields one more token in the same request. Each costs the prefill of its prompt's
+#: uncached tokens; on lan-code at T=0.7 a second alternative per position added a tenth as much as
+#: the first (docs/algorithm.md).
+ALTERNATIVES = 1
 #: The most tokens drawn after a token whose bytes the target's answer hid, to read them back.
 _MAX_HELD_STEP = 16
 

@@ -110,8 +110,12 @@ async def test_an_unseeded_round_is_one_target_request_without_a_seed_and_a_seed
         again = await client.completions.create(prompt=PROMPT, max_tokens=12, temperature=0.7, seed=5)
     rounds = [b for b in unseeded if isinstance(b["prompt"][0], list)]
     assert rounds and all("seed" not in b for b in rounds)
-    # Each round's request: the chain's prefixes (draft + 1) and two alternatives per draft position.
-    assert all(len(b["prompt"]) > 5 for b in rounds)
+    # Each round's request: the chain's prefixes (one of each length) and the alternatives (the length of
+    # the chain's prefix one further, another last token).
+    for body in rounds:
+        lengths = [len(p) for p in body["prompt"]]
+        chain = sorted(set(lengths))
+        assert chain == list(range(chain[0], chain[-1] + 1)) and len(lengths) > len(chain)
     assert drafts and all(b["temperature"] == 0.0 and b.get("return_tokens_as_token_ids") for b in drafts)
     assert seeded and all(isinstance(b["prompt"][0], int) and isinstance(b.get("seed"), int) for b in seeded)
     assert first.choices[0].text == again.choices[0].text
