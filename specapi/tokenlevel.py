@@ -34,7 +34,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 from ._calls import Meter, RoleClient
-from ._exceptions import EndpointError
+from ._exceptions import EndpointError, MalformedResponseError
 from .acceptance import Emitted, RoundDecision
 from .alignment import ScoredToken, complete_utf8_prefix
 from .context import Context
@@ -76,6 +76,9 @@ class TokenIdVerifier(VerifierBase):
     sends_token_ids = True
     _same_tokenizer: bool | None = field(default=None, repr=False)
     _processed_refused: bool = field(default=False, repr=False)
+    #: The draft server refused (or answered unreadably) a draft on ids named by id: this request's
+    #: drafts go as text.
+    _ids_draft_refused: bool = field(default=False, repr=False)
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
 
     async def prompt_ids(self, context: Context, meter: Meter) -> tuple[int, ...]:
@@ -130,14 +133,21 @@ class TokenIdVerifier(VerifierBase):
         was drawn from (after the sampler chain), where both servers list those and share a tokenizer;
         on the unseeded batched path (`model`: the request's drafter is the draft model), the draft's
         most likely ids with their alternatives; None otherwise (the engine's drafter proposes instead)."""
-        if model and self.draft_client is not None and self.batched_sampling(context) and context.sampling.point_mass_draft:
+        ids_draft = model and not self._ids_draft_refused and context.sampling.point_mass_draft
+        if ids_draft and self.draft_client is not None and self.batched_sampling(context):
             if not await self._shares_tokenizer(meter, draft_meter):
                 return None
             assert context.token_ids is not None
-            chain = await cast(SampledBatches, self.dialect).ids_draft(
-                self.draft_client, context.token_ids, k, sampling_fields(context, None, target=False), ALTERNATIVES, draft_meter,
-                options=context.options,
-            )
+            try:
+                chain = await cast(SampledBatches, self.dialect).ids_draft(
+                    self.draft_client, context.token_ids, k, sampling_fields(context, None, target=False), ALTERNATIVES, draft_meter,
+                    options=context.options,
+                )
+            except EndpointError as exc:
+                if not (exc.refused_shape or isinstance(exc, MalformedResponseError)):
+                    raise
+                self._ids_draft_refused = True  # an older server: the draft model proposes text, without alternatives
+                return None
             return tuple(ScoredToken(text=f"token_id:{i}", logprob=0.0, id=i, alternatives=alternatives) for i, alternatives in chain)
         list_length = self.processed_list(context)
         if list_length is None or self.draft_client is None or not self.dialect.lists_processed:

@@ -9,6 +9,7 @@ no top_k (the caller's top_k reaches only servers that apply it: the llama.cpp t
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import random
 from collections.abc import Mapping, Sequence
@@ -22,7 +23,8 @@ from specapi.acceptance import RoundDecision
 from specapi.context import Context
 from specapi.dialects import Pick
 from specapi.dialects.base import Generated
-from specapi.sim import EOS_TOKEN_ID, SimProvider, decode_text, encode_text, get_model, simulated_endpoints
+from specapi.sim import EOS_TOKEN_ID, SimProvider, SimResponse, decode_text, encode_text, get_model, simulated_endpoints
+
 from specapi.sim.corpus import UNIVERSE_SIZE
 from specapi.acceptance import SamplingParams
 from specapi.tokenlevel import TokenIdVerifier, decide_batched
@@ -203,3 +205,26 @@ async def test_a_held_token_is_kept_and_its_bytes_read_back_with_the_tokens_afte
     # position (the seed of the position after the held one), until the bytes make whole characters.
     assert emitted.ids == (11, 12) and emitted.data == "中".encode() and emitted.count == 2
     assert dialect.generated[0][0] == [5, 11] and dialect.generated[0][1] == 101
+
+
+async def test_a_draft_server_that_refuses_drafts_named_by_id_drafts_text_and_the_round_stays_batched():
+    provider = SimProvider(capabilities="vllm", latency="instant", seed=1)
+    handle = provider.handle
+    refused: list[dict] = []
+
+    async def refusing(method, path, body=None, headers=None):  # type: ignore[no-untyped-def]
+        parsed = json.loads(body) if isinstance(body, (bytes, str)) else body
+        if isinstance(parsed, dict) and parsed.get("return_tokens_as_token_ids"):
+            refused.append(parsed)
+            return SimResponse(400, {"content-type": "application/json"}, {"error": {"message": "unknown field", "type": "invalid_request_error"}})
+        return await handle(method, path, body, headers)
+
+    provider.handle = refusing  # type: ignore[method-assign]
+    target, draft = simulated_endpoints(provider=provider)
+    async with AsyncSpeculativeOpenAI(target=target, draft=draft, policy="fixed", num_speculative_tokens=4, drafter="model") as client:
+        responses = [await client.completions.create(prompt=PROMPT, max_tokens=16, temperature=0.7) for _ in range(2)]
+    assert all(r.speculative.speculated and r.speculative.exact and r.speculative.fallback_reason is None for r in responses)
+    assert len(refused) == 2  # asked once a request (each has its own verifier); then the model proposes text
+    assert [c for c in provider.calls if c.model == "sim-draft" and c.path == "/v1/completions"]
+    rounds = [c.body for c in provider.calls if c.model == "sim-target" and isinstance((c.body or {}).get("prompt"), list)]
+    assert rounds and all(isinstance(b["prompt"][0], list) and "seed" not in b for b in rounds if len(b["prompt"]) > 1)
