@@ -489,7 +489,8 @@ def _cut_decided(
     remaining = state.out.remaining
     if remaining is not None and sum(t.count for t in new if not t.eos) > remaining:
         # Tokens read back together (`TokenIdVerifier._read_held`) that reach past the caller's limit.
-        new = new[:-1]
+        while new and (new[-1].eos or sum(t.count for t in new if not t.eos) > remaining):
+            new = new[:-1]
         state.inexact_reason = state.inexact_reason or "approximate: a drawn token's bytes could not be read back within the limit, and it was drawn again"
     cut = new if decision.keeps_partial else _complete_characters(new, True, state)
     kept = [t for t in cut if not t.eos]

@@ -228,3 +228,18 @@ async def test_a_draft_server_that_refuses_drafts_named_by_id_drafts_text_and_th
     assert [c for c in provider.calls if c.model == "sim-draft" and c.path == "/v1/completions"]
     rounds = [c.body for c in provider.calls if c.model == "sim-target" and isinstance((c.body or {}).get("prompt"), list)]
     assert rounds and all(isinstance(b["prompt"][0], list) and "seed" not in b for b in rounds if len(b["prompt"]) > 1)
+
+
+async def test_a_held_token_whose_bytes_never_come_back_is_drawn_again_and_said_so():
+    class Unreadable(_HidingDialect):
+        async def detokenize(self, client, ids, meter):  # type: ignore[no-untyped-def]
+            return None
+
+    dialect = Unreadable()
+    verifier = TokenIdVerifier(client=_Client(), dialect=dialect)  # type: ignore[arg-type]
+    context = Context(prompt="x", sampling=SamplingParams(temperature=0.7, point_mass_draft=True), token_ids=(5,))
+    from specapi.alignment import ScoredToken
+
+    verification = await verifier.verify(context, (ScoredToken(text="token_id:3", logprob=0.0, id=3),), Meter(None), lambda: 7, 5)  # type: ignore[arg-type]
+    assert verification.decision is not None and verification.decision.redrawn and verification.decision.handover
+    assert [m for _, _, m in dialect.generated] == [1, 2, 4, 8, 16]  # each longer step with the same seed
