@@ -11,22 +11,19 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import random
-from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pytest
 
 from specapi import AsyncSpeculativeOpenAI
 from specapi._calls import Meter
-from specapi.acceptance import RoundDecision
+from specapi.acceptance import RoundDecision, SamplingParams
+from specapi.alignment import ScoredToken
 from specapi.context import Context
 from specapi.dialects import Pick
 from specapi.dialects.base import Generated
 from specapi.sim import EOS_TOKEN_ID, SimProvider, SimResponse, decode_text, encode_text, get_model, simulated_endpoints
-
 from specapi.sim.corpus import UNIVERSE_SIZE
-from specapi.acceptance import SamplingParams
 from specapi.tokenlevel import TokenIdVerifier, decide_batched
 from toyclient import chisquare_p
 
@@ -194,8 +191,6 @@ async def test_a_held_token_is_kept_and_its_bytes_read_back_with_the_tokens_afte
     verifier = TokenIdVerifier(client=_Client(), dialect=dialect)  # type: ignore[arg-type]
     context = Context(prompt="x", sampling=SamplingParams(temperature=0.7, point_mass_draft=True), token_ids=(5,))
     seeds = iter(range(100, 200))
-    from specapi.alignment import ScoredToken
-
     draft = (ScoredToken(text="token_id:3", logprob=0.0, id=3),)
     verification = await verifier.verify(context, draft, Meter(None), lambda: next(seeds), 5)  # type: ignore[arg-type]
     decision: RoundDecision | None = verification.decision
@@ -238,8 +233,6 @@ async def test_a_held_token_whose_bytes_never_come_back_is_drawn_again_and_said_
     dialect = Unreadable()
     verifier = TokenIdVerifier(client=_Client(), dialect=dialect)  # type: ignore[arg-type]
     context = Context(prompt="x", sampling=SamplingParams(temperature=0.7, point_mass_draft=True), token_ids=(5,))
-    from specapi.alignment import ScoredToken
-
     verification = await verifier.verify(context, (ScoredToken(text="token_id:3", logprob=0.0, id=3),), Meter(None), lambda: 7, 5)  # type: ignore[arg-type]
     assert verification.decision is not None and verification.decision.redrawn and verification.decision.handover
     assert [m for _, _, m in dialect.generated] == [1, 2, 4, 8, 16]  # each longer step with the same seed
