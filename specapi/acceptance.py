@@ -82,6 +82,9 @@ class RoundDecision:
     #: specapi drew these tokens itself from whole distributions, on a context kept in ids: a token that
     #: ends inside a character stays (cutting it for what was drawn would bias the draw).
     keeps_partial: bool = False
+    #: A token specapi could not keep (its bytes unknown) is drawn again by the next step: the draw is no
+    #: longer the target's exactly, and the response says so.
+    redrawn: bool = False
 
 
 def _emit(token: str, position: ScoredToken, eos_tokens: Collection[str]) -> Emitted | None:

@@ -376,7 +376,8 @@ class Engine:
                 # Where both servers list whole distributions after their sampler chains, the draft
                 # server draws on the context's ids and says what it drew from (full rejection sampling).
                 started = self.clock()
-                tokens = await verifier.native_draft(context, k, state.target_meter, state.draft_meter, state.seed())
+                model = isinstance(state.drafter, ModelDrafter)  # (a combined drafter chooses its own per round)
+                tokens = await verifier.native_draft(context, k, state.target_meter, state.draft_meter, state.seed(), model=model)
                 if tokens is not None:
                     state.native_drafts = True
                     return Draft(tokens=tokens, latency_s=self.clock() - started, drafter=MODEL_DRAFTER)
@@ -420,6 +421,8 @@ class Engine:
         decision = verification.decision or decide_round(verification.positions, verification.straddle, draft.tokens, context.sampling, state.rng)
         state.check_token_counts(verification, decision.accepted, context, out.produced)
         state.divergent += decision.divergent
+        if decision.redrawn and state.inexact_reason is None:
+            state.inexact_reason = "approximate: a drawn token's bytes could not be read back, and it was drawn again"
         state.logprob_gap += decision.logprob_gap
         if verification.decision is None and verification.seeds and decision.accepted < len(verification.seeds):
             # If the target's pick after the kept tokens was unreadable, the next step redraws it.
@@ -493,6 +496,12 @@ def _cut_decided(
     so the output is the target's draws whatever the cut depended on."""
     drawn = [t for t in new if not t.eos]
     new = within_limit(new, state.out.remaining)
+    remaining = state.out.remaining
+    if remaining is not None and sum(t.count for t in new if not t.eos) > remaining:
+        # Tokens read back together (`TokenIdVerifier._read_held`) that reach past the caller's limit.
+        while new and (new[-1].eos or sum(t.count for t in new if not t.eos) > remaining):
+            new = new[:-1]
+        state.inexact_reason = state.inexact_reason or "approximate: a drawn token's bytes could not be read back within the limit, and it was drawn again"
     cut = new if decision.keeps_partial else _complete_characters(new, True, state)
     kept = [t for t in cut if not t.eos]
     decided = len(drawn) + (1 if decision.handover else 0)

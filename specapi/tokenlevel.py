@@ -8,9 +8,13 @@ token is the target's own choice on exactly the ids it generated, so the output 
 token boundaries too, by construction: no re-tokenization check is needed.
 
 Greedy rounds send all prompts in one request where the dialect batches them (llama.cpp's multi-prompt
-`/completion`, vLLM's list of token-id prompts, SGLang's batched `input_ids`). Sampled rounds send one
-request per prompt, concurrently, each with its own seed: a batch shares one seed, so its draws would
-be correlated across positions and the output would no longer have the target's distribution.
+`/completion`, vLLM's list of token-id prompts, SGLang's batched `input_ids`). A sampled round with the
+caller's seed sends one request per prompt, concurrently, each with its position's seed: a batch shares
+one seed, so its draws would be correlated across positions. A sampled round without a seed goes as one
+request without a seed where each prompt draws independently (vLLM): the draft is asked on the context's
+ids for its most likely tokens and, at each position, its next most likely one; the target draws after
+each chain prefix and after each such alternative, and a drawn token is always kept, its bytes read
+back where the answer hid them (`decide_batched`; docs/algorithm.md).
 
 The draft's tokens go as ids when the draft shows them and shares the target's tokenizer (checked
 once, by tokenizing a probe text on both); otherwise the draft's text is tokenized by the target.
@@ -27,25 +31,34 @@ import math
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 
 from ._calls import Meter, RoleClient
-from ._exceptions import EndpointError
+from ._exceptions import EndpointError, MalformedResponseError
 from .acceptance import Emitted, RoundDecision
-from .alignment import ScoredToken
+from .alignment import ScoredToken, complete_utf8_prefix
 from .context import Context
 from .dialects import NativeDialect, Pick
-from .dialects.base import spelling
+from .dialects.base import SampledBatches, spelling
 from .dialects.openai import sampling_fields
 from .sampling import acceptance_probability
 from .verifiers import PlainStep, SeedSource, Verification, VerifierBase
 
-__all__ = ["TokenIdVerifier", "TOKENIZER_PROBE", "decide_processed", "covers"]
+__all__ = ["TokenIdVerifier", "TOKENIZER_PROBE", "decide_batched", "decide_processed", "covers"]
 
 #: A list after the sampler chain is the whole distribution when its probabilities sum to 1 within this.
 WHOLE_TOLERANCE = 1e-6
 #: The longest list asked after the sampler chain (the caller's top_k bounds the support).
 MAX_PROCESSED_LIST = 100
+
+#: Proposals beyond the draft's most likely token at each draft position, on the unseeded batched
+#: path: the target also draws after each, so a position where the draft's first choice is not drawn
+#: but its second is yields one more token in the same request. Each costs the prefill of its prompt's
+#: uncached tokens; on lan-code at T=0.7 a second alternative per position added a tenth as much as
+#: the first (docs/algorithm.md).
+ALTERNATIVES = 1
+#: The most tokens drawn after a token whose bytes the target's answer hid, to read them back.
+_MAX_HELD_STEP = 16
 
 #: Text whose tokenization tells tokenizers apart: code, CJK, emoji and a combining mark.
 TOKENIZER_PROBE = "def f(x):\n    return x  # 中文テキスト 😀 e\u0301"
@@ -63,6 +76,9 @@ class TokenIdVerifier(VerifierBase):
     sends_token_ids = True
     _same_tokenizer: bool | None = field(default=None, repr=False)
     _processed_refused: bool = field(default=False, repr=False)
+    #: The draft server refused (or answered unreadably) a draft on ids named by id: this request's
+    #: drafts go as text.
+    _ids_draft_refused: bool = field(default=False, repr=False)
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
 
     async def prompt_ids(self, context: Context, meter: Meter) -> tuple[int, ...]:
@@ -102,10 +118,37 @@ class TokenIdVerifier(VerifierBase):
             return None
         return top_k
 
-    async def native_draft(self, context: Context, k: int, meter: Meter, draft_meter: Meter, seed: int | None) -> tuple[ScoredToken, ...] | None:
+    def batched_sampling(self, context: Context) -> bool:
+        """Whether a sampled round goes as one unseeded request (`decide_batched`): no caller's seed to
+        keep, and a server whose prompts of one request draw independently."""
+        return (
+            not context.sampling.greedy and context.seed is None and context.token_ids is not None
+            and self.dialect.batches and self.dialect.batches_sampled
+        )
+
+    async def native_draft(
+        self, context: Context, k: int, meter: Meter, draft_meter: Meter, seed: int | None, *, model: bool = True
+    ) -> tuple[ScoredToken, ...] | None:
         """A draft drawn by the draft server on the context's ids, each token with the distribution it
         was drawn from (after the sampler chain), where both servers list those and share a tokenizer;
-        None where they do not (the engine's drafter proposes instead)."""
+        on the unseeded batched path (`model`: the request's drafter is the draft model), the draft's
+        most likely ids with their alternatives; None otherwise (the engine's drafter proposes instead)."""
+        ids_draft = model and not self._ids_draft_refused and context.sampling.point_mass_draft
+        if ids_draft and self.draft_client is not None and self.batched_sampling(context):
+            if not await self._shares_tokenizer(meter, draft_meter):
+                return None
+            assert context.token_ids is not None
+            try:
+                chain = await cast(SampledBatches, self.dialect).ids_draft(
+                    self.draft_client, context.token_ids, k, sampling_fields(context, None, target=False), ALTERNATIVES, draft_meter,
+                    options=context.options,
+                )
+            except EndpointError as exc:
+                if not (exc.refused_shape or isinstance(exc, MalformedResponseError)):
+                    raise
+                self._ids_draft_refused = True  # an older server: the draft model proposes text, without alternatives
+                return None
+            return tuple(ScoredToken(text=f"token_id:{i}", logprob=0.0, id=i, alternatives=alternatives) for i, alternatives in chain)
         list_length = self.processed_list(context)
         if list_length is None or self.draft_client is None or not self.dialect.lists_processed:
             return None
@@ -136,6 +179,8 @@ class TokenIdVerifier(VerifierBase):
             if verification is not None:
                 return verification
             refused = True
+        if self.batched_sampling(context):
+            return await self._verify_batched(context, draft, meter, next_seed, draft_meter)
         pieces = await self._draft_ids(draft, meter, draft_meter)
         if list_length is not None and not refused and pieces and all(t.logprob == 0.0 for t in draft):
             # A point-mass draft (prompt lookup, the suffix index, a prediction, the draft model's most
@@ -174,6 +219,55 @@ class TokenIdVerifier(VerifierBase):
             decision=_decide(pieces, picks, len(draft)),
             seeds=tuple(seeds),
         )
+
+    async def _verify_batched(
+        self, context: Context, draft: Sequence[ScoredToken], meter: Meter, next_seed: SeedSource, draft_meter: Meter | None
+    ) -> Verification:
+        """One unseeded request: the target draws after every chain prefix and after every alternative
+        (`decide_batched`). A drawn token whose bytes the answer hid is kept, and its bytes read back."""
+        assert context.token_ids is not None
+        native = all(t.id is not None and t.text == f"token_id:{t.id}" for t in draft)
+        pieces = [(int(t.id), None) for t in draft] if native else await self._draft_ids(draft, meter, draft_meter)  # type: ignore[arg-type]
+        drafted = [i for i, _ in pieces]
+        base = list(context.token_ids)
+        branches = [(j, alternative) for j, t in enumerate(draft[: len(drafted)]) if native for alternative in t.alternatives]
+        prompts = [base + drafted[:j] for j in range(len(drafted) + 1)] + [base + drafted[:j] + [a] for j, a in branches]
+        started = self.client.clock()
+        picks = await self.dialect.next_tokens(self.client, prompts, sampling_fields(context, None), meter, options=context.options)
+        chain = picks[: len(drafted) + 1]
+        decision, held = decide_batched(pieces, chain, dict(zip(branches, picks[len(drafted) + 1 :])), len(draft))
+        if held is not None:
+            decision = await self._read_held(context, decision, held, meter, next_seed)
+        return Verification(
+            positions=(), straddle=0, bonus=None, finish_reason=None, latency_s=self.client.clock() - started,
+            prompt_tokens=chain[0].prompt_tokens, decision=decision,
+        )
+
+    async def _read_held(self, context: Context, decision: RoundDecision, held: int, meter: Meter, next_seed: SeedSource) -> RoundDecision:
+        """The round's last drawn token, `held`, came without its bytes (part of a character): it is kept
+        (drawing it again because of what was drawn would bias the draw). The target continues after it,
+        seeded by position so that a longer step repeats a shorter one, until the tokens together make
+        whole characters, which the server detokenizes. Where they never do, the decision says the
+        token is drawn again (`redrawn`: the response is approximate)."""
+        assert context.token_ids is not None
+        prefix = [i for e in decision.emitted for i in (e.ids or ())]
+        seed = None
+        for _ in range(len(prefix) + 2):
+            seed = next_seed()  # the seed of the position after the held token
+        dialect = cast(SampledBatches, self.dialect)
+        ids = list(context.token_ids) + prefix + [held]
+        steps = 1
+        while True:
+            generated = await self.dialect.generate(self.client, ids, sampling_fields(context, seed), steps, None, meter, options=context.options)
+            group = [held, *(generated.ids or ())]
+            data = await dialect.detokenize(self.client, group, meter)
+            if data is not None and data and complete_utf8_prefix(data) == data:
+                emitted = Emitted(token=spelling(data), data=data, ids=tuple(group), count=len(group))
+                end = (Emitted(token="", data=b"", eos=True, count=0),) if generated.finish_reason != "length" else ()
+                return replace(decision, emitted=decision.emitted + (emitted,) + end, stalled=False, handover=False)
+            if generated.finish_reason != "length" or steps >= _MAX_HELD_STEP:
+                return replace(decision, handover=True, redrawn=True)
+            steps *= 2
 
     async def _verify_processed(
         self,
@@ -278,6 +372,55 @@ def _decide(pieces: Sequence[tuple[int, bytes | None]], picks: Sequence[Pick], d
         stalled=not emitted,
         handover=unread,
     )
+
+
+def decide_batched(
+    pieces: Sequence[tuple[int, bytes | None]], picks: Sequence[Pick], branches: Mapping[tuple[int, int], Pick], draft_tokens: int
+) -> tuple[RoundDecision, int | None]:
+    """The tokens of an unseeded batched round (pure). `picks[j]` is the target's draw after the context
+    plus the first j draft ids; `branches[(j, a)]` its draw after the first j draft ids plus the draft's
+    alternative `a` at position j. Each position's token is the draw made on exactly the tokens before it:
+    draft ids are kept while they are drawn; at the first position whose draw differs, that draw is the
+    token, and when it is an alternative, the draw after it is the next one. Every draw is independent
+    of the others, and which draw is used depends only on the tokens before it, so each token has the
+    target's distribution given the text before it. A drawn token is kept whatever it is (a token that
+    ends inside a character too): the second element is the id of a drawn token whose bytes the answer
+    did not show, which ends the round and must still be kept (`TokenIdVerifier._read_held`)."""
+    drafted = [i for i, _ in pieces]
+    emitted: list[Emitted] = []
+    kept = 0
+    held: int | None = None
+    for j, pick in enumerate(picks):
+        following = [pick]
+        if pick.id is not None and not (j < len(drafted) and pick.id == drafted[j]) and (j, pick.id) in branches:
+            following.append(branches[(j, pick.id)])
+        for draw in following:
+            if draw.end:
+                if draw.uncounted:
+                    emitted.append(Emitted(token="", data=b"", count=draw.uncounted))
+                emitted.append(Emitted(token="", data=b"", eos=True, count=0))
+                break
+            data = draw.data
+            if data is None and draw is pick and j < len(pieces) and pieces[j][0] == pick.id:
+                data = pieces[j][1]
+            if data is None:
+                held = draw.id
+                break
+            emitted.append(Emitted(token=spelling(data), data=data, ids=(draw.id,) if draw.id is not None else None))
+        if held is None and not pick.end and j < len(drafted) and pick.id == drafted[j]:
+            kept += 1
+            continue
+        break
+    accepted = min(draft_tokens, kept if len(drafted) == draft_tokens else round(kept * draft_tokens / max(1, len(drafted))))
+    decision = RoundDecision(
+        emitted=tuple(emitted),
+        accepted=accepted,
+        accepted_by_position=tuple(i < accepted for i in range(draft_tokens)),
+        all_accepted=kept == len(drafted),
+        stalled=not emitted and held is None,
+        keeps_partial=True,
+    )
+    return decision, held
 
 
 def _other_seed(seed: int | None) -> int:

@@ -94,8 +94,11 @@ class Verifier(Protocol):
 
     async def prompt_ids(self, context: Context, meter: Meter) -> tuple[int, ...]: ...
 
-    async def native_draft(self, context: Context, k: int, meter: Meter, draft_meter: Meter, seed: int | None) -> tuple[ScoredToken, ...] | None:
-        """Draft tokens from the draft server's own call on the context's ids (whole distributions);
+    async def native_draft(
+        self, context: Context, k: int, meter: Meter, draft_meter: Meter, seed: int | None, *, model: bool = True
+    ) -> tuple[ScoredToken, ...] | None:
+        """Draft tokens from the draft server's own call on the context's ids (whole distributions, or
+        the draft's most likely ids with alternatives where `model`: the request drafts with the model);
         None: draft the usual way."""
         ...
 
@@ -115,7 +118,9 @@ class VerifierBase:
     async def prompt_ids(self, context: Context, meter: Meter) -> tuple[int, ...]:
         raise NotImplementedError(f"{type(self).__name__} sends text, not token ids")
 
-    async def native_draft(self, context: Context, k: int, meter: Meter, draft_meter: Meter, seed: int | None) -> tuple[ScoredToken, ...] | None:
+    async def native_draft(
+        self, context: Context, k: int, meter: Meter, draft_meter: Meter, seed: int | None, *, model: bool = True
+    ) -> tuple[ScoredToken, ...] | None:
         return None
 
     async def plain(

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from .._calls import Meter, RoleClient
 
-__all__ = ["UNREADABLE", "Pick", "Generated", "NativeDialect", "count", "reading", "rendered_bytes", "server_root", "spelling"]
+__all__ = ["UNREADABLE", "Pick", "Generated", "NativeDialect", "SampledBatches", "count", "reading", "rendered_bytes", "server_root", "spelling"]
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,9 @@ class NativeDialect(Protocol):
     name: str
     #: Greedy next tokens for many prompts in one request (else one request per prompt, concurrently).
     batches: bool
+    #: Unseeded sampled next tokens in one request too: the server draws each prompt's token
+    #: independently, and `SampledBatches` reads a drawn token's bytes where its answer hid them.
+    batches_sampled: bool
     #: Lists the distributions after its sampler chain (`processed_next`, `processed_draft`).
     lists_processed: bool
 
@@ -75,6 +78,20 @@ class NativeDialect(Protocol):
         stream: bool = False,
     ) -> Generated:
         """The target alone continues `ids`; `stream` renders the text as the server streams it."""
+        ...
+
+
+class SampledBatches(NativeDialect, Protocol):
+    """A dialect whose `batches_sampled` is True: it drafts on ids with alternatives, and detokenizes."""
+
+    async def ids_draft(
+        self, client: RoleClient, ids: Sequence[int], k: int, fields: Mapping[str, Any], alternatives: int, meter: Meter, *, options: Mapping[str, Any]
+    ) -> list[tuple[int, tuple[int, ...]]]:
+        """The draft's tokens after `ids` (as the fields ask), each with its `alternatives` next most likely ids."""
+        ...
+
+    async def detokenize(self, client: RoleClient, ids: Sequence[int], meter: Meter) -> bytes | None:
+        """The bytes of `ids` together; None where the server's rendering lost some (an unfinished character)."""
         ...
 
 

@@ -42,6 +42,7 @@ def native_fields(fields: Mapping[str, Any]) -> dict[str, Any]:
 class LlamaCppDialect:
     name: str = "llama.cpp"
     batches: bool = True
+    batches_sampled: bool = False
     lists_processed: bool = True
 
     async def tokenize(self, client: RoleClient, text: str, meter: Meter, *, special: bool) -> list[tuple[int, bytes | None]]:

@@ -34,6 +34,7 @@ def sampling_params(fields: Mapping[str, Any]) -> dict[str, Any]:
 class SglangDialect:
     name: str = "sglang"
     batches: bool = True
+    batches_sampled: bool = False
     lists_processed: bool = False
     _added: list[int] | None = field(default=None, repr=False)
 

@@ -97,6 +97,8 @@ class VllmDialect:
     name: str = "vllm"
     batches: bool = True
     lists_processed: bool = False
+    #: Each prompt of an unseeded request draws with its own generator: independent draws.
+    batches_sampled: bool = True
 
     async def tokenize(self, client: RoleClient, text: str, meter: Meter, *, special: bool) -> list[tuple[int, bytes | None]]:
         body = {"model": client.endpoint.model, "prompt": text, "add_special_tokens": special}
@@ -117,6 +119,27 @@ class VllmDialect:
             usage = response.get("usage") or {}
             single = usage.get("prompt_tokens") if len(prompts) == 1 else None
             return [_pick(choice, count(single)) for choice in choices]
+
+    async def ids_draft(
+        self, client: RoleClient, ids: Sequence[int], k: int, fields: Mapping[str, Any], alternatives: int, meter: Meter, *, options: Mapping[str, Any]
+    ) -> list[tuple[int, tuple[int, ...]]]:
+        """Up to `k` tokens the draft generates after `ids`, each with the `alternatives` next most likely
+        ids at its position: `return_tokens_as_token_ids` names every listed token by its id."""
+        body = {**fields, "prompt": list(ids), "max_tokens": k, "logprobs": 1 + alternatives, "return_tokens_as_token_ids": True}
+        response = await client.post("/completions", body, meter, options=options)
+        with reading(client, "token-id draft /completions"):
+            logprobs = response["choices"][0].get("logprobs") or {}
+            chain: list[tuple[int, tuple[int, ...]]] = []
+            for token, top in zip(logprobs.get("tokens") or [], logprobs.get("top_logprobs") or []):
+                chosen = _token_id(token)
+                others = sorted(((-float(lp), _token_id(t)) for t, lp in (top or {}).items() if _token_id(t) != chosen))
+                chain.append((chosen, tuple(i for _, i in others[:alternatives])))
+            return chain
+
+    async def detokenize(self, client: RoleClient, ids: Sequence[int], meter: Meter) -> bytes | None:
+        response = await client.post(server_root(client) + "/detokenize", {"model": client.endpoint.model, "tokens": list(ids)}, meter)
+        with reading(client, "/detokenize"):
+            return rendered_bytes(response["prompt"])
 
     async def generate(
         self,
@@ -152,6 +175,13 @@ class VllmDialect:
                 prompt_tokens=count(usage.get("prompt_tokens")),
                 completion_tokens=len(token_ids) if count(completion) is None else completion,
             )
+
+
+def _token_id(rendered: Any) -> int:
+    """A token rendered as `token_id:N`."""
+    if not isinstance(rendered, str) or not rendered.startswith("token_id:"):
+        raise ValueError(f"expected a token rendered as token_id:N, got {rendered!r}")
+    return int(rendered.removeprefix("token_id:"))
 
 
 def _pick(choice: Mapping[str, Any], prompt_tokens: int | None) -> Pick:

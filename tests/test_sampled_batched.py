@@ -1,0 +1,238 @@
+"""Unseeded sampled rounds in one request (`tokenlevel.decide_batched`): the target's distribution, the
+draft's alternatives, the requests sent, and drawn tokens whose bytes the answer hid.
+
+Oracle: the simulator's model read directly (`NGramModel.next_distribution`) through vLLM's sampler
+(temperature, then the nucleus over the whole vocabulary), written out here. The simulator's vLLM takes
+no top_k (the caller's top_k reaches only servers that apply it: the llama.cpp tests in test_sampled.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from typing import Any
+
+import pytest
+
+from specapi import AsyncSpeculativeOpenAI
+from specapi._calls import Meter
+from specapi.acceptance import RoundDecision, SamplingParams
+from specapi.alignment import ScoredToken
+from specapi.context import Context
+from specapi.dialects import Pick
+from specapi.dialects.base import Generated
+from specapi.sim import EOS_TOKEN_ID, SimProvider, SimResponse, decode_text, encode_text, get_model, simulated_endpoints
+from specapi.sim.corpus import UNIVERSE_SIZE
+from specapi.tokenlevel import TokenIdVerifier, decide_batched
+from toyclient import chisquare_p
+
+pytestmark = pytest.mark.usefixtures("fresh_probe_cache")
+
+#: The simulated target is unsure here (', func' and ', other'), and the draft leans the other way.
+PROMPT = "    def __init__(self"
+TOKENS, SAMPLES = 3, 500
+
+
+def vllm_chain(model_name: str, ids: list[int], *, temperature: float, top_p: float) -> dict[int, float]:
+    """vLLM's sampler on the simulated model: p^(1/T) over the whole vocabulary (every unlisted token has
+    the model's tail probability), then the smallest head whose share reaches top_p."""
+    model = get_model(model_name)
+    listed, probs = model.next_distribution(ids)
+    weights = {int(t): float(p) ** (1.0 / temperature) for t, p in zip(listed, probs)}
+    tail = model.tail_prob ** (1.0 / temperature) * (UNIVERSE_SIZE - len(weights))
+    total = math.fsum(weights.values()) + tail
+    kept: dict[int, float] = {}
+    mass = 0.0
+    for token, w in sorted(weights.items(), key=lambda kv: (-kv[1], kv[0])):
+        kept[token] = w
+        mass += w
+        if mass / total >= top_p:
+            norm = math.fsum(kept.values())
+            return {t: v / norm for t, v in kept.items()}
+    raise AssertionError("the nucleus reaches the tail: choose another prompt")
+
+
+def sequence_probs(model_name: str, n: int, **chain: float) -> dict[str, float]:
+    out: dict[str, float] = {}
+
+    def walk(ids: list[int], generated: list[int], prob: float) -> None:
+        if len(generated) == n:
+            out[decode_text(generated)] = out.get(decode_text(generated), 0.0) + prob
+            return
+        for token, p in vllm_chain(model_name, ids, **chain).items():
+            if token == EOS_TOKEN_ID:
+                out[decode_text(generated)] = out.get(decode_text(generated), 0.0) + prob * p
+            else:
+                walk(ids + [token], generated + [token], prob * p)
+
+    walk(encode_text(PROMPT), [], 1.0)
+    return out
+
+
+@pytest.mark.parametrize("temperature", [0.7, 1.0])
+async def test_unseeded_batched_rounds_with_alternatives_have_the_targets_distribution(temperature):
+    provider = SimProvider(capabilities="vllm", latency="instant", seed=3)
+    target, draft = simulated_endpoints(provider=provider)
+    async with AsyncSpeculativeOpenAI(target=target, draft=draft, policy="fixed", num_speculative_tokens=2, drafter="model") as client:
+        responses = []
+        for start in range(0, SAMPLES, 100):
+            responses += await asyncio.gather(*(
+                client.completions.create(prompt=PROMPT, max_tokens=TOKENS, temperature=temperature, top_p=0.9)
+                for _ in range(start, start + 100)))
+    counts: dict[str, int] = {}
+    for r in responses:
+        counts[r.choices[0].text] = counts.get(r.choices[0].text, 0) + 1
+    assert {r.speculative.verification for r in responses if r.speculative.speculated} == {"token-ids"}
+    assert all(r.speculative.exact for r in responses)
+    rounds = [rd for r in responses for rd in r.speculative.rounds]
+    assert sum(rd.accepted for rd in rounds) > 0.2 * len(rounds)  # the draft's first choices were kept
+    # A round's tokens beyond the kept ones and the draw after them: an alternative was drawn.
+    assert sum(rd.emitted > rd.accepted + 1 for rd in rounds) > 0.05 * len(rounds)
+    exact = sequence_probs("sim-target", TOKENS, temperature=temperature, top_p=0.9)
+    assert chisquare_p(counts, exact) > 1e-3
+    # The test has power: the same counts reject the draft's distribution.
+    drafts = sequence_probs("sim-draft", TOKENS, temperature=temperature, top_p=0.9)
+    assert not set(counts) <= set(drafts) or chisquare_p(counts, drafts) < 1e-6
+
+
+async def test_an_unseeded_round_is_one_target_request_without_a_seed_and_a_seeded_one_keeps_position_seeds():
+    provider = SimProvider(capabilities="vllm", latency="instant", seed=0)
+    target, draft = simulated_endpoints(provider=provider)
+    async with AsyncSpeculativeOpenAI(target=target, draft=draft, policy="fixed", num_speculative_tokens=4, drafter="model") as client:
+        await client.completions.create(prompt=PROMPT, max_tokens=12, temperature=0.7)
+        unseeded = [c.body for c in provider.calls if c.path == "/v1/completions" and c.model == "sim-target" and c.body.get("prompt")]
+        drafts = [c.body for c in provider.calls if c.model == "sim-draft" and c.path == "/v1/completions"]
+        provider.calls.clear()
+        first = await client.completions.create(prompt=PROMPT, max_tokens=12, temperature=0.7, seed=5)
+        seeded = [c.body for c in provider.calls if c.path == "/v1/completions" and c.model == "sim-target"]
+        again = await client.completions.create(prompt=PROMPT, max_tokens=12, temperature=0.7, seed=5)
+    rounds = [b for b in unseeded if isinstance(b["prompt"][0], list)]
+    assert rounds and all("seed" not in b for b in rounds)
+    # Each round's request: the chain's prefixes (one of each length) and the alternatives (the length of
+    # the chain's prefix one further, another last token).
+    for body in rounds:
+        lengths = [len(p) for p in body["prompt"]]
+        chain = sorted(set(lengths))
+        assert chain == list(range(chain[0], chain[-1] + 1)) and len(lengths) > len(chain)
+    assert drafts and all(b["temperature"] == 0.0 and b.get("return_tokens_as_token_ids") for b in drafts)
+    assert seeded and all(isinstance(b["prompt"][0], int) and isinstance(b.get("seed"), int) for b in seeded)
+    assert first.choices[0].text == again.choices[0].text
+
+
+# ----------------------------------------------------------------------------- the decision, by hand
+
+
+def _pick(token: int | None, data: bytes | None = None, end: bool = False) -> Pick:
+    return Pick(id=token, data=data, end=end)
+
+
+def test_draft_ids_are_kept_while_drawn_and_an_alternative_drawn_gives_the_draw_after_it():
+    pieces = [(1, None), (2, None), (3, None)]
+    picks = [_pick(1, b"a"), _pick(7, b"g"), _pick(9, b"x"), _pick(9, b"x")]
+    branches = {(1, 7): _pick(8, b"h"), (1, 6): _pick(5, b"e"), (0, 4): _pick(5, b"e")}
+    decision, held = decide_batched(pieces, picks, branches, 3)
+    assert held is None and decision.keeps_partial
+    assert [e.ids for e in decision.emitted] == [(1,), (7,), (8,)]
+    assert decision.accepted == 1 and not decision.all_accepted
+
+
+def test_a_drawn_token_whose_bytes_are_hidden_ends_the_round_and_is_held():
+    pieces = [(1, None), (2, None)]
+    decision, held = decide_batched(pieces, [_pick(1, b"a"), _pick(2, None), _pick(3, b"c")], {}, 2)
+    assert held == 2 and [e.ids for e in decision.emitted] == [(1,)]
+    # The draw after an alternative, hidden too.
+    decision, held = decide_batched(pieces, [_pick(6, b"\xe4"), _pick(3, b"c")], {(0, 6): _pick(11, None)}, 2)
+    assert held == 11 and [e.data for e in decision.emitted] == [b"\xe4"]  # kept inside a character
+
+
+def test_the_end_of_text_ends_the_round():
+    decision, held = decide_batched([(1, None)], [_pick(None, end=True), _pick(2, b"b")], {}, 1)
+    assert held is None and decision.emitted[-1].eos and decision.accepted == 0
+
+
+class _HidingDialect:
+    """A vLLM-like dialect whose answers hide a partial character's bytes: token 11 is b"\\xe4\\xb8",
+    token 12 b"\\xad" (together "中"); it records what it was asked."""
+
+    name = "hiding"
+    batches = True
+    batches_sampled = True
+    lists_processed = False
+    BYTES = {11: b"\xe4\xb8", 12: b"\xad", 13: b"!"}
+
+    def __init__(self) -> None:
+        self.generated: list[tuple[list[int], Any, int | None]] = []
+
+    async def next_tokens(self, client, prompts, fields, meter, *, options):  # type: ignore[no-untyped-def]
+        assert "seed" not in fields
+        return [_pick(11, None) for _ in prompts]
+
+    async def generate(self, client, ids, fields, max_tokens, stop, meter, *, options, stream=False):  # type: ignore[no-untyped-def]
+        self.generated.append((list(ids), fields.get("seed"), max_tokens))
+        out = [12, 13][: max_tokens]
+        return Generated(ids=tuple(out), data=b"", finish_reason="length", prompt_tokens=None, completion_tokens=len(out))
+
+    async def detokenize(self, client, ids, meter):  # type: ignore[no-untyped-def]
+        data = b"".join(self.BYTES[i] for i in ids)
+        return data if data.decode("utf-8", errors="replace").find("\ufffd") < 0 else None
+
+
+class _Client:
+    endpoint = None
+
+    @staticmethod
+    def clock() -> float:
+        return 0.0
+
+
+async def test_a_held_token_is_kept_and_its_bytes_read_back_with_the_tokens_after_it():
+    dialect = _HidingDialect()
+    verifier = TokenIdVerifier(client=_Client(), dialect=dialect)  # type: ignore[arg-type]
+    context = Context(prompt="x", sampling=SamplingParams(temperature=0.7, point_mass_draft=True), token_ids=(5,))
+    seeds = iter(range(100, 200))
+    draft = (ScoredToken(text="token_id:3", logprob=0.0, id=3),)
+    verification = await verifier.verify(context, draft, Meter(None), lambda: next(seeds), 5)  # type: ignore[arg-type]
+    decision: RoundDecision | None = verification.decision
+    assert decision is not None and not decision.handover and not decision.redrawn
+    (emitted,) = decision.emitted
+    # The held draw (11) is the first token, never drawn again; the tokens after it come seeded by
+    # position (the seed of the position after the held one), until the bytes make whole characters.
+    assert emitted.ids == (11, 12) and emitted.data == "中".encode() and emitted.count == 2
+    assert dialect.generated[0][0] == [5, 11] and dialect.generated[0][1] == 101
+
+
+async def test_a_draft_server_that_refuses_drafts_named_by_id_drafts_text_and_the_round_stays_batched():
+    provider = SimProvider(capabilities="vllm", latency="instant", seed=1)
+    handle = provider.handle
+    refused: list[dict] = []
+
+    async def refusing(method, path, body=None, headers=None):  # type: ignore[no-untyped-def]
+        parsed = json.loads(body) if isinstance(body, (bytes, str)) else body
+        if isinstance(parsed, dict) and parsed.get("return_tokens_as_token_ids"):
+            refused.append(parsed)
+            return SimResponse(400, {"content-type": "application/json"}, {"error": {"message": "unknown field", "type": "invalid_request_error"}})
+        return await handle(method, path, body, headers)
+
+    provider.handle = refusing  # type: ignore[method-assign]
+    target, draft = simulated_endpoints(provider=provider)
+    async with AsyncSpeculativeOpenAI(target=target, draft=draft, policy="fixed", num_speculative_tokens=4, drafter="model") as client:
+        responses = [await client.completions.create(prompt=PROMPT, max_tokens=16, temperature=0.7) for _ in range(2)]
+    assert all(r.speculative.speculated and r.speculative.exact and r.speculative.fallback_reason is None for r in responses)
+    assert len(refused) == 2  # asked once a request (each has its own verifier); then the model proposes text
+    assert [c for c in provider.calls if c.model == "sim-draft" and c.path == "/v1/completions"]
+    rounds = [c.body for c in provider.calls if c.model == "sim-target" and isinstance((c.body or {}).get("prompt"), list)]
+    assert rounds and all(isinstance(b["prompt"][0], list) and "seed" not in b for b in rounds if len(b["prompt"]) > 1)
+
+
+async def test_a_held_token_whose_bytes_never_come_back_is_drawn_again_and_said_so():
+    class Unreadable(_HidingDialect):
+        async def detokenize(self, client, ids, meter):  # type: ignore[no-untyped-def]
+            return None
+
+    dialect = Unreadable()
+    verifier = TokenIdVerifier(client=_Client(), dialect=dialect)  # type: ignore[arg-type]
+    context = Context(prompt="x", sampling=SamplingParams(temperature=0.7, point_mass_draft=True), token_ids=(5,))
+    verification = await verifier.verify(context, (ScoredToken(text="token_id:3", logprob=0.0, id=3),), Meter(None), lambda: 7, 5)  # type: ignore[arg-type]
+    assert verification.decision is not None and verification.decision.redrawn and verification.decision.handover
+    assert [m for _, _, m in dialect.generated] == [1, 2, 4, 8, 16]  # each longer step with the same seed
