@@ -2,7 +2,8 @@
 
 `SpeculativeStream` iterates `Completion` chunks (completions) or `ChatCompletionChunk`s (chat), like
 `openai.AsyncStream`; `stream.speculative` holds the statistics once the stream has ended, and the
-last chunk carries them too (as an extra field OpenAI clients ignore).
+last chunk carries them too (as an extra field OpenAI clients ignore). An engine that hands a whole
+answer to its caller (`Engine.relay_alone`, the proxy) passes it on through `next_data`: `stream.handover`.
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ class SpeculativeStream(Generic[T]):
         self._chunks = chunks
         self._parse = parse
         self.speculative: SpeculativeStats | None = None
+        #: The target's whole answer, handed over to be relayed (`AloneStream`; `next_data` readers only):
+        #: read it to its end, then `next_data` on until the statistics are set.
+        self.handover: Any = None
 
     def __aiter__(self) -> SpeculativeStream[T]:
         return self
@@ -44,6 +48,9 @@ class SpeculativeStream(Generic[T]):
         stats = data.pop("_speculative", None)
         if stats is not None:
             self.speculative = stats
+        handover = data.pop("_handover", None)
+        if handover is not None:
+            self.handover = handover
         return data
 
     async def __anext__(self) -> T:
@@ -96,7 +103,7 @@ def _chunker(chat: bool, model: str) -> Callable[[dict[str, Any], str | None], d
     return chunk
 
 
-async def completion_chunks(events: AsyncIterator[Piece | Finished], model: str, include_usage: bool) -> AsyncIterator[dict[str, Any]]:
+async def completion_chunks(events: AsyncIterator[Any], model: str, include_usage: bool) -> AsyncIterator[dict[str, Any]]:
     chunker = _chunker(False, model)
 
     def chunk(text: str, finish: str | None) -> dict[str, Any]:
@@ -106,6 +113,9 @@ async def completion_chunks(events: AsyncIterator[Piece | Finished], model: str,
         async for event in events:
             if isinstance(event, Piece):
                 yield chunk(event.text, None)
+                continue
+            if not isinstance(event, Finished):
+                yield {"_handover": event}
                 continue
             last = chunk("", event.finish_reason)
             if include_usage:
@@ -119,7 +129,7 @@ async def completion_chunks(events: AsyncIterator[Piece | Finished], model: str,
         await events.aclose()  # type: ignore[attr-defined]
 
 
-async def chat_chunks(events: AsyncIterator[Piece | Finished], model: str, include_usage: bool) -> AsyncIterator[dict[str, Any]]:
+async def chat_chunks(events: AsyncIterator[Any], model: str, include_usage: bool) -> AsyncIterator[dict[str, Any]]:
     chunker = _chunker(True, model)
 
     def chunk(delta: dict[str, Any], finish: str | None) -> dict[str, Any]:
@@ -132,6 +142,9 @@ async def chat_chunks(events: AsyncIterator[Piece | Finished], model: str, inclu
                 delta = {"role": "assistant", "content": event.text} if first else {"content": event.text}
                 first = False
                 yield chunk(delta, None)
+                continue
+            if not isinstance(event, Finished):
+                yield {"_handover": event}
                 continue
             last = chunk({"role": "assistant", "content": ""} if first else {}, event.finish_reason)
             if include_usage:
