@@ -9,7 +9,7 @@ proxy that only forwards bytes (`byte_relay.py`): the floor any Python proxy on 
 
 Each wave is `proxy_load.py --client raw --relay-baseline` (aiohttp reads the streams, so that the load
 generator does not bound the target alone). Prints every wave's ratio (proxy / target alone, and the
-byte relay's), the proxy's CPU seconds per wave, and PASS when every wave of a setting reaches its goal:
+byte relay's), the proxy's CPU seconds per wave, the machine's load average around it, and PASS when every wave of a setting reaches its goal:
 0.97x with speculation off, 0.95x by default. Exit code 1 if any setting misses it, or a request failed
 or differed from the target's output. Run it on a quiet machine: the simulator, the proxy and the load
 generator share the CPUs, and anything else running moves the ratios.
@@ -41,7 +41,9 @@ def _wave(setting: str, workers: int, args: argparse.Namespace) -> tuple[dict, b
         options = proxy_load.build_parser().parse_args(
             ["--client", "raw", "--relay-baseline", "--concurrency", str(args.concurrency), "--workers", str(workers)]
         )
+        load = os.getloadavg()[0]  # what else ran: the figures move with it
         summaries, failed = proxy_load._run(options)
+        summaries[f"proxy@{args.concurrency}"]["load_average"] = round(max(load, os.getloadavg()[0]), 1)
     finally:
         for name, value in saved.items():
             if value is None:
@@ -71,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
                 waves.append(summary)
                 failed = failed or wave_failed
             results.append((setting, workers, waves))
-    print(f"\n== {args.concurrency} concurrent streams, one cold wave each: proxy / target alone (byte relay / target alone); proxy CPU s")
+    print(f"\n== {args.concurrency} concurrent streams, one cold wave each: proxy / target alone (byte relay / target alone; "
+          "proxy CPU s; the higher 1-minute load average, before and after the wave)")
     ok = not failed
     for setting, workers, waves in results:
         goal = SETTINGS[setting][1]
@@ -79,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
         passed = all(r is not None and r >= goal for r in ratios)
         ok = ok and passed
         cells = ", ".join(
-            f"{r:.3f}x ({wave.get('relay_vs_target_alone', float('nan')):.3f}x; {wave.get('cpu_s_proxy', '?')})" if r is not None else "?"
+            f"{r:.3f}x ({wave.get('relay_vs_target_alone', float('nan')):.3f}x; {wave.get('cpu_s_proxy', '?')}; load {wave.get('load_average', '?')})"
+            if r is not None else "?"
             for r, wave in zip(ratios, waves)
         )
         print(f"  {setting:<8} {workers} worker(s): {cells}  -> {'PASS' if passed else 'FAIL'} (every wave at least {goal}x)")

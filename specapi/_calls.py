@@ -483,7 +483,7 @@ class RoleClient:
                 async for events in event_lists:
                     batch: list[dict[str, Any]] = []
                     for event in events:
-                        if done or event.startswith("[DONE]"):
+                        if done or event.startswith(b"[DONE]"):
                             done = True  # read to the end, so the connection can be used again
                             continue
                         try:
@@ -513,16 +513,16 @@ class RoleClient:
                 meter.record_usage(None)
 
 
-async def _event_lists(reply: Reply) -> AsyncIterator[list[str]]:
-    """The SSE events of a reply, in the lists that each read from the connection completed (the
-    decoder's rest last)."""
+async def _event_lists(reply: Reply) -> AsyncIterator[list[bytes]]:
+    """The SSE events of a reply, as bytes, in the lists that each read from the connection completed
+    (the decoder's rest last)."""
     decoder = SSEDecoder()
     async for piece in reply.chunks():
-        yield decoder.feed(piece)
-    yield decoder.end()
+        yield decoder.feed_raw(piece)
+    yield decoder.end_raw()
 
 
-def _stream_item(data: str, reply: Reply) -> Any:
+def _stream_item(data: bytes, reply: Reply) -> Any:
     """One event's JSON; an event that carries an error raises it, as the SDK's stream does."""
     item = fast_json.loads(data)
     if isinstance(item, dict) and item.get("error"):

@@ -109,15 +109,50 @@ def dumps(payload: Any) -> bytes:
 
 
 class SSEDecoder:
-    """Server-sent events from byte chunks: yields each event's `data` (lines joined by newlines)."""
+    """Server-sent events from byte chunks: yields each event's `data` (lines joined by newlines);
+    `feed_raw`/`end_raw` give it as the bytes that were sent (what a JSON parser reads as well)."""
 
     def __init__(self) -> None:
         self._buffer = b""
         self._data: list[bytes] = []
 
     def feed(self, chunk: bytes) -> list[str]:
-        self._buffer += chunk
-        events: list[str] = []
+        return [event.decode("utf-8") for event in self.feed_raw(chunk)]
+
+    def end(self) -> list[str]:
+        return [event.decode("utf-8") for event in self.end_raw()]
+
+    def feed_raw(self, chunk: bytes) -> list[bytes]:
+        buffer = self._buffer + chunk if self._buffer else chunk
+        if self._data or b"\r" in buffer:
+            self._buffer = buffer
+            return self._lines()
+        # The usual stream (\n line ends, one `data: ` line per event): split at the blank lines, and
+        # read line by line only an event written otherwise. A streamed chunk is one event: reading it
+        # line by line took about half of the decoding's time.
+        blocks = buffer.split(b"\n\n")
+        self._buffer = blocks.pop()
+        events: list[bytes] = []
+        for block in blocks:
+            if block.startswith(b"data: ") and b"\n" not in block:
+                events.append(block[6:])
+                continue
+            for line in block.split(b"\n"):
+                self._line(line, events)
+            self._line(b"", events)
+        return events
+
+    def end_raw(self) -> list[bytes]:
+        events = self._lines()
+        if self._buffer:
+            self._line(self._buffer, events)
+            self._buffer = b""
+        self._line(b"", events)
+        return events
+
+    def _lines(self) -> list[bytes]:
+        """The events of the buffer's complete lines (any line ends), line by line."""
+        events: list[bytes] = []
         while True:
             cut = _line_end(self._buffer)
             if cut is None:
@@ -126,18 +161,10 @@ class SSEDecoder:
             text, self._buffer = self._buffer[:line], self._buffer[line + size :]
             self._line(text, events)
 
-    def end(self) -> list[str]:
-        events: list[str] = []
-        if self._buffer:
-            self._line(self._buffer, events)
-            self._buffer = b""
-        self._line(b"", events)
-        return events
-
-    def _line(self, line: bytes, events: list[str]) -> None:
+    def _line(self, line: bytes, events: list[bytes]) -> None:
         if not line:
             if self._data:
-                events.append(b"\n".join(self._data).decode("utf-8"))
+                events.append(b"\n".join(self._data))
                 self._data = []
             return
         if line.startswith(b":"):

@@ -31,7 +31,7 @@ from .policy import RECHECK, TARGET_ALONE, DraftLengthPolicy, PolicyState, as_po
 from .probe import Capabilities
 from .request import Finished, GenerationRequest, Piece, Prefetched, RequestState
 from .stats import MODEL_DRAFTER, RoleUsage, RoundRecord, SpeculativeStats
-from .target_alone import can_stream, plain, plain_streamed, regenerate, whole_answer
+from .target_alone import AloneStream, can_stream, plain, plain_streamed, regenerate, whole_answer
 from .verifiers import Verification
 
 __all__ = ["GenerationRequest", "Piece", "Finished", "Engine"]
@@ -60,7 +60,11 @@ class Engine:
         pipeline: bool = True,
         seeded_drafter: Drafter | None = None,
         seeded_policy: DraftLengthPolicy | None = None,
+        relay_alone: bool = False,
     ) -> None:
+        #: A stream the target writes alone from its first token is handed to the caller as an
+        #: `AloneStream` event (the proxy relays its chunks), and the request settled once it has ended.
+        self.relay_alone = relay_alone
         #: A seeded sampled request's drafter and policy on paths where the drafts decide the draws (see
         #: client.py): nothing learnt from other requests' text.
         self.seeded_drafter = as_drafter(seeded_drafter) if seeded_drafter is not None else None
@@ -73,7 +77,7 @@ class Engine:
         self.policy = as_policy(policy)
         self.clock = clock
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[Piece | Finished]:
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[Piece | AloneStream | Finished]:
         started = self.clock()
         state = RequestState(
             request=request,
@@ -199,7 +203,7 @@ class Engine:
 
     async def _steps(
         self, state: RequestState, planned: Plan, speculate: bool, first: int | None, mode: str, started: float
-    ) -> AsyncIterator[Piece]:
+    ) -> AsyncIterator[Piece | AloneStream]:
         """The request's steps until its text ends: rounds while they pay, the target alone otherwise."""
         out, request, caps, stretch = state.out, state.request, self.paths.known, planned.stretch
         # The previous round handed the next position to the target alone; so does a request whose
@@ -232,6 +236,14 @@ class Engine:
                     continue
                 new, target_decides = outcome
             if not new and (not speculate or final) and request.stream and can_stream(state, context):
+                if self.relay_alone and out.produced == 0 and not out.data:
+                    # The whole answer is one stream of the target's: its chunks go on as it sends them.
+                    handed = AloneStream(self.target, self.clock, state, context, remaining)
+                    yield handed  # resumed once the caller has relayed it to its end
+                    handed.settle(state, out)
+                    if handed.first_text_at is not None:
+                        state.ttft_s = handed.first_text_at - started
+                    continue
                 # The target alone finishes the text: stream it, so that text arrives as it is made.
                 async for tokens in plain_streamed(self.target, self.clock, state, context, remaining, out.produced):
                     piece = out.add(tokens)

@@ -22,6 +22,7 @@ from .load import current_request, new_request_id
 from .responses import build, combined_stats, completion_data
 from .runtime import Runtime
 from .streaming import SpeculativeStream, chat_chunks, completion_chunks, parse_chat_chunk, parse_completion
+from .target_alone import AloneStream
 from .validation import prediction_text
 
 __all__ = ["Speculation", "respond"]
@@ -44,6 +45,9 @@ async def respond(
         context = replace(context, sampling=replace(context.sampling, acceptance=runtime.acceptance))
     choices = choice_count(kwargs.get("n"))
     speculations = [_speculation(runtime, context, index, limit=limit, stop=stop, kwargs=kwargs, stream=stream, model=model) for index in range(choices)]
+    if choices > 1:  # the proxy's handover relays one target stream as the whole answer: not one choice of several
+        for speculation in speculations:
+            speculation.engine.relay_alone = False
     if stream:
         chunks = chat_chunks if chat else completion_chunks
         return SpeculativeStream(chunks(interleaved(speculations), model, include_usage, choices), parse_chat_chunk if chat else parse_completion)
@@ -120,13 +124,14 @@ class Speculation:
         self.engine = engine
         self.request = request
 
-    async def events(self) -> AsyncIterator[Piece | Finished]:
+    async def events(self) -> AsyncIterator[Piece | AloneStream | Finished]:
         engine, request = self.engine, self.request
         events = engine.generate(request)
         text: list[str] = []
         loads = [role.load for role in (engine.target, engine.draft_client) if role is not None]
         request_id = new_request_id()
         finished = False
+        relayed: AloneStream | None = None
         for load in loads:
             load.enter(request_id)  # what the load-aware policy sees: requests in flight per upstream
         try:
@@ -145,6 +150,8 @@ class Speculation:
                     current_request.reset(token)
                 if isinstance(event, Piece):
                     text.append(event.text)
+                elif isinstance(event, AloneStream):
+                    relayed = event  # its text is known once the caller has relayed it
                 else:
                     finished = True
                 yield event
@@ -154,7 +161,8 @@ class Speculation:
                     # Learnt once the last event is out (whether the reader then asks for more or
                     # closes): a stream's end does not wait for it, and a proxy that finishes many
                     # streams at once does not hold each one's last bytes behind the others' learning.
-                    self.runtime.learn(request.context, "".join(text), engine.target.endpoint.model)
+                    answer = "".join(text) if relayed is None else "".join(text) + relayed.text
+                    self.runtime.learn(request.context, answer, engine.target.endpoint.model)
             finally:
                 for load in loads:
                     load.leave(request_id)

@@ -67,6 +67,9 @@ class Runtime:
         # Learning costs a little CPU per request: only where something drafts from it (or may, later).
         self.learning = suffix_index is not None or bool(indexes(self.drafter))
         self.on_learn: Callable[[str, list[int]], None] | None = None
+        #: Streams the target writes alone from their first token are handed to the caller to relay
+        #: (`Engine.relay_alone`): set by the proxy, which reads streams with `next_data` only.
+        self.relay_alone = False
         self.policy = policy
         self.pipeline = pipeline
         self.verification = verification
@@ -160,6 +163,7 @@ class Runtime:
             pipeline=self.pipeline,
             seeded_drafter=seeded_drafter,
             seeded_policy=self.policy if seeded_drafter is not None else None,
+            relay_alone=self.relay_alone,
         )
 
 

@@ -2,7 +2,8 @@
 
 `SpeculativeStream` iterates `Completion` chunks (completions) or `ChatCompletionChunk`s (chat), like
 `openai.AsyncStream`; `stream.speculative` holds the statistics once the stream has ended, and the
-last chunk carries them too (as an extra field OpenAI clients ignore).
+last chunk carries them too (as an extra field OpenAI clients ignore). An engine that hands a whole
+answer to its caller (`Engine.relay_alone`, the proxy) passes it on through `next_data`: `stream.handover`.
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ class SpeculativeStream(Generic[T]):
         self._chunks = chunks
         self._parse = parse
         self.speculative: SpeculativeStats | None = None
+        #: The target's whole answer, handed over to be relayed (`AloneStream`; `next_data` readers only):
+        #: read it to its end, then `next_data` on until the statistics are set.
+        self.handover: Any = None
 
     def __aiter__(self) -> SpeculativeStream[T]:
         return self
@@ -44,6 +48,9 @@ class SpeculativeStream(Generic[T]):
         stats = data.pop("_speculative", None)
         if stats is not None:
             self.speculative = stats
+        handover = data.pop("_handover", None)
+        if handover is not None:
+            self.handover = handover
         return data
 
     async def __anext__(self) -> T:
@@ -120,6 +127,9 @@ async def _chunks(events: Events, chat: bool, model: str, include_usage: bool, c
         async for index, event in events:
             if isinstance(event, Piece):
                 yield chunker(fields(index, event.text), None, index, event.logprobs)
+                continue
+            if not isinstance(event, Finished):  # the proxy's handover of a whole answer (AloneStream)
+                yield {"_handover": event}
                 continue
             finished[index] = event
             last = chunker(fields(index, None), event.finish_reason, index, event.logprobs)

@@ -4,6 +4,8 @@ rewrite of an answer the target re-read differently, the whole-answer paths).
 
 `plain_step`/`plain_stream` are the wire calls (exact by construction: the target's own text); the
 functions below them work on a `RequestState` and hand the engine `Emitted` tokens to add.
+`AloneStream` is a whole answer the engine hands to its caller instead (`Engine(relay_alone=True)`,
+the proxy): the caller relays the target's chunks as they come, and the engine settles the books.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from .context import Context
 from .dialects.base import UNREADABLE, reading
 from .dialects.openai import Prefill, generation_request, openai_format
 from .drafters import Drafter
-from .output import find_stop
+from .output import Output, find_stop
 from .verifiers import PlainStep
 from .whole import PredictedOutputsPath, PrefixMatchPath
 from .request import RequestState
@@ -36,6 +38,7 @@ __all__ = [
     "plain_streamed",
     "regenerate",
     "whole_answer",
+    "AloneStream",
 ]
 
 #: The longest plain step on token ids that waits for a character to end (see `plain`).
@@ -425,3 +428,91 @@ async def whole_answer(
         state.rounds.append(result.record)
     state.prompt_tokens = result.prompt_tokens
     return text, finish, result.completion_tokens
+
+
+class AloneStream:
+    """A whole answer the target writes alone, handed to the engine's caller to relay as the target
+    sends it (`Engine(relay_alone=True)`; the proxy, `specapi/server/relay.py`).
+
+    `batches()` opens the target's stream (the request the engine would send, usage asked) and yields
+    its chunks as the target sent them, those that arrived together in one list, recording on the way
+    what the engine's own stream records: the text (learnt into the suffix index), when it began, the
+    pace between tokens, the finish reason and the billed usage. A stream that ends without a
+    finish_reason raises the target's malformed-response error. Once the caller has read it to its end,
+    the engine resumes and `settle`s the request from those records."""
+
+    def __init__(self, target: RoleClient, clock: Clock, state: RequestState, context: Context, remaining: int | None) -> None:
+        self.target = target
+        self._clock = clock
+        self._form = openai_format(context)
+        seed = state.plain_seed(context, True, 0)
+        self.path, self.body = generation_request(
+            context, remaining, seed, list(state.request.stop) or None, state.prefill, stream_usage=True
+        )
+        self._options = context.options
+        self._meter = state.target_meter
+        self._remaining = remaining
+        self.texts: list[str] = []  # the text of each chunk that had some
+        self.finish_reason: str | None = None
+        self.usage: dict[str, Any] = {}  # the target's bill, as it sent it
+        self.started = clock()
+        self.first_text_at: float | None = None
+        self._finished_at: float | None = None
+
+    @property
+    def text(self) -> str:
+        return "".join(self.texts)
+
+    async def batches(self) -> AsyncIterator[list[dict[str, Any]]]:
+        target, clock, form, texts = self.target, self._clock, self._form, self.texts
+        last: float | None = None  # when the previous batch with text arrived
+        stream = target.stream_batches(self.path, self.body, self._meter, options=self._options)
+        async with contextlib.aclosing(stream) as batches:
+            async for batch in batches:
+                before = len(texts)
+                for chunk in batch:
+                    usage = chunk.get("usage")
+                    if isinstance(usage, dict):
+                        self.usage.update(usage)
+                    for choice in chunk.get("choices") or ():
+                        if choice.get("index", 0) != 0:
+                            continue
+                        text = form.delta(choice)
+                        if text:
+                            texts.append(text)
+                        if choice.get("finish_reason") is not None and self.finish_reason is None:
+                            self.finish_reason = choice["finish_reason"]
+                            self._finished_at = clock()
+                if len(texts) > before:
+                    now = clock()
+                    if last is None:
+                        self.first_text_at = self.first_text_at or now
+                    else:  # the gap after the first token: the pace the target writes at now
+                        target.load.pace((now - last) / (len(texts) - before))
+                    last = now
+                yield batch
+        if self.finish_reason is None:
+            raise target.malformed("the stream ended without a finish_reason: the text may be incomplete")
+
+    def settle(self, state: RequestState, out: Output) -> None:
+        """The relayed answer into the request's output and books, as `plain_streamed` adds them."""
+        finish = self.finish_reason
+        if finish is None or self._finished_at is None:
+            raise self.target.malformed("the stream handed over ended without a finish_reason: the text may be incomplete")
+        chunks = len(self.texts)
+        tokens = [Emitted(token=text, data=text.encode("utf-8")) for text in self.texts]
+        if finish != "length":
+            tokens.append(Emitted(token="", data=b"", eos=True, finish_reason=finish, count=0))
+        out.add(tokens)
+        assert state.policy is not None
+        state.policy.observe_plain(self._remaining if finish == "length" and self._remaining else chunks, self._finished_at - self.started)
+        settle = _settled_count(self.usage, chunks, self._remaining, finish == "length")
+        if settle > 0:
+            out.add([Emitted(token="", data=b"", count=settle)])
+        out.ended = True
+        state.plain_calls += 1
+        state.plain_usage = state.target_meter.last_usage
+        prompt_tokens = self.usage.get("prompt_tokens")
+        if state.prompt_tokens is None and isinstance(prompt_tokens, int):
+            state.prompt_tokens = prompt_tokens
+        state.check_prompt_count(prompt_tokens if isinstance(prompt_tokens, int) else None, out.start, 0)

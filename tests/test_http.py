@@ -322,6 +322,20 @@ def test_sse_decoder_handles_split_lines_crlf_comments_and_multiline_data():
     assert events == ['{"a":\n1}', "[DONE]"]
 
 
+@pytest.mark.parametrize("size", [1, 2, 7, 1000])
+def test_sse_decoder_reads_events_written_every_way_however_the_bytes_are_split(size):
+    stream = (
+        'data: {"t":"日本"}\n\n: keep-alive\n\nevent: x\ndata: {"a":\ndata: 1}\n\n\n\ndata:no-space\n\n'
+        'data: 🙂 ü\u0301\n\ndata: [DONE]\n\n'
+    ).encode()
+    decoder = SSEDecoder()
+    events = []
+    for i in range(0, len(stream), size):
+        events += decoder.feed_raw(stream[i : i + size])
+    events += decoder.end_raw()
+    assert events == ['{"t":"日本"}'.encode(), b'{"a":\n1}', b"no-space", "🙂 ü\u0301".encode(), b"[DONE]"]
+
+
 def test_sse_decoder_flushes_a_last_event_without_a_blank_line():
     decoder = SSEDecoder()
     assert decoder.feed(b"data: x") == []

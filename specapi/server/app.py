@@ -47,7 +47,7 @@ from .metrics import CONTENT_TYPE, ProxyMetrics
 from .peers import Peers
 from ..share import RedisShare
 from .readiness import Readiness, target_check
-from .relay import TargetStream, stream_path
+from .relay import TargetStream, handed_over_stream, relayed_stream, stream_path
 from .served import ServedModels
 from .sse import DONE_EVENT, EventStreamResponse, encode_event
 
@@ -71,6 +71,12 @@ def _error_response(error: ProxyError, request_id: str) -> JSONResponse:
 def _dump(model: Any) -> dict[str, Any]:
     """An SDK object as the JSON it was built from (its `speculative` attribute travels separately)."""
     return model.model_dump(mode="json", exclude_unset=True, exclude={"speculative"})
+
+
+def _wants_usage(kwargs: dict[str, Any]) -> bool:
+    """The caller asked for the usage chunk at the stream's end (`stream_options.include_usage`)."""
+    options = kwargs.get("stream_options")
+    return isinstance(options, dict) and bool(options.get("include_usage"))
 
 
 def build_client(config: ServerConfig) -> AsyncSpeculativeOpenAI:
@@ -109,6 +115,7 @@ class _Proxy:
         self._tenants.clear()
         client = build_client(self.config)
         client._runtime.on_learn = functools.partial(self._tell_peers, "")
+        client._runtime.relay_alone = True  # whole answers left to the target alone are relayed (`relay.py`)
         return client
 
     @property
@@ -131,6 +138,7 @@ class _Proxy:
         if client is None:
             client = self.client.with_options(suffix_index=SuffixIndex(max_tokens=self.config.suffix_max_tokens))
             client._runtime.on_learn = functools.partial(self._tell_peers, tenant)
+            client._runtime.relay_alone = True
             self._tenants[tenant] = client
             while len(self._tenants) > self.config.max_tenants:
                 self._tenants.popitem(last=False)
@@ -341,10 +349,14 @@ class _Proxy:
         started: float,
         request_id: str,
     ) -> Response:
-        """Wait for the first chunk (so that early failures get a real HTTP status), then stream the rest."""
+        """Wait for the first chunk (so that early failures get a real HTTP status), then stream the rest.
+        A whole answer the engine leaves to the target alone is relayed as the target writes it (`relay.py`)."""
         stream: SpeculativeStream[Any] = await create(**kwargs)
         try:
             first = await run_unless_disconnected(stream.next_data(), request.receive)
+            if stream.handover is not None:
+                relay = handed_over_stream(stream, stream.handover, wanted_usage=_wants_usage(kwargs))
+                return await self._relay_response(request, route, relay, started, request_id)
         except BaseException:
             await stream.close()
             raise
@@ -353,19 +365,23 @@ class _Proxy:
         async def close(disconnected: bool) -> None:
             # After the response's last bytes: a stream's end does not wait for its bookkeeping.
             try:
-                if stream.speculative is not None:  # the generation finished: its calls count, whoever left
-                    self.metrics.observe(route, stream.speculative)
-                    if not disconnected:
-                        self.metrics.child(self.metrics.duration, route).observe(self.config.clock() - started)
-                if disconnected:
-                    self.metrics.child(self.metrics.disconnects, route).inc()
-                self.metrics.request(route, 200)  # the status line went out before the first chunk
-                self.metrics.in_flight.dec()
+                self._closed(route, stream.speculative, disconnected, started)
             finally:
                 await stream.close()  # cancels whatever upstream call is still in flight; the client learns
 
         events = self._events(route, stream, first, request_id)
         return EventStreamResponse(events, headers={"x-request-id": request_id}, on_close=close)
+
+    def _closed(self, route: str, stats: SpeculativeStats | None, disconnected: bool, started: float) -> None:
+        """A stream's books, once its response has ended (its status line went out before the first chunk)."""
+        if stats is not None:  # the generation finished: its calls count, whoever left
+            self.metrics.observe(route, stats)
+            if not disconnected:
+                self.metrics.child(self.metrics.duration, route).observe(self.config.clock() - started)
+        if disconnected:
+            self.metrics.child(self.metrics.disconnects, route).inc()
+        self.metrics.request(route, 200)
+        self.metrics.in_flight.dec()
 
     async def _events(
         self, route: str, stream: SpeculativeStream[Any], first: dict[str, Any] | None, request_id: str
@@ -389,32 +405,29 @@ class _Proxy:
             yield self._stream_error(route, exc, request_id)
 
     async def _start_relay(self, request: Request, route: str, kwargs: dict[str, Any], started: float, request_id: str) -> Response:
-        """`_start_stream` for a stream the target writes alone: its chunks relayed (`relay.py`)."""
+        """`_start_stream` with verification off: the caller's request goes to the target, relayed (`relay.py`)."""
         role, _ = self.client_for(request)._runtime.target_for(kwargs.get("model") or self.config.target.model)
         body = {name: value for name, value in kwargs.items() if name not in ("extra_body", "model")}
         body.update(kwargs.get("extra_body") or {})
-        stream = TargetStream(role, stream_path(route), body, clock=self.config.clock, started=started)
+        relay = relayed_stream(role, stream_path(route), body, clock=self.config.clock, started=started)
+        return await self._relay_response(request, route, relay, started, request_id)
+
+    async def _relay_response(self, request: Request, route: str, relay: TargetStream, started: float, request_id: str) -> Response:
+        """The relayed stream's response, once its first chunks have come (early failures get a real status)."""
         try:
-            first = await run_unless_disconnected(stream.next_batch(), request.receive)
+            first = await run_unless_disconnected(relay.next_batch(), request.receive)
         except BaseException:
-            await stream.aclose()
+            await relay.aclose()
             raise
         self.metrics.child(self.metrics.ttft, route).observe(self.config.clock() - started)
 
         async def close(disconnected: bool) -> None:
             try:
-                if stream.speculative is not None:
-                    self.metrics.observe(route, stream.speculative)
-                    if not disconnected:
-                        self.metrics.child(self.metrics.duration, route).observe(self.config.clock() - started)
-                if disconnected:
-                    self.metrics.child(self.metrics.disconnects, route).inc()
-                self.metrics.request(route, 200)
-                self.metrics.in_flight.dec()
+                self._closed(route, relay.speculative, disconnected, started)
             finally:
-                await stream.aclose()
+                await relay.aclose()
 
-        events = self._relayed(route, stream, first, request_id)
+        events = self._relayed(route, relay, first, request_id)
         return EventStreamResponse(events, headers={"x-request-id": request_id}, on_close=close)
 
     async def _relayed(

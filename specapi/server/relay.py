@@ -1,27 +1,34 @@
 """A lean path for streams the target writes alone: its chunks go on as it sent them.
 
-With verification off (`--verification none`) every answer is one call of the target's. Through the
-speculative client, each chunk of such a stream went through the engine (bytes held until a character
-is whole, stop strings, limits: the server has done all of that already), was built again as a chunk
-and encoded; the proxy spent 2.3x-2.6x a byte relay's CPU per stream (`benchmarks/README.md`). Here
-each chunk is read once, for what the statistics need (the target's usage, which the meter records;
-when the first text came), and the chunks that arrived together go out in one write. The chunk that may
-end the stream (one that finishes a choice, or the usage) waits for the next, so that the statistics
-(`"speculative"`) go on the last chunk; a stream that ends on a chunk already sent gets one more,
-without choices, for them. Usage is always asked of the target, so the statistics are billed figures;
-its chunk goes on only if the caller asked for it, as the target would send it.
+Two kinds of stream are the target's alone from their first token: every stream with verification off
+(`--verification none`), and those the engine decides to leave to the target before any round (the
+policy turns speculation off, under load above all, or the plan finds no path): the engine hands such a
+whole answer over (`AloneStream`, `Engine.relay_alone`) and settles the request once it has been
+relayed. Through the speculative client, each chunk of such a stream went through the engine (bytes
+held until a character is whole, stop strings, limits: the server has done all of that already), was
+built again as a chunk and encoded; the proxy spent 2.3x-2.6x a byte relay's CPU per stream
+(`benchmarks/README.md`). Here each chunk is read once, for what the statistics need (the target's
+usage, which the meter records; when the first text came), and the chunks that arrived together go out
+in one write. The chunk that may end the stream (one that finishes a choice, or the usage) waits for
+the next, so that the statistics (`"speculative"`) go on the last chunk; a stream that ends on a chunk
+already sent gets one more, without choices, for them. Usage is always asked of the target, so the
+statistics are billed figures; its chunk goes on only if the caller asked for it, as the target would
+send it.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 from .._calls import Meter, RoleClient
+from .._exceptions import MalformedResponseError
 from ..stats import RoleUsage, SpeculativeStats
+from ..streaming import SpeculativeStream
+from ..target_alone import AloneStream
 
-__all__ = ["TargetStream", "RELAY_REASON", "stream_path"]
+__all__ = ["TargetStream", "RELAY_REASON", "stream_path", "relayed_stream", "handed_over_stream"]
 
 #: The statistics' `fallback_reason` of a relayed stream (the engine's words for the same choice).
 RELAY_REASON = "verification='none': the target alone"
@@ -29,22 +36,29 @@ RELAY_REASON = "verification='none': the target alone"
 
 class TargetStream:
     """One stream of the target's, relayed: `await next_batch()` until None; `speculative` is set with
-    the batch that ends it. Closing it (`aclose`) closes the upstream response."""
+    the batch that ends it. Closing it (`aclose`) closes the upstream response (and what `on_close` names).
 
-    def __init__(self, role: RoleClient, path: str, body: Mapping[str, Any], *, clock: Callable[[], float], started: float) -> None:
-        options = body.get("stream_options")
-        self._wanted_usage = isinstance(options, Mapping) and bool(options.get("include_usage"))
-        upstream = {**body, "stream_options": {**(options if isinstance(options, Mapping) else {}), "include_usage": True}}
-        self.meter = Meter(role.endpoint)
-        self._batches = role.stream_batches(path, upstream, self.meter)
-        self._clock = clock
-        self._started = started
+    `batches`: the target's chunks as they arrived together; `settle()`: the statistics, once they have
+    ended; `malformed`: the error for a stream that ended without a finish_reason."""
+
+    def __init__(
+        self,
+        batches: AsyncIterator[list[dict[str, Any]]],
+        *,
+        wanted_usage: bool,
+        settle: Callable[[], Awaitable[SpeculativeStats]],
+        malformed: Callable[[str], MalformedResponseError],
+        on_close: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        self._batches = batches
+        self._wanted_usage = wanted_usage
+        self._settle = settle
+        self._malformed = malformed
+        self._on_close = on_close
         self._held: dict[str, Any] | None = None
         self._last: dict[str, Any] | None = None
-        self._first_text: float | None = None
         self._finished = False  # a choice came with its finish_reason
         self._ended = False
-        self._role = role
         self.speculative: SpeculativeStats | None = None
 
     async def next_batch(self) -> list[dict[str, Any]] | None:
@@ -54,7 +68,7 @@ class TargetStream:
                 batch = await self._batches.__anext__()
             except StopAsyncIteration:
                 self._ended = True
-                return self._closing()
+                return await self._closing()
             out = self._pass(batch)
             if out:
                 return out
@@ -69,8 +83,6 @@ class TargetStream:
                     continue  # asked for the statistics; the meter has it
                 if chunk["usage"] is None:
                     del chunk["usage"]  # what asking for it added to every chunk (OpenAI's way)
-            if self._first_text is None and _has_text(choices):
-                self._first_text = self._clock()
             if self._held is not None:
                 out.append(self._held)
                 self._held = None
@@ -82,34 +94,69 @@ class TargetStream:
             self._last = chunk
         return out
 
-    def _closing(self) -> list[dict[str, Any]] | None:
+    async def _closing(self) -> list[dict[str, Any]] | None:
         last = self._last
         if last is None:
             return None
         if not self._finished:  # never silently cut text: the caller gets an error, as from the engine
-            raise self._role.malformed("the stream ended without a finish_reason: the text may be incomplete")
+            raise self._malformed("the stream ended without a finish_reason: the text may be incomplete")
         held = self._held
         if held is None:
             held = {key: last[key] for key in ("id", "object", "created", "model") if key in last}
             held["choices"] = []
         self._held = None
-        usage = self.meter.snapshot()
-        now = self._clock()
-        self.speculative = SpeculativeStats(
+        self.speculative = await self._settle()
+        return [held]
+
+    async def aclose(self) -> None:
+        with contextlib.suppress(Exception):
+            await self._batches.aclose()  # type: ignore[attr-defined]
+        if self._on_close is not None:
+            await self._on_close()
+
+
+def relayed_stream(role: RoleClient, path: str, body: Mapping[str, Any], *, clock: Callable[[], float], started: float) -> TargetStream:
+    """A stream with verification off: the caller's request, sent to the target as it came (usage asked)."""
+    options = body.get("stream_options")
+    wanted_usage = isinstance(options, Mapping) and bool(options.get("include_usage"))
+    upstream = {**body, "stream_options": {**(options if isinstance(options, Mapping) else {}), "include_usage": True}}
+    meter = Meter(role.endpoint)
+    first_text: list[float] = []
+
+    async def batches() -> AsyncIterator[list[dict[str, Any]]]:
+        async with contextlib.aclosing(role.stream_batches(path, upstream, meter)) as stream:
+            async for batch in stream:
+                if not first_text and any(_has_text(chunk.get("choices")) for chunk in batch):
+                    first_text.append(clock())
+                yield batch
+
+    async def settle() -> SpeculativeStats:
+        usage = meter.snapshot()
+        return SpeculativeStats(
             target=usage,
             draft=RoleUsage(),
             speculated=False,
             fallback_reason=RELAY_REASON,
             verification="none",
             generated_tokens=usage.completion_tokens,
-            wall_s=now - self._started,
-            ttft_s=None if self._first_text is None else self._first_text - self._started,
+            wall_s=clock() - started,
+            ttft_s=first_text[0] - started if first_text else None,
         )
-        return [held]
 
-    async def aclose(self) -> None:
-        with contextlib.suppress(Exception):
-            await self._batches.aclose()  # type: ignore[attr-defined]
+    return TargetStream(batches(), wanted_usage=wanted_usage, settle=settle, malformed=role.malformed)
+
+
+def handed_over_stream(stream: SpeculativeStream[Any], handover: AloneStream, *, wanted_usage: bool) -> TargetStream:
+    """A whole answer the engine handed over (`stream.handover`): relayed, then the engine resumed to
+    settle the request; its statistics are the engine's, and closing closes the engine's stream too."""
+
+    async def settle() -> SpeculativeStats:
+        while stream.speculative is None:
+            if await stream.next_data() is None:
+                raise handover.target.malformed("the engine ended a handed-over stream without its statistics")
+        return stream.speculative
+
+    return TargetStream(handover.batches(), wanted_usage=wanted_usage, settle=settle, malformed=handover.target.malformed, on_close=stream.close)
 
 
 def _has_text(choices: Any) -> bool:
