@@ -115,6 +115,22 @@ def test_a_chat_left_to_the_target_is_openai_shaped_and_the_sdk_reads_it(upstrea
     assert chunks[-1].model_extra["speculative"]["generated_tokens"] == MAX_TOKENS
 
 
+def test_n_choices_left_to_the_target_are_each_their_own_stream(upstream):
+    """A handover relays one target stream as the whole answer: with n > 1 each choice runs (and is left
+    to the target alone) on its own, and the stream holds every choice."""
+    policy = Alone()
+    body = {"prompt": "c eda", "max_tokens": MAX_TOKENS, "temperature": 0, "n": 2}
+    with running_proxy(upstream, **options(policy)) as proxy:
+        relayed = parse_sse(post_stream(proxy.url, "/v1/completions", body).text)
+    text, _ = TARGET.greedy("c eda", MAX_TOKENS)
+    texts = ["", ""]
+    for event in relayed[:-1]:
+        for choice in event["choices"]:
+            texts[choice["index"]] += choice["text"]
+    assert texts == [text, text]
+    assert relayed[-2]["speculative"]["generated_tokens"] == 2 * MAX_TOKENS
+
+
 def test_speculating_requests_still_go_through_the_engine(upstream):
     with running_proxy(upstream) as proxy:  # the fixed policy: every request speculates
         events = parse_sse(post_stream(proxy.url, "/v1/completions", {"prompt": "ab", "max_tokens": MAX_TOKENS, "temperature": 0}).text)
