@@ -142,7 +142,7 @@ class Engine:
         state.request, state.top_k = planned.request, planned.top_k
         state.path_note, state.prefill = path.note, path.prefill
         caps = self.paths.known
-        state.whole_runs = caps is not None and caps.server == "llama-server" and caps.chat_logprobs > 0
+        state.whole_runs = caps is not None and caps.chat_hides_partial_runs and caps.chat_logprobs > 0
         state.acceptance, state.acceptance_note = planned.acceptance, planned.acceptance_note
         # A request the plan keeps with the target alone asks what the caller asked (no counting logprobs).
         state.verifier = path.verifier if planned.speculate else None

@@ -11,7 +11,7 @@ from typing import Any
 from ._calls import Meter
 from .responses import build
 from .runtime import Runtime
-from .stats import RoleUsage, SpeculativeStats
+from .stats import passed_on
 from .streaming import SpeculativeStream, parse_chat_chunk, parse_completion
 from .validation import TRANSPORT_ARGS
 
@@ -28,15 +28,8 @@ async def passthrough(runtime: Runtime, chat: bool, path: str, kwargs: dict[str,
         chunks = _passthrough_chunks(runtime, path, body, meter, reason, started, options)
         return SpeculativeStream(chunks, parse_chat_chunk if chat else parse_completion)
     data = await runtime.target.post(path, body, meter, options=options)
-    stats = SpeculativeStats(
-        target=meter.snapshot(),
-        draft=RoleUsage(),
-        speculated=False,
-        fallback_reason=reason,
-        verification="none",
-        generated_tokens=int((data.get("usage") or {}).get("completion_tokens") or 0),
-        wall_s=runtime.clock() - started,
-    )
+    completion = int((data.get("usage") or {}).get("completion_tokens") or 0)
+    stats = passed_on(meter.snapshot(), reason, runtime.clock() - started, generated_tokens=completion)
     return build(runtime.target, chat, data, stats)
 
 
@@ -72,16 +65,7 @@ async def _passthrough_chunks(
     if held is None:
         held = {key: last[key] for key in ("id", "object", "created", "model") if key in last}
         held["choices"] = []
-    usage = meter.snapshot()
-    held["_speculative"] = SpeculativeStats(
-        target=usage,
-        draft=RoleUsage(),
-        speculated=False,
-        fallback_reason=reason,
-        verification="none",
-        generated_tokens=usage.completion_tokens,
-        wall_s=runtime.clock() - started,
-    )
+    held["_speculative"] = passed_on(meter.snapshot(), reason, runtime.clock() - started)
     yield held
 
 

@@ -345,6 +345,7 @@ def _server_findings(found: _Found, defaults: tuple[str | None, dict[str, float]
     found.values.update(
         server=server, sampler_defaults=sampler_defaults, final_stretch=16 if server == "llama-cpp-python" else 0,
         stream_usage_unasked=server == "llama-server", penalties_over_prompt=server == "llama-server",
+        chat_hides_partial_runs=server == "llama-server",
     )
     if sampler_defaults:
         found.notes.append(f"{server}: applies {sampler_defaults} to requests that do not set them")

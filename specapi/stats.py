@@ -265,6 +265,21 @@ class SpeculativeStats:
         )
 
 
+def passed_on(target: RoleUsage, reason: str, wall_s: float, *, generated_tokens: int | None = None, ttft_s: float | None = None) -> SpeculativeStats:
+    """The statistics of an answer the target wrote alone and specapi passed on as it came: no draft, no
+    round, `reason` saying why; the generated tokens are the target's billed ones unless given."""
+    return SpeculativeStats(
+        target=target,
+        draft=RoleUsage(),
+        speculated=False,
+        fallback_reason=reason,
+        verification="none",
+        generated_tokens=target.completion_tokens if generated_tokens is None else generated_tokens,
+        wall_s=wall_s,
+        ttft_s=ttft_s,
+    )
+
+
 def money(value: Decimal | None) -> str | None:
     """Money as it appears in every JSON and header: a decimal string in USD, or None when unknown."""
     return None if value is None else str(value)

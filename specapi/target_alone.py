@@ -11,7 +11,7 @@ the proxy): the caller relays the target's chunks as they come, and the engine s
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any
 
 from ._calls import Clock, Meter, RoleClient
@@ -116,6 +116,16 @@ def _whole_runs(form: Any, choice: Mapping[str, Any], text: str) -> str:
     return listed.decode("utf-8") if data.startswith(listed) and len(listed) < len(data) else text
 
 
+def first_choice(chunk: Mapping[str, Any], usage: dict | None) -> Iterator[Mapping[str, Any]]:
+    """A stream chunk's choice 0 (a request of one choice: any other is not ours), the usage it
+    carries copied into `usage` on the way."""
+    if usage is not None and isinstance(chunk.get("usage"), dict):
+        usage.update(chunk["usage"])
+    for choice in chunk.get("choices") or ():
+        if choice.get("index", 0) == 0:
+            yield choice
+
+
 async def plain_stream_batches(
     client: RoleClient,
     context: Context,
@@ -137,11 +147,7 @@ async def plain_stream_batches(
         async for chunks in batches:
             out: list[tuple[str, str | None]] = []
             for chunk in chunks:
-                if usage is not None and isinstance(chunk.get("usage"), dict):
-                    usage.update(chunk["usage"])
-                for choice in chunk.get("choices") or []:
-                    if choice.get("index", 0) != 0:
-                        continue
+                for choice in first_choice(chunk, usage):
                     text = form.delta(choice)
                     finish = choice.get("finish_reason")
                     if logprobs is not None and choice.get("logprobs") is not None:
@@ -471,12 +477,7 @@ class AloneStream:
             async for batch in batches:
                 before = len(texts)
                 for chunk in batch:
-                    usage = chunk.get("usage")
-                    if isinstance(usage, dict):
-                        self.usage.update(usage)
-                    for choice in chunk.get("choices") or ():
-                        if choice.get("index", 0) != 0:
-                            continue
+                    for choice in first_choice(chunk, self.usage):
                         text = form.delta(choice)
                         if text:
                             texts.append(text)

@@ -50,6 +50,10 @@ class Capabilities:
     #: (over its last `repeat_last_n` tokens, prompt and output alike): llama-server feeds the prompt into its
     #: penalty sampler, so a call on prompt + draft is penalised as the target alone is at that position.
     penalties_over_prompt: bool = False
+    #: The server's chat content leaves out the bytes of an unfinished token run without a mark (no
+    #: U+FFFD), and its logprobs list the run only once it ends (llama-server): a chat step the text
+    #: continues from is cut back to the runs listed (`target_alone._whole_runs`).
+    chat_hides_partial_runs: bool = False
     notes: tuple[str, ...] = field(default=())
 
     def to_dict(self) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from typing import Any
 
 from .._calls import Meter, RoleClient
 from .._exceptions import MalformedResponseError
-from ..stats import RoleUsage, SpeculativeStats
+from ..stats import SpeculativeStats, passed_on
 from ..streaming import SpeculativeStream
 from ..target_alone import AloneStream
 
@@ -131,17 +131,7 @@ def relayed_stream(role: RoleClient, path: str, body: Mapping[str, Any], *, cloc
                 yield batch
 
     async def settle() -> SpeculativeStats:
-        usage = meter.snapshot()
-        return SpeculativeStats(
-            target=usage,
-            draft=RoleUsage(),
-            speculated=False,
-            fallback_reason=RELAY_REASON,
-            verification="none",
-            generated_tokens=usage.completion_tokens,
-            wall_s=clock() - started,
-            ttft_s=first_text[0] - started if first_text else None,
-        )
+        return passed_on(meter.snapshot(), RELAY_REASON, clock() - started, ttft_s=first_text[0] - started if first_text else None)
 
     return TargetStream(batches(), wanted_usage=wanted_usage, settle=settle, malformed=role.malformed)
 
