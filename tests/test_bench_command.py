@@ -50,6 +50,16 @@ def test_scenario_choice_and_overrides(tmp_path, capsys):
     assert s["baseline"]["requests"] == 3
     assert max(r["drafted_tokens"] / max(1, r["num_rounds"]) for r in s["requests"]) <= 2
     assert all(r["generated_tokens"] <= 6 for r in s["requests"])
+    # The scenario's own words stay, and say what the command line changed.
+    assert s["description"].startswith(get_scenario("lan-code").description)
+    assert s["description"].endswith("(run with --num-speculative-tokens 2, --max-tokens 6, --requests 3)")
+
+
+def test_a_scenario_run_as_defined_keeps_its_description(tmp_path):
+    path = tmp_path / "bench.json"
+    assert cli_logic(["bench", "--quick", "--scenario", "lan-code", "--temperature", "0", "--json", str(path)]) == 0
+    (s,) = json.loads(path.read_text())["scenarios"]
+    assert s["description"] == get_scenario("lan-code").description  # temperature 0 is lan-code's own
 
 
 def test_prompts_file_and_real_endpoint_options(tmp_path, monkeypatch, capsys):

@@ -101,8 +101,23 @@ def _overridden(scenario: Scenario, args: argparse.Namespace) -> Scenario:
         changes["requests"] = with_requests(scenario.requests, args.requests)
     changed = replace(scenario, **changes)
     if changed != scenario:
-        changed = replace(changed, aim=None)  # the aims hold for the scenarios as defined
+        # The aims hold for the scenarios as defined, and the description says what the command changed
+        # (a description that says "greedy" over a run at temperature 0.7 would misread the figures).
+        said = [f"{name.replace('_', '-')} {value}" for name, value in _changed_settings(scenario, changed)]
+        note = f" (run with --{', --'.join(said)})" if said else ""
+        changed = replace(changed, aim=None, description=scenario.description + note)
     return changed
+
+
+def _changed_settings(before: Scenario, after: Scenario) -> list[tuple[str, Any]]:
+    """The settings a command line changed, in a fixed order: (name, new value)."""
+    out = [(name, after.client.get(name)) for name in sorted(after.client) if after.client.get(name) != before.client.get(name)]
+    for name in ("max_tokens", "temperature", "seed", "concurrency"):
+        if getattr(after, name) != getattr(before, name):
+            out.append((name, getattr(after, name)))
+    if len(after.requests) != len(before.requests):
+        out.append(("requests", len(after.requests)))
+    return out
 
 
 def build_scenarios(args: argparse.Namespace) -> list[Scenario]:
