@@ -42,8 +42,10 @@ class ScoredToken:
     #: The whole distribution the token was drawn from, by id, when a server listed it after its
     #: sampler chain (llama.cpp's `post_sampling_probs`, whose list covers the chain's support).
     drawn_from: Mapping[int, float] | None = field(default=None, compare=False)
-    #: The draft's next most likely ids at this position (a draft on token ids; see `tokenlevel.py`).
-    alternatives: tuple[int, ...] = field(default=(), compare=False)
+    #: Other paths of ids the draft proposes from this position on, instead of this token and the ones
+    #: after it (its next most likely ids, its sampled chains): with the draft's tokens they make a tree
+    #: of proposals (a draft on token ids; see `tokenlevel.DraftTree`).
+    branches: tuple[tuple[int, ...], ...] = field(default=(), compare=False)
 
     @property
     def data(self) -> bytes:

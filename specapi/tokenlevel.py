@@ -12,9 +12,10 @@ Greedy rounds send all prompts in one request where the dialect batches them (ll
 caller's seed sends one request per prompt, concurrently, each with its position's seed: a batch shares
 one seed, so its draws would be correlated across positions. A sampled round without a seed goes as one
 request without a seed where each prompt draws independently (vLLM): the draft is asked on the context's
-ids for its most likely tokens and, at each position, its next most likely one; the target draws after
-each chain prefix and after each such alternative, and a drawn token is always kept, its bytes read
-back where the answer hid them (`decide_batched`; docs/algorithm.md).
+ids for its most likely tokens and, at each position, its next most likely one, and (at the same time)
+for chains it samples at the caller's temperature; these paths make a tree (`DraftTree`), the target
+draws after each of its nodes, and the output walks the tree along the draws. A drawn token is always
+kept, its bytes read back where the answer hid them (`decide_batched`; docs/algorithm.md).
 
 The draft's tokens go as ids when the draft shows them and shares the target's tokenizer (checked
 once, by tokenizing a probe text on both); otherwise the draft's text is tokenized by the target.
@@ -29,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import math
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
@@ -44,7 +45,7 @@ from .dialects.openai import sampling_fields
 from .sampling import acceptance_probability
 from .verifiers import PlainStep, SeedSource, Verification, VerifierBase
 
-__all__ = ["TokenIdVerifier", "TOKENIZER_PROBE", "decide_batched", "decide_processed", "covers"]
+__all__ = ["TokenIdVerifier", "TOKENIZER_PROBE", "DraftTree", "decide_batched", "decide_processed", "covers"]
 
 #: A list after the sampler chain is the whole distribution when its probabilities sum to 1 within this.
 WHOLE_TOLERANCE = 1e-6
@@ -57,6 +58,10 @@ MAX_PROCESSED_LIST = 100
 #: uncached tokens; on lan-code at T=0.7 a second alternative per position added a tenth as much as
 #: the first (docs/algorithm.md).
 ALTERNATIVES = 1
+#: Chains the draft samples at the caller's temperature beside its most likely ones, on the unseeded
+#: batched path (one more draft request, with `n`, sent with the other): their ids join the tree, and
+#: the target draws after each of its nodes. FIGURES_PENDING
+SAMPLED_CHAINS = 6
 #: The most tokens drawn after a token whose bytes the target's answer hid, to read them back.
 _MAX_HELD_STEP = 16
 
@@ -79,6 +84,8 @@ class TokenIdVerifier(VerifierBase):
     #: The draft server refused (or answered unreadably) a draft on ids named by id: this request's
     #: drafts go as text.
     _ids_draft_refused: bool = field(default=False, repr=False)
+    #: The draft server refused (or answered unreadably) sampled chains with `n`: rounds go without them.
+    _sampled_refused: bool = field(default=False, repr=False)
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
 
     async def prompt_ids(self, context: Context, meter: Meter) -> tuple[int, ...]:
@@ -132,23 +139,13 @@ class TokenIdVerifier(VerifierBase):
         """A draft drawn by the draft server on the context's ids, each token with the distribution it
         was drawn from (after the sampler chain), where both servers list those and share a tokenizer;
         on the unseeded batched path (`model`: the request's drafter is the draft model), the draft's
-        most likely ids with their alternatives; None otherwise (the engine's drafter proposes instead)."""
+        most likely ids with their alternatives and sampled chains as branches (`_tree_draft`); None
+        otherwise (the engine's drafter proposes instead)."""
         ids_draft = model and not self._ids_draft_refused and context.sampling.point_mass_draft
         if ids_draft and self.draft_client is not None and self.batched_sampling(context):
             if not await self._shares_tokenizer(meter, draft_meter):
                 return None
-            assert context.token_ids is not None
-            try:
-                chain = await cast(SampledBatches, self.dialect).ids_draft(
-                    self.draft_client, context.token_ids, k, sampling_fields(context, None, target=False), ALTERNATIVES, draft_meter,
-                    options=context.options,
-                )
-            except EndpointError as exc:
-                if not (exc.refused_shape or isinstance(exc, MalformedResponseError)):
-                    raise
-                self._ids_draft_refused = True  # an older server: the draft model proposes text, without alternatives
-                return None
-            return tuple(ScoredToken(text=f"token_id:{i}", logprob=0.0, id=i, alternatives=alternatives) for i, alternatives in chain)
+            return await self._tree_draft(context, k, draft_meter)
         list_length = self.processed_list(context)
         if list_length is None or self.draft_client is None or not self.dialect.lists_processed:
             return None
@@ -164,6 +161,43 @@ class TokenIdVerifier(VerifierBase):
                 break  # the draw is exact only where the list is the whole distribution
             q = {t: v for t, (v, _) in dist.items()}
             tokens.append(ScoredToken(text=spelling(data), logprob=math.log(q[token]) if q[token] > 0 else None, id=token, drawn_from=q))
+        return tuple(tokens)
+
+    async def _tree_draft(self, context: Context, k: int, draft_meter: Meter) -> tuple[ScoredToken, ...] | None:
+        """The draft's most likely ids after the context's ids, each with its next most likely ones, and
+        (in a second request, sent at the same time) `SAMPLED_CHAINS` chains it samples at the caller's
+        temperature, as branches of the first token: a tree of proposals (`DraftTree`)."""
+        assert context.token_ids is not None and self.draft_client is not None
+        dialect = cast(SampledBatches, self.dialect)
+
+        async def sampled_chains() -> list[tuple[int, ...]]:
+            if self._sampled_refused or not SAMPLED_CHAINS:
+                return []
+            assert context.token_ids is not None and self.draft_client is not None
+            caller = replace(context, sampling=replace(context.sampling, point_mass_draft=False))  # at the caller's temperature
+            fields = sampling_fields(caller, None, target=False)
+            return await dialect.sampled_drafts(self.draft_client, context.token_ids, k, fields, SAMPLED_CHAINS, draft_meter, options=context.options)
+
+        chain, chains = await asyncio.gather(
+            dialect.ids_draft(
+                self.draft_client, context.token_ids, k, sampling_fields(context, None, target=False), ALTERNATIVES, draft_meter,
+                options=context.options,
+            ),
+            sampled_chains(),
+            return_exceptions=True,
+        )
+        for answer in (chain, chains):
+            if isinstance(answer, BaseException) and not (isinstance(answer, EndpointError) and (answer.refused_shape or isinstance(answer, MalformedResponseError))):
+                raise answer
+        if isinstance(chains, BaseException):
+            self._sampled_refused = True  # a server without `n` (or unreadable choices): the chain and its alternatives alone
+            chains = []
+        if isinstance(chain, BaseException):
+            self._ids_draft_refused = True  # an older server: the draft model proposes text, without alternatives
+            return None
+        tokens = [ScoredToken(text=f"token_id:{i}", logprob=0.0, id=i, branches=tuple((a,) for a in alternatives)) for i, alternatives in chain]
+        if tokens and chains:
+            tokens[0] = replace(tokens[0], branches=tokens[0].branches + tuple(c for c in chains if c))
         return tuple(tokens)
 
     async def verify(
@@ -223,24 +257,25 @@ class TokenIdVerifier(VerifierBase):
     async def _verify_batched(
         self, context: Context, draft: Sequence[ScoredToken], meter: Meter, next_seed: SeedSource, draft_meter: Meter | None
     ) -> Verification:
-        """One unseeded request: the target draws after every chain prefix and after every alternative
-        (`decide_batched`). A drawn token whose bytes the answer hid is kept, and its bytes read back."""
+        """One unseeded request: the target draws after every node of the draft's tree (`DraftTree`,
+        `decide_batched`). A drawn token whose bytes the answer hid is kept, and its bytes read back."""
         assert context.token_ids is not None
         native = all(t.id is not None and t.text == f"token_id:{t.id}" for t in draft)
         pieces = [(int(t.id), None) for t in draft] if native else await self._draft_ids(draft, meter, draft_meter)  # type: ignore[arg-type]
-        drafted = [i for i, _ in pieces]
+        drafted = tuple(i for i, _ in pieces)
+        branches = (drafted[:j] + b for j, t in enumerate(draft[: len(drafted)]) if native for b in t.branches)
+        tree = DraftTree.grow(pieces, branches)
         base = list(context.token_ids)
-        branches = [(j, alternative) for j, t in enumerate(draft[: len(drafted)]) if native for alternative in t.alternatives]
-        prompts = [base + drafted[:j] for j in range(len(drafted) + 1)] + [base + drafted[:j] + [a] for j, a in branches]
         started = self.client.clock()
-        picks = await self.dialect.next_tokens(self.client, prompts, sampling_fields(context, None), meter, options=context.options)
-        chain = picks[: len(drafted) + 1]
-        decision, held = decide_batched(pieces, chain, dict(zip(branches, picks[len(drafted) + 1 :])), len(draft))
+        picks = await self.dialect.next_tokens(
+            self.client, [base + list(node) for node in tree.nodes], sampling_fields(context, None), meter, options=context.options
+        )
+        decision, held = decide_batched(tree, dict(zip(tree.nodes, picks)), len(draft))
         if held is not None:
             decision = await self._read_held(context, decision, held, meter, next_seed)
         return Verification(
             positions=(), straddle=0, bonus=None, finish_reason=None, latency_s=self.client.clock() - started,
-            prompt_tokens=chain[0].prompt_tokens, decision=decision,
+            prompt_tokens=picks[0].prompt_tokens, decision=decision,
         )
 
     async def _read_held(self, context: Context, decision: RoundDecision, held: int, meter: Meter, next_seed: SeedSource) -> RoundDecision:
@@ -374,49 +409,66 @@ def _decide(pieces: Sequence[tuple[int, bytes | None]], picks: Sequence[Pick], d
     )
 
 
-def decide_batched(
-    pieces: Sequence[tuple[int, bytes | None]], picks: Sequence[Pick], branches: Mapping[tuple[int, int], Pick], draft_tokens: int
-) -> tuple[RoundDecision, int | None]:
-    """The tokens of an unseeded batched round (pure). `picks[j]` is the target's draw after the context
-    plus the first j draft ids; `branches[(j, a)]` its draw after the first j draft ids plus the draft's
-    alternative `a` at position j. Each position's token is the draw made on exactly the tokens before it:
-    draft ids are kept while they are drawn; at the first position whose draw differs, that draw is the
-    token, and when it is an alternative, the draw after it is the next one. Every draw is independent
-    of the others, and which draw is used depends only on the tokens before it, so each token has the
-    target's distribution given the text before it. A drawn token is kept whatever it is (a token that
-    ends inside a character too): the second element is the id of a drawn token whose bytes the answer
-    did not show, which ends the round and must still be kept (`TokenIdVerifier._read_held`)."""
-    drafted = [i for i, _ in pieces]
+@dataclass(frozen=True)
+class DraftTree:
+    """What the draft proposes for an unseeded batched round: paths of the target's token ids after the
+    context, as a trie. `nodes` holds every prefix of every path once (the root, the empty path, first,
+    then the chain's prefixes, parents before children); `chain` is the draft's most likely path (its
+    tokens are the round's drafted ones); `data` the bytes of chain nodes' last ids where shown."""
+
+    chain: tuple[int, ...]
+    nodes: tuple[tuple[int, ...], ...]
+    data: Mapping[tuple[int, ...], bytes] = field(default_factory=dict)
+
+    @classmethod
+    def grow(cls, chain: Sequence[tuple[int, bytes | None]], branches: Iterable[Sequence[int]] = ()) -> DraftTree:
+        """The trie of the chain (ids with their bytes where known) and of `branches` (paths after the context)."""
+        ids = tuple(i for i, _ in chain)
+        nodes = dict.fromkeys(ids[:j] for j in range(len(ids) + 1))
+        for path in branches:
+            for j in range(1, len(path) + 1):
+                nodes.setdefault(tuple(path[:j]))
+        data = {ids[: j + 1]: d for j, (_, d) in enumerate(chain) if d is not None}
+        return cls(chain=ids, nodes=tuple(nodes), data=data)
+
+
+def decide_batched(tree: DraftTree, draws: Mapping[tuple[int, ...], Pick], draft_tokens: int) -> tuple[RoundDecision, int | None]:
+    """The tokens of an unseeded batched round (pure). `draws[v]` is the target's draw after the context
+    plus the ids of node v of the draft's tree, for every node. The walk starts at the root: at node v the
+    token is the draw made after v; when that token is a child of v the walk goes on from the child, else
+    it stops. Each position's token is so the draw made on exactly the tokens before it. Every draw is
+    independent of the others, and which draw is used depends only on the tokens before it, so each
+    token has the target's distribution given the text before it. A drawn token is kept whatever it is
+    (a token that ends inside a character too): the second element is the id of a drawn token whose
+    bytes the answer did not show, which ends the round and must still be kept
+    (`TokenIdVerifier._read_held`). `accepted` counts the draft's ids kept along the walked path."""
     emitted: list[Emitted] = []
-    kept = 0
+    node: tuple[int, ...] = ()
     held: int | None = None
-    for j, pick in enumerate(picks):
-        following = [pick]
-        if pick.id is not None and not (j < len(drafted) and pick.id == drafted[j]) and (j, pick.id) in branches:
-            following.append(branches[(j, pick.id)])
-        for draw in following:
-            if draw.end:
-                if draw.uncounted:
-                    emitted.append(Emitted(token="", data=b"", count=draw.uncounted))
-                emitted.append(Emitted(token="", data=b"", eos=True, count=0))
-                break
-            data = draw.data
-            if data is None and draw is pick and j < len(pieces) and pieces[j][0] == pick.id:
-                data = pieces[j][1]
-            if data is None:
-                held = draw.id
-                break
-            emitted.append(Emitted(token=spelling(data), data=data, ids=(draw.id,) if draw.id is not None else None))
-        if held is None and not pick.end and j < len(drafted) and pick.id == drafted[j]:
-            kept += 1
-            continue
-        break
-    accepted = min(draft_tokens, kept if len(drafted) == draft_tokens else round(kept * draft_tokens / max(1, len(drafted))))
+    while True:
+        draw = draws[node]
+        if draw.end:
+            if draw.uncounted:
+                # The server counts its end-of-text token as generated: so does the response.
+                emitted.append(Emitted(token="", data=b"", count=draw.uncounted))
+            emitted.append(Emitted(token="", data=b"", eos=True, count=0))
+            break
+        child = node + (draw.id,) if draw.id is not None else None
+        data = draw.data if draw.data is not None or child is None else tree.data.get(child)
+        if data is None:
+            held = draw.id
+            break
+        emitted.append(Emitted(token=spelling(data), data=data, ids=(draw.id,) if draw.id is not None else None))
+        if child is None or child not in draws:
+            break
+        node = child
+    kept, drafted = len(node), len(tree.chain)
+    accepted = min(draft_tokens, kept if drafted == draft_tokens else round(kept * draft_tokens / max(1, drafted)))
     decision = RoundDecision(
         emitted=tuple(emitted),
         accepted=accepted,
         accepted_by_position=tuple(i < accepted for i in range(draft_tokens)),
-        all_accepted=kept == len(drafted),
+        all_accepted=kept >= drafted,
         stalled=not emitted and held is None,
         keeps_partial=True,
     )

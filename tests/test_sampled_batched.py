@@ -24,7 +24,7 @@ from specapi.dialects import Pick
 from specapi.dialects.base import Generated
 from specapi.sim import EOS_TOKEN_ID, SimProvider, SimResponse, decode_text, encode_text, get_model, simulated_endpoints
 from specapi.sim.corpus import UNIVERSE_SIZE
-from specapi.tokenlevel import TokenIdVerifier, decide_batched
+from specapi.tokenlevel import SAMPLED_CHAINS, DraftTree, TokenIdVerifier, decide_batched
 from toyclient import chisquare_p
 
 pytestmark = pytest.mark.usefixtures("fresh_probe_cache")
@@ -87,8 +87,11 @@ async def test_unseeded_batched_rounds_with_alternatives_have_the_targets_distri
     assert all(r.speculative.exact for r in responses)
     rounds = [rd for r in responses for rd in r.speculative.rounds]
     assert sum(rd.accepted for rd in rounds) > 0.2 * len(rounds)  # the draft's first choices were kept
-    # A round's tokens beyond the kept ones and the draw after them: an alternative was drawn.
-    assert sum(rd.emitted > rd.accepted + 1 for rd in rounds) > 0.05 * len(rounds)
+    # Every round's tree held the draft's sampled chains: the draft was asked for them at the caller's temperature.
+    # (The provider keeps the last calls only.)
+    drafts = [c.body for c in provider.calls if c.model == "sim-draft" and c.path == "/v1/completions"]
+    sampled = [b for b in drafts if b.get("n")]
+    assert 2 * len(sampled) in (len(drafts) - 1, len(drafts), len(drafts) + 1) and all(b["n"] == SAMPLED_CHAINS and b["temperature"] == temperature for b in sampled)
     exact = sequence_probs("sim-target", TOKENS, temperature=temperature, top_p=0.9)
     assert chisquare_p(counts, exact) > 1e-3
     # The test has power: the same counts reject the draft's distribution.
@@ -115,7 +118,12 @@ async def test_an_unseeded_round_is_one_target_request_without_a_seed_and_a_seed
         lengths = [len(p) for p in body["prompt"]]
         chain = sorted(set(lengths))
         assert chain == list(range(chain[0], chain[-1] + 1)) and len(lengths) > len(chain)
-    assert drafts and all(b["temperature"] == 0.0 and b.get("return_tokens_as_token_ids") for b in drafts)
+    # Each round: the draft's most likely ids (temperature 0) and, beside them, chains it samples at the
+    # caller's temperature; the target's request holds one prompt per node of their tree, each once.
+    chains = [b for b in drafts if "n" not in b]
+    assert chains and all(b["temperature"] == 0.0 and b.get("return_tokens_as_token_ids") for b in chains)
+    assert [b for b in drafts if "n" in b] == [{**b, "temperature": 0.7, "n": SAMPLED_CHAINS, "logprobs": 0} for b in chains]
+    assert all(len({tuple(p) for p in b["prompt"]}) == len(b["prompt"]) for b in rounds)
     assert seeded and all(isinstance(b["prompt"][0], int) and isinstance(b.get("seed"), int) for b in seeded)
     assert first.choices[0].text == again.choices[0].text
 
@@ -127,28 +135,78 @@ def _pick(token: int | None, data: bytes | None = None, end: bool = False) -> Pi
     return Pick(id=token, data=data, end=end)
 
 
+def _tree(chain: list[int], *branches: tuple[int, ...]) -> DraftTree:
+    return DraftTree.grow([(i, None) for i in chain], branches)
+
+
 def test_draft_ids_are_kept_while_drawn_and_an_alternative_drawn_gives_the_draw_after_it():
-    pieces = [(1, None), (2, None), (3, None)]
-    picks = [_pick(1, b"a"), _pick(7, b"g"), _pick(9, b"x"), _pick(9, b"x")]
-    branches = {(1, 7): _pick(8, b"h"), (1, 6): _pick(5, b"e"), (0, 4): _pick(5, b"e")}
-    decision, held = decide_batched(pieces, picks, branches, 3)
+    tree = _tree([1, 2, 3], (1, 7), (1, 6), (4,))
+    draws = {(): _pick(1, b"a"), (1,): _pick(7, b"g"), (1, 2): _pick(9, b"x"), (1, 2, 3): _pick(9, b"x"),
+             (1, 7): _pick(8, b"h"), (1, 6): _pick(5, b"e"), (4,): _pick(5, b"e")}
+    decision, held = decide_batched(tree, draws, 3)
     assert held is None and decision.keeps_partial
     assert [e.ids for e in decision.emitted] == [(1,), (7,), (8,)]
-    assert decision.accepted == 1 and not decision.all_accepted
+    # Kept along the walked path: 1 (the chain's) and 7 (an alternative's).
+    assert decision.accepted == 2 and not decision.all_accepted
+
+
+def test_the_walk_follows_a_sampled_chain_off_the_draft_chain_and_stops_where_the_draw_leaves_the_tree():
+    tree = _tree([1, 2, 3], (4, 5, 6), (4, 5, 8), (4, 9))
+    assert tree.nodes[:4] == ((), (1,), (1, 2), (1, 2, 3))  # the root and the chain first
+    assert len(tree.nodes) == len(set(tree.nodes)) == 4 + 5  # (4,) (4,5) (4,5,6) (4,5,8) (4,9): each once
+    draws = {node: _pick(99, b"?") for node in tree.nodes}
+    draws.update({(): _pick(4, b"d"), (4,): _pick(5, b"e"), (4, 5): _pick(8, b"h"), (4, 5, 8): _pick(11, b"k")})
+    decision, held = decide_batched(tree, draws, 3)
+    assert held is None and [e.data for e in decision.emitted] == [b"d", b"e", b"h", b"k"]
+    assert decision.accepted == 3 and decision.all_accepted and decision.accepted_by_position == (True, True, True)
+    # The draw after the root is no node's token: it alone is the round's token.
+    draws[()] = _pick(12, b"z")
+    decision, _ = decide_batched(tree, draws, 3)
+    assert [e.ids for e in decision.emitted] == [(12,)] and decision.accepted == 0
 
 
 def test_a_drawn_token_whose_bytes_are_hidden_ends_the_round_and_is_held():
-    pieces = [(1, None), (2, None)]
-    decision, held = decide_batched(pieces, [_pick(1, b"a"), _pick(2, None), _pick(3, b"c")], {}, 2)
+    tree = _tree([1, 2])
+    decision, held = decide_batched(tree, {(): _pick(1, b"a"), (1,): _pick(2, None), (1, 2): _pick(3, b"c")}, 2)
     assert held == 2 and [e.ids for e in decision.emitted] == [(1,)]
     # The draw after an alternative, hidden too.
-    decision, held = decide_batched(pieces, [_pick(6, b"\xe4"), _pick(3, b"c")], {(0, 6): _pick(11, None)}, 2)
+    tree = _tree([1, 2], (6,))
+    draws = {(): _pick(6, b"\xe4"), (1,): _pick(3, b"c"), (1, 2): _pick(3, b"c"), (6,): _pick(11, None)}
+    decision, held = decide_batched(tree, draws, 2)
     assert held == 11 and [e.data for e in decision.emitted] == [b"\xe4"]  # kept inside a character
 
 
+def test_cjk_and_emoji_tokens_whose_bytes_are_split_are_kept_along_a_sampled_chain():
+    # "中" as two tokens (b"\xe4\xb8", b"\xad"), then "😀" as two (b"\xf0\x9f", b"\x98\x80"), along a sampled chain.
+    tree = _tree([1, 2, 3, 4], (21, 22, 23, 24))
+    pieces = {21: b"\xe4\xb8", 22: b"\xad", 23: b"\xf0\x9f", 24: b"\x98\x80"}
+    draws = {node: _pick(99, b"?") for node in tree.nodes}
+    path: tuple[int, ...] = ()
+    for token in (21, 22, 23, 24):
+        draws[path] = _pick(token, pieces[token])
+        path += (token,)
+    draws[path] = _pick(30, "é".encode())
+    decision, held = decide_batched(tree, draws, 4)
+    assert held is None and b"".join(e.data for e in decision.emitted).decode() == "中😀é"
+    assert decision.accepted == 4
+    # The server hid the second half of the emoji: the round ends at it, and it is held.
+    draws[(21, 22, 23)] = _pick(24, None)
+    decision, held = decide_batched(tree, draws, 4)
+    assert held == 24 and b"".join(e.data for e in decision.emitted) == "中".encode() + b"\xf0\x9f"
+
+
 def test_the_end_of_text_ends_the_round():
-    decision, held = decide_batched([(1, None)], [_pick(None, end=True), _pick(2, b"b")], {}, 1)
+    decision, held = decide_batched(_tree([1]), {(): _pick(None, end=True), (1,): _pick(2, b"b")}, 1)
     assert held is None and decision.emitted[-1].eos and decision.accepted == 0
+
+
+def test_the_end_of_text_drawn_at_a_branch_ends_the_round_there():
+    tree = _tree([1, 2], (5, 6), (1, 7))
+    draws = {node: _pick(99, b"?") for node in tree.nodes}
+    draws.update({(): _pick(5, "日".encode()), (5,): Pick(id=None, data=None, end=True, uncounted=1)})
+    decision, held = decide_batched(tree, draws, 2)
+    assert held is None and [e.data for e in decision.emitted] == ["日".encode(), b"", b""]
+    assert decision.emitted[-1].eos and decision.emitted[1].count == 1 and decision.accepted == 1
 
 
 class _HidingDialect:
@@ -219,7 +277,8 @@ async def test_a_draft_server_that_refuses_drafts_named_by_id_drafts_text_and_th
     async with AsyncSpeculativeOpenAI(target=target, draft=draft, policy="fixed", num_speculative_tokens=4, drafter="model") as client:
         responses = [await client.completions.create(prompt=PROMPT, max_tokens=16, temperature=0.7) for _ in range(2)]
     assert all(r.speculative.speculated and r.speculative.exact and r.speculative.fallback_reason is None for r in responses)
-    assert len(refused) == 2  # asked once a request (each has its own verifier); then the model proposes text
+    # Asked once a request (each has its own verifier), chains and sampled chains; then the model proposes text.
+    assert len([b for b in refused if "n" not in b]) == 2 and len([b for b in refused if "n" in b]) == 2
     assert [c for c in provider.calls if c.model == "sim-draft" and c.path == "/v1/completions"]
     rounds = [c.body for c in provider.calls if c.model == "sim-target" and isinstance((c.body or {}).get("prompt"), list)]
     assert rounds and all(isinstance(b["prompt"][0], list) and "seed" not in b for b in rounds if len(b["prompt"]) > 1)

@@ -82,12 +82,19 @@ class NativeDialect(Protocol):
 
 
 class SampledBatches(NativeDialect, Protocol):
-    """A dialect whose `batches_sampled` is True: it drafts on ids with alternatives, and detokenizes."""
+    """A dialect whose `batches_sampled` is True: it drafts on ids (its most likely ids with alternatives,
+    and sampled chains), and detokenizes."""
 
     async def ids_draft(
         self, client: RoleClient, ids: Sequence[int], k: int, fields: Mapping[str, Any], alternatives: int, meter: Meter, *, options: Mapping[str, Any]
     ) -> list[tuple[int, tuple[int, ...]]]:
         """The draft's tokens after `ids` (as the fields ask), each with its `alternatives` next most likely ids."""
+        ...
+
+    async def sampled_drafts(
+        self, client: RoleClient, ids: Sequence[int], k: int, fields: Mapping[str, Any], n: int, meter: Meter, *, options: Mapping[str, Any]
+    ) -> list[tuple[int, ...]]:
+        """`n` chains of up to `k` ids the draft samples after `ids` (as the fields ask), in one request."""
         ...
 
     async def detokenize(self, client: RoleClient, ids: Sequence[int], meter: Meter) -> bytes | None:

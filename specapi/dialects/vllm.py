@@ -136,6 +136,16 @@ class VllmDialect:
                 chain.append((chosen, tuple(i for _, i in others[:alternatives])))
             return chain
 
+    async def sampled_drafts(
+        self, client: RoleClient, ids: Sequence[int], k: int, fields: Mapping[str, Any], n: int, meter: Meter, *, options: Mapping[str, Any]
+    ) -> list[tuple[int, ...]]:
+        """`n` chains of up to `k` tokens the draft samples after `ids` (one request, `n` choices), as ids:
+        `logprobs: 0` lists each sampled token, `return_tokens_as_token_ids` names it by its id."""
+        body = {**fields, "prompt": list(ids), "max_tokens": k, "n": n, "logprobs": 0, "return_tokens_as_token_ids": True}
+        response = await client.post("/completions", body, meter, options=options)
+        with reading(client, "sampled token-id draft /completions"):
+            return [tuple(_token_id(t) for t in (choice.get("logprobs") or {}).get("tokens") or []) for choice in response["choices"]]
+
     async def detokenize(self, client: RoleClient, ids: Sequence[int], meter: Meter) -> bytes | None:
         response = await client.post(server_root(client) + "/detokenize", {"model": client.endpoint.model, "tokens": list(ids)}, meter)
         with reading(client, "/detokenize"):
