@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import random
 from typing import Any
 
 import pytest
@@ -21,10 +22,11 @@ from specapi.acceptance import RoundDecision, SamplingParams
 from specapi.alignment import ScoredToken
 from specapi.context import Context
 from specapi.dialects import Pick
+from specapi._exceptions import EndpointError
 from specapi.dialects.base import Generated
 from specapi.sim import EOS_TOKEN_ID, SimProvider, SimResponse, decode_text, encode_text, get_model, simulated_endpoints
 from specapi.sim.corpus import UNIVERSE_SIZE
-from specapi.tokenlevel import SAMPLED_CHAINS, DraftTree, TokenIdVerifier, decide_batched
+from specapi.tokenlevel import SAMPLED_CHAINS, DraftTree, TokenIdVerifier, decide_batched, shared_prefixes
 from toyclient import chisquare_p
 
 pytestmark = pytest.mark.usefixtures("fresh_probe_cache")
@@ -165,6 +167,12 @@ def test_the_walk_follows_a_sampled_chain_off_the_draft_chain_and_stops_where_th
     assert [e.ids for e in decision.emitted] == [(12,)] and decision.accepted == 0
 
 
+def test_sampled_chains_join_the_tree_with_their_first_id_and_the_ids_two_of_them_share():
+    chains = [(5, 6, 7), (5, 6, 8), (5, 9, 1), (2, 3, 4), (5, 6, 7), ()]
+    assert shared_prefixes(chains) == ((5, 6, 7), (5, 6), (5,), (2,))
+    assert shared_prefixes([]) == ()
+
+
 def test_a_drawn_token_whose_bytes_are_hidden_ends_the_round_and_is_held():
     tree = _tree([1, 2])
     decision, held = decide_batched(tree, {(): _pick(1, b"a"), (1,): _pick(2, None), (1, 2): _pick(3, b"c")}, 2)
@@ -295,3 +303,164 @@ async def test_a_held_token_whose_bytes_never_come_back_is_drawn_again_and_said_
     verification = await verifier.verify(context, (ScoredToken(text="token_id:3", logprob=0.0, id=3),), Meter(None), lambda: 7, 5)  # type: ignore[arg-type]
     assert verification.decision is not None and verification.decision.redrawn and verification.decision.handover
     assert [m for _, _, m in dialect.generated] == [1, 2, 4, 8, 16]  # each longer step with the same seed
+
+
+class _TreeDialect:
+    """A vLLM-like dialect with a scripted draft and target: the draft's most likely ids are 1 2 3 (with
+    the alternative 4 first), its sampled chains 5 6 9 (twice), 5 6 7 and 1 2 8; the target draws 5, 6,
+    9, 10 along the first and 99 elsewhere. It records the prompts it was asked and can refuse `n`."""
+
+    name = "tree"
+    batches = True
+    batches_sampled = True
+    lists_processed = False
+    ALONG = {(): 5, (5,): 6, (5, 6): 9, (5, 6, 9): 10}
+
+    def __init__(self, *, refuse_n: bool = False) -> None:
+        self.refuse_n = refuse_n
+        self.prompts: list[list[int]] = []
+        self.sampled_fields: list[dict] = []
+
+    async def tokenize(self, client, text, meter, *, special):  # type: ignore[no-untyped-def]
+        return [(ord(c), None) for c in text]
+
+    async def ids_draft(self, client, ids, k, fields, alternatives, meter, *, options):  # type: ignore[no-untyped-def]
+        return [(1, (4,)), (2, ()), (3, ())][:k]
+
+    async def sampled_drafts(self, client, ids, k, fields, n, meter, *, options):  # type: ignore[no-untyped-def]
+        self.sampled_fields.append(dict(fields))
+        if self.refuse_n:
+            raise EndpointError("n must be 1", role="draft", endpoint="scripted", status_code=400)
+        return [(5, 6, 9), (5, 6, 7), (1, 2, 8), (5, 6, 9)]
+
+    async def next_tokens(self, client, prompts, fields, meter, *, options):  # type: ignore[no-untyped-def]
+        assert "seed" not in fields
+        self.prompts = [list(p) for p in prompts]
+        return [_pick(self.ALONG.get(tuple(p[1:]), 99), b"x") for p in prompts]
+
+
+async def test_the_draft_tree_sends_one_prompt_per_node_and_the_output_walks_a_sampled_chain():
+    dialect = _TreeDialect()
+    verifier = TokenIdVerifier(client=_Client(), dialect=dialect, draft_client=_Client())  # type: ignore[arg-type]
+    context = Context(prompt="x", sampling=SamplingParams(temperature=0.7, top_p=0.9, point_mass_draft=True), token_ids=(100,))
+    draft = await verifier.native_draft(context, 3, Meter(None), Meter(None), None)  # type: ignore[arg-type]
+    assert draft is not None and [t.id for t in draft] == [1, 2, 3]
+    assert dialect.sampled_fields == [{"temperature": 0.7, "top_p": 0.9}]  # the caller's sampler, no seed
+    verification = await verifier.verify(context, draft, Meter(None), lambda: 1, 5, draft_meter=Meter(None))  # type: ignore[arg-type]
+    nodes = [tuple(p[1:]) for p in dialect.prompts]
+    assert all(p[0] == 100 for p in dialect.prompts) and len(nodes) == len(set(nodes))
+    # The chain, its alternative, and the sampled chains' first ids and the ids two of them share.
+    assert set(nodes) == {(), (1,), (1, 2), (1, 2, 3), (4,), (5,), (5, 6), (5, 6, 9)}
+    decision = verification.decision
+    assert decision is not None and [e.ids for e in decision.emitted] == [(5,), (6,), (9,), (10,)]
+    assert decision.accepted == 3
+
+
+async def test_a_draft_server_that_refuses_n_is_asked_once_and_the_rounds_go_on_with_the_chain_and_alternatives():
+    dialect = _TreeDialect(refuse_n=True)
+    verifier = TokenIdVerifier(client=_Client(), dialect=dialect, draft_client=_Client())  # type: ignore[arg-type]
+    context = Context(prompt="x", sampling=SamplingParams(temperature=1.0, point_mass_draft=True), token_ids=(100,))
+    for _ in range(2):
+        draft = await verifier.native_draft(context, 3, Meter(None), Meter(None), None)  # type: ignore[arg-type]
+        assert draft is not None and [t.id for t in draft] == [1, 2, 3]
+        verification = await verifier.verify(context, draft, Meter(None), lambda: 1, 5, draft_meter=Meter(None))  # type: ignore[arg-type]
+        assert {tuple(p[1:]) for p in dialect.prompts} == {(), (1,), (1, 2), (1, 2, 3), (4,)}
+        assert verification.decision is not None and [e.ids for e in verification.decision.emitted] == [(5,)]
+    assert len(dialect.sampled_fields) == 1
+
+
+# ----------------------------------------------------------------------------- a tree of sampled chains, scripted
+
+#: Tokens of a scripted vocabulary (CJK, emoji and a combining mark among them); 5 is the end of text.
+_BYTES = {0: b"a", 1: "中".encode(), 2: "😀".encode(), 3: "e\u0301".encode(), 4: b" "}
+_END = 5
+#: The scripted target's next-token distribution after the last token (9: the prompt), and the draft's,
+#: which differs enough that its sampled chains often leave the target's likeliest paths.
+_TARGET = {9: {0: .4, 1: .3, 2: .2, 3: .1}, 0: {0: .1, 1: .5, 4: .4}, 1: {2: .6, 3: .2, 0: .2},
+           2: {4: .5, 1: .3, _END: .2}, 3: {0: .5, 3: .5}, 4: {1: .25, 2: .25, 3: .25, 4: .25}}
+_DRAFT = {9: {1: .5, 0: .3, 4: .2}, 0: {4: .6, 1: .3, 0: .1}, 1: {3: .5, 2: .4, 0: .1},
+          2: {1: .6, 4: .4}, 3: {3: .7, 0: .3}, 4: {4: .5, 2: .3, 1: .2}, _END: {}}
+
+
+class _ScriptedPair:
+    """Both servers of a scripted pair: each prompt of a target request draws its next token on its own
+    (`_TARGET`, after the prompt's last id); the draft proposes its likeliest ids (`_DRAFT`) with the next
+    likeliest at each position, and samples `n` chains from `_DRAFT`."""
+
+    name = "scripted"
+    batches = True
+    batches_sampled = True
+    lists_processed = False
+
+    def __init__(self, seed: int) -> None:
+        self.rng = random.Random(seed)
+
+    def _draw(self, table: dict[int, float]) -> int:
+        return self.rng.choices(list(table), weights=list(table.values()))[0]
+
+    async def tokenize(self, client, text, meter, *, special):  # type: ignore[no-untyped-def]
+        return [(ord(c), None) for c in text]
+
+    async def ids_draft(self, client, ids, k, fields, alternatives, meter, *, options):  # type: ignore[no-untyped-def]
+        chain, last = [], ids[-1]
+        for _ in range(k):
+            ranked = sorted(_DRAFT[last], key=lambda t: -_DRAFT[last][t])
+            if not ranked:
+                break
+            chain.append((ranked[0], tuple(ranked[1 : 1 + alternatives])))
+            last = ranked[0]
+        return chain
+
+    async def sampled_drafts(self, client, ids, k, fields, n, meter, *, options):  # type: ignore[no-untyped-def]
+        chains = []
+        for _ in range(n):
+            chain, last = [], ids[-1]
+            while len(chain) < k and _DRAFT[last]:
+                last = self._draw(_DRAFT[last])
+                chain.append(last)
+            chains.append(tuple(chain))
+        return chains
+
+    async def next_tokens(self, client, prompts, fields, meter, *, options):  # type: ignore[no-untyped-def]
+        draws = [self._draw(_TARGET[p[-1]]) for p in prompts]
+        return [_pick(None, end=True) if t == _END else _pick(t, _BYTES[t]) for t in draws]
+
+
+def _markov_texts(table: dict[int, dict[int, float]], n: int) -> dict[str, float]:
+    out: dict[str, float] = {}
+
+    def walk(last: int, text: bytes, left: int, prob: float) -> None:
+        if left == 0 or last == _END:
+            out[text.decode()] = out.get(text.decode(), 0.0) + prob
+            return
+        for token, p in table[last].items():
+            walk(token, text + _BYTES.get(token, b""), left - 1, prob * p)
+
+    walk(9, b"", n, 1.0)
+    return out
+
+
+async def test_walks_of_a_tree_of_sampled_chains_have_the_targets_distribution():
+    pair = _ScriptedPair(seed=7)
+    verifier = TokenIdVerifier(client=_Client(), dialect=pair, draft_client=_Client())  # type: ignore[arg-type]
+    counts: dict[str, int] = {}
+    kept = 0
+    for _ in range(3000):
+        ids: list[int] = []
+        while len(ids) < 3:
+            context = Context(prompt="x", sampling=SamplingParams(temperature=1.0, point_mass_draft=True), token_ids=(9, *ids))
+            draft = await verifier.native_draft(context, 3, Meter(None), Meter(None), None)  # type: ignore[arg-type]
+            assert draft is not None
+            verification = await verifier.verify(context, draft, Meter(None), lambda: 1, 5, draft_meter=Meter(None))  # type: ignore[arg-type]
+            assert verification.decision is not None
+            kept += verification.decision.accepted
+            emitted = verification.decision.emitted
+            ids += [e.ids[0] for e in emitted if not e.eos and e.ids][: 3 - len(ids)]  # a cut at a count
+            if any(e.eos for e in emitted) and len(ids) < 3:
+                break
+        text = b"".join(_BYTES[i] for i in ids).decode()
+        counts[text] = counts.get(text, 0) + 1
+    assert kept > 3000  # draft ids were kept (more than one a text)
+    assert chisquare_p(counts, _markov_texts(_TARGET, 3)) > 1e-3
+    drafts = _markov_texts({**_DRAFT, _END: {}}, 3)
+    assert not set(counts) <= set(drafts) or chisquare_p(counts, drafts) < 1e-6
