@@ -459,7 +459,7 @@ def decide_batched(tree: DraftTree, draws: Mapping[tuple[int, ...], Pick], draft
     """The tokens of an unseeded batched round (pure). `draws[v]` is the target's draw after the context
     plus the ids of node v of the draft's tree, for every node. The walk starts at the root: at node v the
     token is the draw made after v; when that token is a child of v the walk goes on from the child, else
-    it stops. Each position's token is so the draw made on exactly the tokens before it. Every draw is
+    it stops. So each position's token is the draw made on exactly the tokens before it. Every draw is
     independent of the others, and which draw is used depends only on the tokens before it, so each
     token has the target's distribution given the text before it. A drawn token is kept whatever it is
     (a token that ends inside a character too): the second element is the id of a drawn token whose
