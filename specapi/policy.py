@@ -269,13 +269,12 @@ def load_measured(load: LoadCurve, rank: int) -> bool:
     at most `MEASURED_LOAD_REACH` times the most requests in flight any call on it started with.
 
     Beyond that the curve has not seen the burst, and reads no cost to the others (its certain slope is 0
-    until calls under that load come back). In a cold burst of 100 streams through `specapi serve`, after
+    until calls under that load come back): in a cold burst of 100 streams through `specapi serve`, after
     a warm-up of two requests at a time, the 40 requests whose answers the suffix index knew were each
-    admitted to a round of free drafts (a verify call of up to 32 tokens), which took the CPU the other 60
-    streams' first tokens needed when the burst started: their first token came 0.23 s after the request
-    against 0.11 s to the target alone, and the wave reached 0.86x-0.89x its throughput
-    (`benchmarks/README.md`). The earliest requests still go on and measure the load: the next burst
-    reaches twice as far."""
+    admitted to a round of free drafts (a verify call of up to 32 tokens) on a cost of 0, where 4 are
+    now (`benchmarks/README.md`: the wave was no faster for it; the engine's own start is what the
+    default still costs there). The earliest requests go on and measure the load: the next burst, or
+    the later requests of one that arrives spread out, reach twice as far."""
     return rank <= MEASURED_LOAD_REACH * load.most_seen
 
 
