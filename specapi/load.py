@@ -88,6 +88,11 @@ class LoadCurve:
         return max(1, bisect.bisect_right(self._active, request_id))
 
     @property
+    def most_seen(self) -> int:
+        """The most requests in flight any call on the line started with (1 before any call)."""
+        return int(self._max_x)
+
+    @property
     def samples(self) -> float:
         """How many calls the line holds (older ones count for less)."""
         return self._n

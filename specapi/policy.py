@@ -259,6 +259,25 @@ class _Linear:
         self._slope = None if slope is None else float(slope)
 
 
+#: How far past the most requests in flight a curve's calls were measured at (`LoadCurve.most_seen`) a
+#: request's place may be and its cost to the others still be read on the curve.
+MEASURED_LOAD_REACH = 2
+
+
+def load_measured(load: LoadCurve, rank: int) -> bool:
+    """Whether the request at `rank` (in start order) is within the loads `load` has measured: its place
+    at most `MEASURED_LOAD_REACH` times the most requests in flight any call on it started with.
+
+    Beyond that the curve has not seen the burst, and reads no cost to the others (its certain slope is 0
+    until calls under that load come back): in a cold burst of 100 streams through `specapi serve`, after
+    a warm-up of two requests at a time, the 40 requests whose answers the suffix index knew were each
+    admitted to a round of free drafts (a verify call of up to 32 tokens) on a cost of 0, where 4 are
+    now (`benchmarks/README.md`: the wave was no faster for it; the engine's own start is what the
+    default still costs there). The earliest requests go on and measure the load: the next burst, or
+    the later requests of one that arrives spread out, reach twice as far."""
+    return rank <= MEASURED_LOAD_REACH * load.most_seen
+
+
 def _loaded(load: LoadCurve | None) -> bool:
     return load is not None and load.requests > 1
 
@@ -522,14 +541,17 @@ class AdaptiveDraftLength(PolicyBase):
 
         `queue_delay_s` (a request's first round under load, `PolicyState.queue_delay_s`): judged as
         things are now, each round with its verify call's cost to the requests ahead of this one and
-        the wait for the event loop, which the target alone's stream waits once."""
+        the wait for the event loop, which the target alone's stream waits once; None too for a
+        request placed beyond the loads the target's curve has measured (`load_measured`)."""
         if not self._verify.known or not self._target.has_slope:
             return None
         rounds = math.ceil(remaining / (1.0 + min(expected, k)))
         added = waited = 0.0
         if queue_delay_s is not None:
-            inflation = self._inflation(self._target_load)
             rank = self._rank()
+            if self._target_load is not None and not load_measured(self._target_load, rank):
+                return None  # a burst beyond the loads measured: its verify calls' cost to the others is unknown
+            inflation = self._inflation(self._target_load)
             others = self._target_load.cost_to_others(rank) if self._target_load is not None else 0.0
             waited = queue_delay_s / inflation
             added = others / inflation + waited

@@ -347,11 +347,44 @@ def test_free_drafts_are_judged_with_the_wait_and_the_load_counted_when_asked():
     waits once in all. Expected to continue 8 tokens a round, they pay even after a 40 ms wait; one
     token a round does not, though it did with nothing counted."""
     policy = learnt_lan_policy()
-    policy.watch_load(curve_from(lambda c: 0.031, range(1, 3), in_flight=100), None)
+    policy.watch_load(curve_from(lambda c: 0.031, range(1, 101), in_flight=100), None)  # flat up to 100 in flight
     assert policy.free_drafts_pay(8.0, 10, 64, queue_delay_s=0.040) is True
     assert policy.free_drafts_pay(1.0, 10, 64) is True
     assert policy.free_drafts_pay(1.0, 10, 64, queue_delay_s=0.040) is False
     assert AdaptiveDraftLength().free_drafts_pay(8.0, 10, 64, queue_delay_s=0.0) is None  # nothing measured
+
+
+def test_free_drafts_in_a_burst_beyond_the_loads_measured_wait_for_the_earliest_requests_to_measure_it():
+    """A warm-up at one and two requests in flight, then a burst of 100 on a flat curve: the suffix index
+    knows the answers, and free drafts would pay with the load counted as the curve reads it (no cost
+    to the others). Only the requests placed within twice the load the curve measured are admitted;
+    the rest are not judged (None: the target writes them alone). Once calls at 100 in flight came
+    back, the whole burst is judged on the curve again."""
+    from specapi.policy import load_measured
+
+    policy = learnt_lan_policy()
+    warm = curve_from(lambda c: 0.031, range(1, 3), in_flight=100)
+    assert warm.most_seen == 2
+    policy.watch_load(warm, warm)
+    verdicts = {}
+    for rank in (1, 2, 4, 5, 50, 100):
+        token = current_request.set(rank)
+        try:
+            verdicts[rank] = policy.free_drafts_pay(8.0, 10, 64, queue_delay_s=0.040)
+        finally:
+            current_request.reset(token)
+    assert verdicts == {1: True, 2: True, 4: True, 5: None, 50: None, 100: None}
+    assert [load_measured(warm, rank) for rank in (1, 4, 5)] == [True, True, False]
+    token = current_request.set(100)
+    try:
+        assert policy.free_drafts_pay(8.0, 10, 64) is True  # not judged under load (no wait given): as before
+        seen = curve_from(lambda c: 0.031, range(1, 101), in_flight=100)
+        assert seen.most_seen == 100 and load_measured(seen, 100)
+        policy.watch_load(seen, seen)
+        assert policy.free_drafts_pay(8.0, 10, 64, queue_delay_s=0.040) is True
+    finally:
+        current_request.reset(token)
+    assert LoadCurve().most_seen == 1
 
 
 class _RecordsQueueDelay(_RecordsItsRequest):

@@ -247,6 +247,43 @@ def test_unknown_routes_and_methods_get_openai_shaped_errors(http):
     assert_openai_error(http.get("/v1/completions"), 405, code="method_not_allowed")
 
 
+def test_middleware_added_to_the_app_wraps_the_generation_routes_too(upstream):
+    """The generation routes go straight to their handlers, past Starlette's own stack: middleware
+    someone adds to the app still sees them, and their answers, as it sees every other route."""
+    from specapi.server.background import BackgroundServer
+
+    app = specapi.server.create_app(make_config(upstream))
+    seen: list[str] = []
+
+    class Tagging:
+        def __init__(self, inner):
+            self.inner = inner
+
+        async def __call__(self, scope, receive, send):
+            if scope["type"] != "http":
+                await self.inner(scope, receive, send)
+                return
+            seen.append(scope["path"])
+
+            async def tagged(message):
+                if message["type"] == "http.response.start":
+                    message = {**message, "headers": [*message["headers"], (b"x-tagged", b"yes")]}
+                await send(message)
+
+            await self.inner(scope, receive, tagged)
+
+    app.add_middleware(Tagging)
+    with BackgroundServer(app) as server, openai.OpenAI(base_url=server.url + "/v1", api_key=PROXY_KEY, max_retries=0) as client:
+        raw = client.completions.with_raw_response.create(model="target", prompt="ab", max_tokens=5, temperature=0)
+        stream = client.chat.completions.with_raw_response.create(
+            model="target", messages=[{"role": "user", "content": "fa c"}], max_tokens=5, temperature=0, stream=True
+        )
+        text = "".join(chunk.choices[0].delta.content or "" for chunk in stream.parse() if chunk.choices)
+    assert raw.headers["x-tagged"] == "yes" and raw.parse().choices[0].text == TARGET.greedy("ab", 5)[0]
+    assert stream.headers["x-tagged"] == "yes" and text == TARGET.greedy(render_chat([{"role": "user", "content": "fa c"}]), 5)[0]
+    assert seen.count("/v1/completions") == 1 and seen.count("/v1/chat/completions") == 1
+
+
 # ----------------------------------------------------------------------------- upstream failures
 
 

@@ -49,8 +49,12 @@ class TargetStream:
         settle: Callable[[], Awaitable[SpeculativeStats]],
         malformed: Callable[[str], MalformedResponseError],
         on_close: Callable[[], Awaitable[None]] | None = None,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         self._batches = batches
+        #: When the first chunk with text was read (kept with a `clock` only: a relayed stream's TTFT).
+        self.first_text_at: float | None = None
+        self._clock = clock
         self._wanted_usage = wanted_usage
         self._settle = settle
         self._malformed = malformed
@@ -75,6 +79,8 @@ class TargetStream:
         return None
 
     def _pass(self, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        if self.first_text_at is None and self._clock is not None and any(_has_text(chunk.get("choices")) for chunk in batch):
+            self.first_text_at = self._clock()
         out: list[dict[str, Any]] = []
         for chunk in batch:
             choices = chunk.get("choices")
@@ -121,19 +127,15 @@ def relayed_stream(role: RoleClient, path: str, body: Mapping[str, Any], *, cloc
     wanted_usage = isinstance(options, Mapping) and bool(options.get("include_usage"))
     upstream = {**body, "stream_options": {**(options if isinstance(options, Mapping) else {}), "include_usage": True}}
     meter = Meter(role.endpoint)
-    first_text: list[float] = []
-
-    async def batches() -> AsyncIterator[list[dict[str, Any]]]:
-        async with contextlib.aclosing(role.stream_batches(path, upstream, meter)) as stream:
-            async for batch in stream:
-                if not first_text and any(_has_text(chunk.get("choices")) for chunk in batch):
-                    first_text.append(clock())
-                yield batch
 
     async def settle() -> SpeculativeStats:
-        return passed_on(meter.snapshot(), RELAY_REASON, clock() - started, ttft_s=first_text[0] - started if first_text else None)
+        first = relay.first_text_at
+        return passed_on(meter.snapshot(), RELAY_REASON, clock() - started, ttft_s=first - started if first is not None else None)
 
-    return TargetStream(batches(), wanted_usage=wanted_usage, settle=settle, malformed=role.malformed)
+    # The target's batches as `stream_batches` reads them, with no generator of its own around them:
+    # each chunk of each stream went through one more `__anext__` for nothing.
+    relay = TargetStream(role.stream_batches(path, upstream, meter), wanted_usage=wanted_usage, settle=settle, malformed=role.malformed, clock=clock)
+    return relay
 
 
 def handed_over_stream(stream: SpeculativeStream[Any], handover: AloneStream, *, wanted_usage: bool) -> TargetStream:
@@ -165,6 +167,9 @@ def _may_end_a_stream(choices: Any) -> bool:
     none (usage)."""
     if not isinstance(choices, list) or not choices:
         return True
+    if len(choices) == 1:  # nearly every chunk: one choice's delta (no generator to set up per chunk)
+        choice = choices[0]
+        return isinstance(choice, Mapping) and choice.get("finish_reason") is not None
     return any(isinstance(choice, Mapping) and choice.get("finish_reason") is not None for choice in choices)
 
 
