@@ -19,7 +19,7 @@ import pytest
 
 from specapi import AsyncSpeculativeOpenAI
 from specapi.sim import EOS_TOKEN_ID, SimProvider, SimTransport, decode_text, encode_text, get_model, simulated_endpoints
-from toyclient import InProcessToy, chisquare_p
+from toyclient import InProcessToy, chisquare_p, text_probs
 from toyserver import DRAFT, TARGET
 
 pytestmark = pytest.mark.usefixtures("fresh_probe_cache")
@@ -108,20 +108,10 @@ def llamacpp_chain(ids: np.ndarray, probs: np.ndarray, *, temperature: float, to
 
 def sim_sequence_probs(model_name: str, prompt: str, n: int, **chain: float) -> dict[str, float]:
     model = get_model(model_name)
-    out: dict[str, float] = {}
-
-    def walk(ids: list[int], generated: list[int], prob: float) -> None:
-        if len(generated) == n:
-            out[decode_text(generated)] = out.get(decode_text(generated), 0.0) + prob
-            return
-        for token, p in llamacpp_chain(*model.next_distribution(ids), **chain).items():  # type: ignore[arg-type]
-            if token == EOS_TOKEN_ID:  # the text ends here
-                out[decode_text(generated)] = out.get(decode_text(generated), 0.0) + prob * p
-            else:
-                walk(ids + [token], generated + [token], prob * p)
-
-    walk(encode_text(prompt), [], 1.0)
-    return out
+    return text_probs(
+        lambda ids: llamacpp_chain(*model.next_distribution(ids), **chain),  # type: ignore[arg-type]
+        encode_text(prompt), n, end=EOS_TOKEN_ID, decode=decode_text,
+    )
 
 
 @pytest.mark.parametrize("temperature", [0.7, 1.0])

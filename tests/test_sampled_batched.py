@@ -27,7 +27,7 @@ from specapi.dialects.base import Generated
 from specapi.sim import EOS_TOKEN_ID, SimProvider, SimResponse, decode_text, encode_text, get_model, simulated_endpoints
 from specapi.sim.corpus import UNIVERSE_SIZE
 from specapi.tokenlevel import SAMPLED_CHAINS, DraftTree, TokenIdVerifier, decide_batched, shared_prefixes
-from toyclient import chisquare_p
+from toyclient import chisquare_p, text_probs
 
 pytestmark = pytest.mark.usefixtures("fresh_probe_cache")
 
@@ -56,20 +56,7 @@ def vllm_chain(model_name: str, ids: list[int], *, temperature: float, top_p: fl
 
 
 def sequence_probs(model_name: str, n: int, **chain: float) -> dict[str, float]:
-    out: dict[str, float] = {}
-
-    def walk(ids: list[int], generated: list[int], prob: float) -> None:
-        if len(generated) == n:
-            out[decode_text(generated)] = out.get(decode_text(generated), 0.0) + prob
-            return
-        for token, p in vllm_chain(model_name, ids, **chain).items():
-            if token == EOS_TOKEN_ID:
-                out[decode_text(generated)] = out.get(decode_text(generated), 0.0) + prob * p
-            else:
-                walk(ids + [token], generated + [token], prob * p)
-
-    walk(encode_text(PROMPT), [], 1.0)
-    return out
+    return text_probs(lambda ids: vllm_chain(model_name, ids, **chain), encode_text(PROMPT), n, end=EOS_TOKEN_ID, decode=decode_text)
 
 
 @pytest.mark.parametrize("temperature", [0.7, 1.0])
@@ -427,17 +414,7 @@ class _ScriptedPair:
 
 
 def _markov_texts(table: dict[int, dict[int, float]], n: int) -> dict[str, float]:
-    out: dict[str, float] = {}
-
-    def walk(last: int, text: bytes, left: int, prob: float) -> None:
-        if left == 0 or last == _END:
-            out[text.decode()] = out.get(text.decode(), 0.0) + prob
-            return
-        for token, p in table[last].items():
-            walk(token, text + _BYTES.get(token, b""), left - 1, prob * p)
-
-    walk(9, b"", n, 1.0)
-    return out
+    return text_probs(lambda ids: table[ids[-1]], [9], n, end=_END, decode=lambda ids: b"".join(_BYTES[i] for i in ids).decode())
 
 
 async def test_walks_of_a_tree_of_sampled_chains_have_the_targets_distribution():

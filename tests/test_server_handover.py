@@ -7,7 +7,6 @@ toy target's own output for the same request (`toyserver.TARGET`, and the toy se
 from __future__ import annotations
 
 import asyncio
-import json
 
 import httpx2
 import openai
@@ -16,7 +15,7 @@ from openai.types import Completion
 from openai.types.chat import ChatCompletionChunk
 
 from test_server_stream import settled_request_count, slow
-from test_server_support import PROXY_KEY, UPSTREAM_KEY, metric, no_sleep, parse_sse, proxy_pair, running_proxy
+from test_server_support import PROXY_KEY, UPSTREAM_KEY, breaking_target, metric, no_sleep, parse_sse, proxy_pair, running_proxy
 from specapi import AsyncSpeculativeOpenAI, Endpoint
 from specapi._calls import Meter
 from specapi.policy import SPECULATE, TARGET_ALONE, PolicyBase, PolicyState
@@ -189,30 +188,9 @@ def test_a_handed_over_stream_whose_target_fails_at_once_gets_a_real_http_error(
     assert metric(metrics, "specapi_in_flight_requests") == 0
 
 
-class _Breaks(httpx2.AsyncByteStream):
-    """Two chunks of a completion, then the connection drops (or, `clean`, the body just ends)."""
-
-    def __init__(self, clean: bool) -> None:
-        self.clean = clean
-
-    async def __aiter__(self):
-        for text in ("ab", "cd"):
-            chunk = {"id": "cmpl-1", "object": "text_completion", "created": 1, "model": "target",
-                     "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": None}]}
-            yield b"data: " + json.dumps(chunk).encode() + b"\n\n"
-        if not self.clean:
-            raise httpx2.RemoteProtocolError("peer closed connection without sending complete message body")
-
-
 @pytest.mark.parametrize("clean", [False, True], ids=["dropped", "ended-without-finish"])
 def test_a_handed_over_stream_cut_short_ends_with_an_error_event(clean):
-    def handler(request: httpx2.Request) -> httpx2.Response:
-        if request.url.path.endswith("/completions") and json.loads(request.content).get("stream"):
-            return httpx2.Response(200, headers={"content-type": "text/event-stream"}, stream=_Breaks(clean))
-        return httpx2.Response(404, json={"error": {"message": "not here"}})
-
-    target = Endpoint(model="target", base_url="http://breaks.test/v1", api_key="sk-breaks", max_retries=0,
-                      http_client=httpx2.AsyncClient(transport=httpx2.MockTransport(handler)))
+    target = breaking_target(clean, streams_only=True)
     with ToyServer() as unused, running_proxy(unused, target=target, draft=None, **options(Alone())) as proxy:
         response = post_stream(proxy.url, "/v1/completions", {"prompt": "ab", "max_tokens": 50})
         metrics = httpx2.get(proxy.url + "/metrics").text

@@ -98,17 +98,23 @@ WITH_LOGPROBS = [
 
 @pytest.mark.parametrize(("path", "body"), WITH_LOGPROBS)
 def test_a_request_with_logprobs_gets_the_targets_choices(setup, path, body):
-    toy, http, _ = setup
-    direct = toy.direct(path, body)
-    assert direct.status_code == 200, direct.text
-    response = http.post("/v1" + path, json=body)
-    assert response.status_code == 200, response.text
-    [mine], [theirs] = _rounded(response.json()["choices"]), _rounded(direct.json()["choices"])
+    data, direct = _both_answers(setup, path, body)
+    [mine], [theirs] = _rounded(data["choices"]), _rounded(direct["choices"])
     for name in ("text", "message", "finish_reason", "logprobs"):
         if name == "message" and name in theirs:
             assert mine[name]["content"] == theirs[name]["content"]
         else:
             assert mine.get(name) == theirs.get(name)
+
+
+def _both_answers(setup, path: str, body: dict) -> tuple[dict, dict]:  # type: ignore[no-untyped-def]
+    """The proxy's answer to `body` on `path`, and the toy target's own for the same request (both 200)."""
+    toy, http, _ = setup
+    direct = toy.direct(path, body)
+    assert direct.status_code == 200, direct.text
+    response = http.post("/v1" + path, json=body)
+    assert response.status_code == 200, response.text
+    return response.json(), direct.json()
 
 
 def _rounded(value):  # type: ignore[no-untyped-def]
@@ -122,15 +128,10 @@ def _rounded(value):  # type: ignore[no-untyped-def]
 
 @pytest.mark.parametrize(("path", "body"), TARGET_ALONE)
 def test_a_request_served_by_the_target_alone_is_its_answer_every_field(setup, path, body):
-    toy, http, _ = setup
-    direct = toy.direct(path, body)
-    assert direct.status_code == 200, direct.text
-    response = http.post("/v1" + path, json=body)
-    assert response.status_code == 200, response.text
-    data = response.json()
+    data, direct = _both_answers(setup, path, body)
     assert data["speculative"]["speculated"] is False
-    assert data["usage"]["prompt_tokens_details"]["cached_tokens"] == direct.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
-    _same_answer(data, direct.json())
+    assert data["usage"]["prompt_tokens_details"]["cached_tokens"] == direct["usage"]["prompt_tokens_details"]["cached_tokens"]
+    _same_answer(data, direct)
 
 
 @pytest.mark.parametrize("path", ["/completions", "/chat/completions"])

@@ -4,7 +4,6 @@ the toy target's own greedy output (`toyserver.TARGET`, no specapi code)."""
 
 from __future__ import annotations
 
-import json
 import time
 
 import httpx2
@@ -14,8 +13,7 @@ from openai.types.chat import ChatCompletionChunk
 from openai.types import Completion
 
 from test_server_stream import settled_request_count, slow
-from test_server_support import PROXY_KEY, UPSTREAM_KEY, metric, no_sleep, parse_sse, proxy_pair, running_proxy
-from specapi import Endpoint
+from test_server_support import PROXY_KEY, UPSTREAM_KEY, breaking_target, metric, no_sleep, parse_sse, proxy_pair, running_proxy
 from toyserver import TARGET, ToyServer, render_chat
 
 MAX_TOKENS = 16
@@ -108,28 +106,9 @@ def test_a_relayed_stream_whose_target_fails_at_once_gets_a_real_http_error():
         assert info.value.status_code == 502 and info.value.body["role"] == "target"
 
 
-class _Breaks(httpx2.AsyncByteStream):
-    """Two chunks of a completion, then the connection drops (or, `clean`, the body just ends)."""
-
-    def __init__(self, clean: bool) -> None:
-        self.clean = clean
-
-    async def __aiter__(self):
-        for text in ("ab", "cd"):
-            chunk = {"id": "cmpl-1", "object": "text_completion", "created": 1, "model": "target",
-                     "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": None}]}
-            yield b"data: " + json.dumps(chunk).encode() + b"\n\n"
-        if not self.clean:
-            raise httpx2.RemoteProtocolError("peer closed connection without sending complete message body")
-
-
 @pytest.mark.parametrize("clean", [False, True], ids=["dropped", "ended-without-finish"])
 def test_a_relayed_stream_whose_connection_breaks_midway_ends_with_an_error_event(clean):
-    def handler(request: httpx2.Request) -> httpx2.Response:
-        return httpx2.Response(200, headers={"content-type": "text/event-stream"}, stream=_Breaks(clean))
-
-    target = Endpoint(model="target", base_url="http://breaks.test/v1", api_key="sk-breaks", max_retries=0,
-                      http_client=httpx2.AsyncClient(transport=httpx2.MockTransport(handler)))
+    target = breaking_target(clean)
     with ToyServer() as unused, running_proxy(unused, target=target, draft=None, **OFF) as proxy:
         response = post_stream(proxy, "/v1/completions", {"prompt": "ab", "max_tokens": 50})
         metrics = httpx2.get(proxy.url + "/metrics").text

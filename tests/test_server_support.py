@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from decimal import Decimal
 from typing import Any
 
+import httpx2
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -17,7 +18,7 @@ from specapi.server import BackgroundServer, ServerConfig, create_app
 from specapi.server.command import OPTIONS, add_arguments
 from toyserver import ToyServer
 
-__all__ = ["PROXY_KEY", "UPSTREAM_KEY", "make_config", "running_proxy", "proxy_pair", "parse_sse", "metric", "REQUIRED", "parse", "clean_environment"]
+__all__ = ["breaking_target", "PROXY_KEY", "UPSTREAM_KEY", "make_config", "running_proxy", "proxy_pair", "parse_sse", "metric", "REQUIRED", "parse", "clean_environment"]
 
 PROXY_KEY = "sk-proxy-key-for-tests"
 UPSTREAM_KEY = "sk-upstream-secret-4242"
@@ -94,3 +95,31 @@ def metric(text: str, name: str, **labels: str) -> float:
             if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
                 return float(sample.value)
     return 0.0
+
+
+class _Breaks(httpx2.AsyncByteStream):
+    """Two chunks of a completion, then the connection drops (or, `clean`, the body just ends)."""
+
+    def __init__(self, clean: bool) -> None:
+        self.clean = clean
+
+    async def __aiter__(self):  # type: ignore[no-untyped-def]
+        for text in ("ab", "cd"):
+            chunk = {"id": "cmpl-1", "object": "text_completion", "created": 1, "model": "target",
+                     "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": None}]}
+            yield b"data: " + json.dumps(chunk).encode() + b"\n\n"
+        if not self.clean:
+            raise httpx2.RemoteProtocolError("peer closed connection without sending complete message body")
+
+
+def breaking_target(clean: bool, *, streams_only: bool = False) -> Endpoint:
+    """A target whose streamed completions send two chunks and then break (`clean`: end without a
+    finish_reason). `streams_only`: every other request gets a 404 (the engine's own calls fail loudly)."""
+
+    def handler(request: httpx2.Request) -> httpx2.Response:
+        if streams_only and not (request.url.path.endswith("/completions") and json.loads(request.content).get("stream")):
+            return httpx2.Response(404, json={"error": {"message": "not here"}})
+        return httpx2.Response(200, headers={"content-type": "text/event-stream"}, stream=_Breaks(clean))
+
+    return Endpoint(model="target", base_url="http://breaks.test/v1", api_key="sk-breaks", max_retries=0,
+                    http_client=httpx2.AsyncClient(transport=httpx2.MockTransport(handler)))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import httpx2
@@ -42,6 +43,27 @@ def chisquare_p(counts: dict[str, int], exact: dict[str, float]) -> float:
         expected.append(sum(exact[k] for k in rest) * n)
     expected[-1] += n - math.fsum(expected)
     return float(chisquare(observed, expected).pvalue)
+
+
+def text_probs(
+    next_tokens: Callable[[list[int]], Mapping[int, float]], start: Sequence[int], n: int, *, end: int, decode: Callable[[list[int]], str]
+) -> dict[str, float]:
+    """The exact probability of each text of `n` tokens (shorter where the `end` token comes) that a
+    model drawing `next_tokens(ids)` after `start` writes: the oracle of the chi-square tests."""
+    out: dict[str, float] = {}
+
+    def walk(ids: list[int], generated: list[int], prob: float) -> None:
+        if len(generated) == n:
+            out[decode(generated)] = out.get(decode(generated), 0.0) + prob
+            return
+        for token, p in next_tokens(ids).items():
+            if token == end:  # the text ends here
+                out[decode(generated)] = out.get(decode(generated), 0.0) + prob * p
+            else:
+                walk(ids + [token], generated + [token], prob * p)
+
+    walk(list(start), [], 1.0)
+    return out
 
 
 async def sample_texts(client, prompt: str, max_tokens: int, n: int, *, batch: int = 100):  # type: ignore[no-untyped-def]
