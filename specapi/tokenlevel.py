@@ -201,7 +201,7 @@ class TokenIdVerifier(VerifierBase):
         if isinstance(chain, BaseException):
             self._ids_draft_refused = True  # an older server: the draft model proposes text, without alternatives
             return None
-        tokens = [ScoredToken(text=f"token_id:{i}", logprob=0.0, id=i, branches=tuple((a,) for a in alternatives)) for i, alternatives in chain]
+        tokens = [_id_only(i, tuple((a,) for a in alternatives)) for i, alternatives in chain]
         if tokens and chains:
             tokens[0] = replace(tokens[0], branches=tokens[0].branches + shared_prefixes(chains))
         return tuple(tokens)
@@ -266,7 +266,7 @@ class TokenIdVerifier(VerifierBase):
         """One unseeded request: the target draws after every node of the draft's tree (`DraftTree`,
         `decide_batched`). A drawn token whose bytes the answer hid is kept, and its bytes read back."""
         assert context.token_ids is not None
-        native = all(t.id is not None and t.text == f"token_id:{t.id}" for t in draft)
+        native = all(_is_id_only(t) for t in draft)
         pieces = [(int(t.id), None) for t in draft] if native else await self._draft_ids(draft, meter, draft_meter)  # type: ignore[arg-type]
         drafted = tuple(i for i, _ in pieces)
         branches = (drafted[:j] + b for j, t in enumerate(draft[: len(drafted)]) if native for b in t.branches)
@@ -413,6 +413,16 @@ def _decide(pieces: Sequence[tuple[int, bytes | None]], picks: Sequence[Pick], d
         stalled=not emitted,
         handover=unread,
     )
+
+
+def _id_only(token_id: int, branches: tuple[tuple[int, ...], ...] = ()) -> ScoredToken:
+    """A draft token known by its id alone (the draft on ids; its bytes come with the target's draw),
+    written as a server writes a token it names by id, so that its text stands for no bytes."""
+    return ScoredToken(text=f"token_id:{token_id}", logprob=0.0, id=token_id, branches=branches)
+
+
+def _is_id_only(token: ScoredToken) -> bool:
+    return token.id is not None and token.text == f"token_id:{token.id}"
 
 
 def shared_prefixes(chains: Sequence[Sequence[int]]) -> tuple[tuple[int, ...], ...]:
