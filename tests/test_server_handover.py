@@ -14,7 +14,7 @@ import pytest
 from openai.types import Completion
 from openai.types.chat import ChatCompletionChunk
 
-from test_server_stream import settled_request_count, slow
+from test_server_stream import leave_after_the_first_chunk
 from test_server_support import PROXY_KEY, UPSTREAM_KEY, breaking_target, metric, no_sleep, parse_sse, proxy_pair, running_proxy
 from specapi import AsyncSpeculativeOpenAI, Endpoint
 from specapi._calls import Meter
@@ -203,13 +203,7 @@ def test_a_handed_over_stream_cut_short_ends_with_an_error_event(clean):
 
 def test_a_client_that_leaves_a_handed_over_stream_closes_the_upstream_one():
     with proxy_pair(**options(Alone())) as (srv, proxy):
-        slow(srv)
-        srv.set_delay("target", per_token=0.01)
-        body = {"model": "target", "prompt": "ab", "max_tokens": 400, "temperature": 0, "stream": True}
-        with httpx2.Client(base_url=proxy.url, headers=AUTH, timeout=30) as client:
-            with client.stream("POST", "/v1/completions", json=body) as response:
-                assert next(line for line in response.iter_lines() if line.startswith("data: "))
-        settled_request_count(srv)
+        leave_after_the_first_chunk(srv, proxy.url, AUTH)
         metrics = httpx2.get(proxy.url + "/metrics").text
     assert metric(metrics, "specapi_client_disconnects_total", route="/v1/completions") == 1
     assert metric(metrics, "specapi_in_flight_requests") == 0

@@ -12,7 +12,7 @@ import pytest
 from openai.types.chat import ChatCompletionChunk
 from openai.types import Completion
 
-from test_server_stream import settled_request_count, slow
+from test_server_stream import leave_after_the_first_chunk
 from test_server_support import PROXY_KEY, UPSTREAM_KEY, breaking_target, metric, no_sleep, parse_sse, proxy_pair, running_proxy
 from toyserver import TARGET, ToyServer, render_chat
 
@@ -120,13 +120,7 @@ def test_a_relayed_stream_whose_connection_breaks_midway_ends_with_an_error_even
 
 def test_a_client_that_leaves_a_relayed_stream_closes_the_upstream_one():
     with proxy_pair(**OFF) as (srv, proxy):
-        slow(srv)
-        srv.set_delay("target", per_token=0.01)
-        body = {"model": "target", "prompt": "ab", "max_tokens": 400, "temperature": 0, "stream": True}
-        with httpx2.Client(base_url=proxy.url, headers=AUTH, timeout=30) as client:
-            with client.stream("POST", "/v1/completions", json=body) as response:
-                assert next(line for line in response.iter_lines() if line.startswith("data: "))
-        settled_request_count(srv)
+        leave_after_the_first_chunk(srv, proxy.url, AUTH)
         assert [r.path for r in srv.log if r.method == "POST"] == ["/v1/completions"]  # one call, nothing after it
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline and metric(httpx2.get(proxy.url + "/metrics").text, "specapi_in_flight_requests"):

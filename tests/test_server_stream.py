@@ -40,6 +40,18 @@ def slow(srv: ToyServer, seconds: float = 0.02) -> None:
     srv.set_delay("draft", per_request=seconds)
 
 
+def leave_after_the_first_chunk(srv: ToyServer, proxy_url: str, auth: dict[str, str]) -> None:
+    """A client that opens a long, slow stream through the proxy, reads its first chunk and leaves;
+    returns once the upstream has had no new request for a while."""
+    slow(srv)
+    srv.set_delay("target", per_token=0.01)
+    body = {"model": "target", "prompt": "ab", "max_tokens": 400, "temperature": 0, "stream": True}
+    with httpx2.Client(base_url=proxy_url, headers=auth, timeout=30) as client:
+        with client.stream("POST", "/v1/completions", json=body) as response:
+            assert next(line for line in response.iter_lines() if line.startswith("data: "))
+    settled_request_count(srv)
+
+
 def settled_request_count(srv: ToyServer, quiet: float = 0.4, timeout: float = 10.0) -> int:
     """The number of upstream requests once no new one has arrived for `quiet` seconds."""
     deadline = time.monotonic() + timeout
