@@ -11,11 +11,11 @@ Greedy rounds send all prompts in one request where the dialect batches them (ll
 `/completion`, vLLM's list of token-id prompts, SGLang's batched `input_ids`). A sampled round with the
 caller's seed sends one request per prompt, concurrently, each with its position's seed: a batch shares
 one seed, so its draws would be correlated across positions. A sampled round without a seed goes as one
-request without a seed where each prompt draws independently (vLLM): the draft is asked on the context's
-ids for its most likely tokens and, at each position, its next most likely one, and (at the same time)
-for chains it samples at the caller's temperature; these paths make a tree (`DraftTree`), the target
-draws after each of its nodes, and the output walks the tree along the draws. A drawn token is always
-kept, its bytes read back where the answer hid them (`decide_batched`; docs/algorithm.md).
+request without a seed where each prompt draws independently (vLLM): the draft samples chains on the
+context's ids, in one request with `n`, each position listing its likeliest ids; the nodes the target
+is likely enough to reach make a tree (`drafttree.plan_tree`), the target draws after each of its
+nodes, and the output walks the tree along the draws. A drawn token is always kept, its bytes read back
+where the answer hid them (`drafttree.decide_batched`; docs/algorithm.md).
 
 The draft's tokens go as ids when the draft shows them and shares the target's tokenizer (checked
 once, by tokenizing a probe text on both); otherwise the draft's text is tokenized by the target.
@@ -30,7 +30,7 @@ from __future__ import annotations
 import asyncio
 import math
 import random
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
@@ -42,32 +42,32 @@ from .context import Context
 from .dialects import NativeDialect, Pick
 from .dialects.base import SampledBatches, spelling
 from .dialects.openai import sampling_fields
+from .drafttree import DraftTree, decide_batched, plan_tree
 from .sampling import acceptance_probability
 from .verifiers import PlainStep, SeedSource, Verification, VerifierBase
 
-__all__ = ["TokenIdVerifier", "TOKENIZER_PROBE", "DraftTree", "decide_batched", "shared_prefixes", "decide_processed", "covers"]
+__all__ = ["TokenIdVerifier", "TOKENIZER_PROBE", "decide_processed", "covers"]
 
 #: A list after the sampler chain is the whole distribution when its probabilities sum to 1 within this.
 WHOLE_TOLERANCE = 1e-6
 #: The longest list asked after the sampler chain (the caller's top_k bounds the support).
 MAX_PROCESSED_LIST = 100
 
-#: Proposals beyond the draft's most likely token at each draft position, on the unseeded batched
-#: path: the target also draws after each, so a position where the draft's first choice is not drawn
-#: but its second is yields one more token in the same request. Each costs the prefill of its prompt's
-#: uncached tokens; on lan-code at T=0.7 a second alternative per position added a tenth as much as
-#: the first (docs/algorithm.md).
-ALTERNATIVES = 1
-#: Chains the draft samples at the caller's temperature beside its most likely ones, on the unseeded
-#: batched path (one more draft request, with `n`, sent with the other): their first ids, and their
-#: further ids where at least `SHARED_BY` chains agree, join the tree, and the target draws after each
-#: of its nodes. On lan-code (`specapi bench --scenario lan-code --requests 16`, K=5), tokens a round
-#: and speedup at T=0.7 / 1.0: without them 3.40 / 3.15 (1.43x / 1.29x); 6 whole chains 3.88 / 3.86
-#: (1.43x / 1.40x; each node costs the prefill of its prompt, 71-73 ms a round against 64); 8 whole
-#: chains 4.15 / 3.90 (1.56x / 1.35x, 70 / 76 ms); 8 cut to their shared ids 3.99 / 3.47 (1.59x /
-#: 1.37x, 66 / 67 ms). The simulator takes n up to 8 (a server refusing `n` is asked no more).
+#: Chains the draft samples after the context on the unseeded batched path, in one request with `n`,
+#: each position listing its `LISTED` likeliest ids: their nodes, kept where the draft's tempered
+#: probabilities say the target walks to them often enough (`drafttree.plan_tree`), make the round's tree.
+#: On lan-code, tokens a round and their cost at T=0.7 / 1.0 (docs/algorithm.md): the draft's likeliest
+#: chain with an alternative a position and 8 chains sampled at the caller's temperature (two draft
+#: requests, the chains cut to their shared ids) 3.99 / 3.47; this tree, from one request, in the figures there.
 SAMPLED_CHAINS = 8
-SHARED_BY = 2
+LISTED = 2
+#: The draft samples its chains at the caller's temperature, but not above this: a tree is worth the
+#: paths the target is likeliest to take, and a cooler draft finds more of them (sampling at 0.7 for a
+#: caller at 1.0 gave the tree 2% more tokens a round than sampling at 1.0, docs/algorithm.md).
+DRAFT_TEMPERATURE = 0.7
+#: Where the draft server takes no `n`: the draft's most likely ids, each position with this many next
+#: most likely ones beside it (the target draws after each).
+ALTERNATIVES = 1
 #: The most tokens drawn after a token whose bytes the target's answer hid, to read them back.
 _MAX_HELD_STEP = 16
 
@@ -170,41 +170,40 @@ class TokenIdVerifier(VerifierBase):
         return tuple(tokens)
 
     async def _tree_draft(self, context: Context, k: int, draft_meter: Meter) -> tuple[ScoredToken, ...] | None:
-        """The draft's most likely ids after the context's ids, each with its next most likely ones, and
-        (in a second request, sent at the same time) `SAMPLED_CHAINS` chains it samples at the caller's
-        temperature, as branches of the first token: a tree of proposals (`DraftTree`)."""
+        """The draft's proposals as a tree (`DraftTree`): `SAMPLED_CHAINS` chains it samples in one request,
+        pruned by `plan_tree`; where the server takes no `n`, its most likely ids, each with its next most
+        likely ones. The tree travels as its chain, the first token holding the other nodes as branches."""
         assert context.token_ids is not None and self.draft_client is not None
         dialect = cast(SampledBatches, self.dialect)
-
-        async def sampled_chains() -> list[tuple[int, ...]]:
-            if self._sampled_refused or not SAMPLED_CHAINS:
-                return []
-            assert context.token_ids is not None and self.draft_client is not None
-            caller = replace(context, sampling=replace(context.sampling, point_mass_draft=False))  # at the caller's temperature
-            fields = sampling_fields(caller, None, target=False)
-            return await dialect.sampled_drafts(self.draft_client, context.token_ids, k, fields, SAMPLED_CHAINS, draft_meter, options=context.options)
-
-        chain, chains = await asyncio.gather(
-            dialect.ids_draft(
-                self.draft_client, context.token_ids, k, sampling_fields(context, None, target=False), ALTERNATIVES, draft_meter,
-                options=context.options,
-            ),
-            sampled_chains(),
-            return_exceptions=True,
-        )
-        for answer in (chain, chains):
-            if isinstance(answer, BaseException) and not (isinstance(answer, EndpointError) and (answer.refused_shape or isinstance(answer, MalformedResponseError))):
-                raise answer
-        if isinstance(chains, BaseException):
-            self._sampled_refused = True  # a server without `n` (or unreadable choices): the chain and its alternatives alone
-            chains = []
-        if isinstance(chain, BaseException):
+        if not self._sampled_refused and SAMPLED_CHAINS:
+            cool = replace(context.sampling, temperature=min(context.sampling.temperature, DRAFT_TEMPERATURE), point_mass_draft=False)
+            try:
+                chains = await dialect.sampled_drafts(
+                    self.draft_client, context.token_ids, k, sampling_fields(replace(context, sampling=cool), None, target=False),
+                    SAMPLED_CHAINS, LISTED, draft_meter, options=context.options,
+                )
+            except EndpointError as exc:
+                if not (exc.refused_shape or isinstance(exc, MalformedResponseError)):
+                    raise
+                self._sampled_refused = True  # a server without `n` (or unreadable choices): the chain and its alternatives
+            else:
+                tree = plan_tree(chains, context.sampling.temperature)
+                if tree.chain:
+                    on_chain = set(tree.nodes[: len(tree.chain) + 1])
+                    branches = tuple(node for node in tree.nodes if node not in on_chain)
+                    tokens = [_id_only(i) for i in tree.chain]
+                    tokens[0] = replace(tokens[0], branches=branches)
+                    return tuple(tokens)
+        try:
+            chain = await dialect.ids_draft(
+                self.draft_client, context.token_ids, k, sampling_fields(context, None, target=False), ALTERNATIVES, draft_meter, options=context.options
+            )
+        except EndpointError as exc:
+            if not (exc.refused_shape or isinstance(exc, MalformedResponseError)):
+                raise
             self._ids_draft_refused = True  # an older server: the draft model proposes text, without alternatives
             return None
-        tokens = [_id_only(i, tuple((a,) for a in alternatives)) for i, alternatives in chain]
-        if tokens and chains:
-            tokens[0] = replace(tokens[0], branches=tokens[0].branches + shared_prefixes(chains))
-        return tuple(tokens)
+        return tuple(_id_only(i, tuple((a,) for a in alternatives)) for i, alternatives in chain)
 
     async def verify(
         self, context: Context, draft: Sequence[ScoredToken], meter: Meter, next_seed: SeedSource, top_k: int, draft_meter: Meter | None = None
@@ -423,89 +422,6 @@ def _id_only(token_id: int, branches: tuple[tuple[int, ...], ...] = ()) -> Score
 
 def _is_id_only(token: ScoredToken) -> bool:
     return token.id is not None and token.text == f"token_id:{token.id}"
-
-
-def shared_prefixes(chains: Sequence[Sequence[int]]) -> tuple[tuple[int, ...], ...]:
-    """The part of each sampled chain worth a prompt: its first id, and after it the ids while at least
-    `SHARED_BY` of the chains pass through them. A path the draft sampled once beyond its first id is
-    rarely the target's too, and each node costs the prefill of its prompt."""
-    counts: dict[tuple[int, ...], int] = {}
-    for chain in chains:
-        for j in range(1, len(chain) + 1):
-            counts[tuple(chain[:j])] = counts.get(tuple(chain[:j]), 0) + 1
-    kept = []
-    for chain in chains:
-        depth = min(1, len(chain))
-        while depth < len(chain) and counts[tuple(chain[: depth + 1])] >= SHARED_BY:
-            depth += 1
-        kept.append(tuple(chain[:depth]))
-    return tuple(dict.fromkeys(k for k in kept if k))
-
-
-@dataclass(frozen=True)
-class DraftTree:
-    """What the draft proposes for an unseeded batched round: paths of the target's token ids after the
-    context, as a trie. `nodes` holds every prefix of every path once (the root, the empty path, first,
-    then the chain's prefixes, parents before children); `chain` is the draft's most likely path (its
-    tokens are the round's drafted ones); `data` the bytes of chain nodes' last ids where shown."""
-
-    chain: tuple[int, ...]
-    nodes: tuple[tuple[int, ...], ...]
-    data: Mapping[tuple[int, ...], bytes] = field(default_factory=dict)
-
-    @classmethod
-    def grow(cls, chain: Sequence[tuple[int, bytes | None]], branches: Iterable[Sequence[int]] = ()) -> DraftTree:
-        """The trie of the chain (ids with their bytes where known) and of `branches` (paths after the context)."""
-        ids = tuple(i for i, _ in chain)
-        nodes = dict.fromkeys(ids[:j] for j in range(len(ids) + 1))
-        for path in branches:
-            for j in range(1, len(path) + 1):
-                nodes.setdefault(tuple(path[:j]))
-        data = {ids[: j + 1]: d for j, (_, d) in enumerate(chain) if d is not None}
-        return cls(chain=ids, nodes=tuple(nodes), data=data)
-
-
-def decide_batched(tree: DraftTree, draws: Mapping[tuple[int, ...], Pick], draft_tokens: int) -> tuple[RoundDecision, int | None]:
-    """The tokens of an unseeded batched round (pure). `draws[v]` is the target's draw after the context
-    plus the ids of node v of the draft's tree, for every node. The walk starts at the root: at node v the
-    token is the draw made after v; when that token is a child of v the walk goes on from the child, else
-    it stops. So each position's token is the draw made on exactly the tokens before it. Every draw is
-    independent of the others, and which draw is used depends only on the tokens before it, so each
-    token has the target's distribution given the text before it. A drawn token is kept whatever it is
-    (a token that ends inside a character too): the second element is the id of a drawn token whose
-    bytes the answer did not show, which ends the round and must still be kept
-    (`TokenIdVerifier._read_held`). `accepted` counts the draft's ids kept along the walked path."""
-    emitted: list[Emitted] = []
-    node: tuple[int, ...] = ()
-    held: int | None = None
-    while True:
-        draw = draws[node]
-        if draw.end:
-            if draw.uncounted:
-                # The server counts its end-of-text token as generated: so does the response.
-                emitted.append(Emitted(token="", data=b"", count=draw.uncounted))
-            emitted.append(Emitted(token="", data=b"", eos=True, count=0))
-            break
-        child = node + (draw.id,) if draw.id is not None else None
-        data = draw.data if draw.data is not None or child is None else tree.data.get(child)
-        if data is None:
-            held = draw.id
-            break
-        emitted.append(Emitted(token=spelling(data), data=data, ids=(draw.id,) if draw.id is not None else None))
-        if child is None or child not in draws:
-            break
-        node = child
-    kept, drafted = len(node), len(tree.chain)
-    accepted = min(draft_tokens, kept if drafted == draft_tokens else round(kept * draft_tokens / max(1, drafted)))
-    decision = RoundDecision(
-        emitted=tuple(emitted),
-        accepted=accepted,
-        accepted_by_position=tuple(i < accepted for i in range(draft_tokens)),
-        all_accepted=kept >= drafted,
-        stalled=not emitted and held is None,
-        keeps_partial=True,
-    )
-    return decision, held
 
 
 def _other_seed(seed: int | None) -> int:

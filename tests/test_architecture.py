@@ -30,7 +30,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     (
         "parts: verifiers, drafters, policies, paths, the probe",
         (
-            "verifiers", "tokenlevel", "fanout", "drafters", "suffix", "policy", "whole", "probe", "paths",
+            "verifiers", "drafttree", "tokenlevel", "fanout", "drafters", "suffix", "policy", "whole", "probe", "paths",
         ),
     ),
     ("engine: one request's life", ("request", "plan", "output", "target_alone", "engine")),

@@ -168,6 +168,27 @@ async def test_vllm_generate_and_tokenize() -> None:
     assert [i for i, _ in pieces] == [755, 16178, 1471]
 
 
+async def test_vllm_sampled_drafts_read_each_position_with_its_listed_ids() -> None:
+    client, meter = role()
+    with respx.mock(base_url=ROOT + "/v1") as router:
+        route = router.post("/completions").respond(200, json=recorded("vllm", "completions_sampled_n"))
+        chains = await VllmDialect().sampled_drafts(client, [755, 16178, 1471], 3, {"temperature": 0.7}, 2, 2, meter, options={})
+    body = sent(route)
+    assert body == {"model": "m", "prompt": [755, 16178, 1471], "max_tokens": 3, "n": 2, "logprobs": 2, "temperature": 0.7,
+                    "return_tokens_as_token_ids": True}
+    assert [[s.id for s in chain] for chain in chains] == [[1680, 2064, 262], [1680, 128001]]
+    second = chains[0][1]
+    # The sampled id (outside the two likeliest) is listed with them, at its own log-probability.
+    assert second.logprob == -2.9957 and dict(second.listed) == {198: -0.2201, 25: -1.8971, 2064: -2.9957}
+    # Choices that do not line up (fewer log-probabilities than tokens) are unreadable, naming the role.
+    broken = recorded("vllm", "completions_sampled_n")
+    broken["choices"][0]["logprobs"]["token_logprobs"] = [-0.0312]
+    with respx.mock(base_url=ROOT + "/v1") as router:
+        router.post("/completions").respond(200, json=broken)
+        with pytest.raises(MalformedResponseError, match="target"):
+            await VllmDialect().sampled_drafts(client, [755], 3, {"temperature": 0.7}, 2, 2, meter, options={})
+
+
 # -- SGLang ---------------------------------------------------------------------------------------
 
 

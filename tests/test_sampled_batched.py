@@ -23,10 +23,11 @@ from specapi.alignment import ScoredToken
 from specapi.context import Context
 from specapi.dialects import Pick
 from specapi._exceptions import EndpointError
-from specapi.dialects.base import Generated
+from specapi.dialects.base import Generated, SampledStep
 from specapi.sim import EOS_TOKEN_ID, SimProvider, SimResponse, decode_text, encode_text, get_model, simulated_endpoints
 from specapi.sim.corpus import UNIVERSE_SIZE
-from specapi.tokenlevel import SAMPLED_CHAINS, DraftTree, TokenIdVerifier, decide_batched, shared_prefixes
+from specapi.drafttree import DraftTree, decide_batched, plan_tree, tempered_estimate
+from specapi.tokenlevel import DRAFT_TEMPERATURE, LISTED, SAMPLED_CHAINS, TokenIdVerifier
 from toyclient import chisquare_p, text_probs
 
 pytestmark = pytest.mark.usefixtures("fresh_probe_cache")
@@ -76,11 +77,11 @@ async def test_unseeded_batched_rounds_with_alternatives_have_the_targets_distri
     assert all(r.speculative.exact for r in responses)
     rounds = [rd for r in responses for rd in r.speculative.rounds]
     assert sum(rd.accepted for rd in rounds) > 0.2 * len(rounds)  # the draft's first choices were kept
-    # Every round's tree held the draft's sampled chains: the draft was asked for them at the caller's temperature.
-    # (The provider keeps the last calls only.)
+    # Every round's tree came from one draft request: chains sampled at the caller's temperature, at most
+    # DRAFT_TEMPERATURE, each position listing LISTED ids. (The provider keeps the last calls only.)
     drafts = [c.body for c in provider.calls if c.model == "sim-draft" and c.path == "/v1/completions"]
-    sampled = [b for b in drafts if b.get("n")]
-    assert 2 * len(sampled) in (len(drafts) - 1, len(drafts), len(drafts) + 1) and all(b["n"] == SAMPLED_CHAINS and b["temperature"] == temperature for b in sampled)
+    assert drafts and all(b["n"] == SAMPLED_CHAINS and b["logprobs"] == LISTED for b in drafts)
+    assert {b["temperature"] for b in drafts} == {min(temperature, DRAFT_TEMPERATURE)}
     exact = sequence_probs("sim-target", TOKENS, temperature=temperature, top_p=0.9)
     assert chisquare_p(counts, exact) > 1e-3
     # The test has power: the same counts reject the draft's distribution.
@@ -101,17 +102,18 @@ async def test_an_unseeded_round_is_one_target_request_without_a_seed_and_a_seed
         again = await client.completions.create(prompt=PROMPT, max_tokens=12, temperature=0.7, seed=5)
     rounds = [b for b in unseeded if isinstance(b["prompt"][0], list)]
     assert rounds and all("seed" not in b for b in rounds)
-    # Each round's request: the chain's prefixes (one of each length) and the alternatives (the length of
-    # the chain's prefix one further, another last token).
+    # Each round's request: a tree's nodes after the context, each once, parents with their children (a
+    # prompt of every length from the context's up to the deepest).
     for body in rounds:
-        lengths = [len(p) for p in body["prompt"]]
-        chain = sorted(set(lengths))
-        assert chain == list(range(chain[0], chain[-1] + 1)) and len(lengths) > len(chain)
-    # Each round: the draft's most likely ids (temperature 0) and, beside them, chains it samples at the
-    # caller's temperature; the target's request holds one prompt per node of their tree, each once.
-    chains = [b for b in drafts if "n" not in b]
-    assert chains and all(b["temperature"] == 0.0 and b.get("return_tokens_as_token_ids") for b in chains)
-    assert [b for b in drafts if "n" in b] == [{**b, "temperature": 0.7, "n": SAMPLED_CHAINS, "logprobs": 0} for b in chains]
+        lengths = sorted({len(p) for p in body["prompt"]})
+        assert lengths == list(range(lengths[0], lengths[-1] + 1))
+        assert all(p[:-1] in body["prompt"] for p in body["prompt"] if len(p) > lengths[0])
+    # Each round: one draft request, chains sampled at the caller's temperature (0.7 here), the draft's
+    # likeliest ids listed at each position, every token named by its id.
+    assert drafts and all(
+        b["n"] == SAMPLED_CHAINS and b["logprobs"] == LISTED and b["temperature"] == 0.7 and b["max_tokens"] <= 4 and b.get("return_tokens_as_token_ids")
+        for b in drafts
+    )
     assert all(len({tuple(p) for p in b["prompt"]}) == len(b["prompt"]) for b in rounds)
     assert seeded and all(isinstance(b["prompt"][0], int) and isinstance(b.get("seed"), int) for b in seeded)
     assert first.choices[0].text == again.choices[0].text
@@ -154,10 +156,39 @@ def test_the_walk_follows_a_sampled_chain_off_the_draft_chain_and_stops_where_th
     assert [e.ids for e in decision.emitted] == [(12,)] and decision.accepted == 0
 
 
-def test_sampled_chains_join_the_tree_with_their_first_id_and_the_ids_two_of_them_share():
-    chains = [(5, 6, 7), (5, 6, 8), (5, 9, 1), (2, 3, 4), (5, 6, 7), ()]
-    assert shared_prefixes(chains) == ((5, 6, 7), (5, 6), (5,), (2,))
-    assert shared_prefixes([]) == ()
+def _step(token: int, listed: dict[int, float]) -> SampledStep:
+    """A sampled position as vLLM lists it: raw log-probabilities, the sampled id among them."""
+    return SampledStep(id=token, logprob=math.log(listed[token]), listed=tuple((t, math.log(p)) for t, p in listed.items()))
+
+
+def test_the_tree_keeps_the_sampled_and_listed_nodes_the_target_is_likely_to_reach():
+    first = {1: 0.6, 2: 0.3}
+    chains = [
+        (_step(1, first), _step(3, {3: 0.5, 4: 0.02}), _step(5, {5: 0.9})),
+        (_step(2, first), _step(6, {7: 0.8, 6: 0.05})),
+        (_step(1, first), _step(3, {3: 0.5, 4: 0.02})),
+    ]
+    tree = plan_tree(chains, 1.0, min_reach=0.03)
+    # Reach: (1) .6, (2) .3, (1,3) .3, (1,3,5) .27, (2,7) .24 (listed, never sampled); (2,6) .015 and
+    # (1,4) .012 are cut. The chain follows the likeliest child at each step.
+    assert tree.chain == (1, 3, 5)
+    assert tree.nodes[:4] == ((), (1,), (1, 3), (1, 3, 5)) and set(tree.nodes) == {(), (1,), (1, 3), (1, 3, 5), (2,), (2, 7)}
+    # A budget keeps the likeliest nodes, a parent before its children (shorter first among equals).
+    assert set(plan_tree(chains, 1.0, min_reach=0.03, max_nodes=3).nodes) == {(), (1,), (2,), (1, 3)}
+    # Nothing likely enough: the likeliest first id alone.
+    assert plan_tree(chains, 1.0, min_reach=0.9).nodes == ((), (1,))
+    assert plan_tree([], 1.0).nodes == ((),) and plan_tree([], 1.0).chain == ()
+
+
+def test_the_draft_probabilities_are_tempered_to_the_callers_temperature():
+    listed = {1: math.log(0.6), 2: math.log(0.3)}
+    assert tempered_estimate(listed, 1.0) == pytest.approx({1: 0.6, 2: 0.3})
+    # At 0.5: weights .36 and .09; the unlisted .1 in tokens no likelier than .3 weighs at most .1 * .3.
+    assert tempered_estimate(listed, 0.5) == pytest.approx({1: 0.36 / 0.48, 2: 0.09 / 0.48})
+    # A cooler caller sharpens the tree: the second first id falls under the bar.
+    chains = [(_step(1, {1: 0.6, 2: 0.3}),), (_step(2, {1: 0.6, 2: 0.3}),)]
+    assert set(plan_tree(chains, 1.0, min_reach=0.2).nodes) == {(), (1,), (2,)}
+    assert set(plan_tree(chains, 0.3, min_reach=0.2).nodes) == {(), (1,)}
 
 
 def test_a_drawn_token_whose_bytes_are_hidden_ends_the_round_and_is_held():
@@ -293,15 +324,17 @@ async def test_a_held_token_whose_bytes_never_come_back_is_drawn_again_and_said_
 
 
 class _TreeDialect:
-    """A vLLM-like dialect with a scripted draft and target: the draft's most likely ids are 1 2 3 (with
-    the alternative 4 first), its sampled chains 5 6 9 (twice), 5 6 7 and 1 2 8; the target draws 5, 6,
-    9, 10 along the first and 99 elsewhere. It records the prompts it was asked and can refuse `n`."""
+    """A vLLM-like dialect with a scripted draft and target: the draft samples the chains 5 6 9 (twice),
+    5 6 7 and 1 2 8 (`DRAFT`: its probabilities after each prefix), or, asked without `n`, proposes its
+    most likely ids 1 2 3 (with the alternative 4 first); the target draws 5, 6, 9, 10 along the first
+    chain and 99 elsewhere. It records the prompts it was asked and can refuse `n`."""
 
     name = "tree"
     batches = True
     batches_sampled = True
     lists_processed = False
     ALONG = {(): 5, (5,): 6, (5, 6): 9, (5, 6, 9): 10}
+    DRAFT = {(): {5: 0.5, 1: 0.4}, (5,): {6: 0.9}, (5, 6): {9: 0.5, 7: 0.4}, (1,): {2: 0.9}, (1, 2): {8: 0.6}}
 
     def __init__(self, *, refuse_n: bool = False) -> None:
         self.refuse_n = refuse_n
@@ -314,11 +347,12 @@ class _TreeDialect:
     async def ids_draft(self, client, ids, k, fields, alternatives, meter, *, options):  # type: ignore[no-untyped-def]
         return [(1, (4,)), (2, ()), (3, ())][:k]
 
-    async def sampled_drafts(self, client, ids, k, fields, n, meter, *, options):  # type: ignore[no-untyped-def]
+    async def sampled_drafts(self, client, ids, k, fields, n, listed, meter, *, options):  # type: ignore[no-untyped-def]
         self.sampled_fields.append(dict(fields))
         if self.refuse_n:
             raise EndpointError("n must be 1", role="draft", endpoint="scripted", status_code=400)
-        return [(5, 6, 9), (5, 6, 7), (1, 2, 8), (5, 6, 9)]
+        chains = [(5, 6, 9), (5, 6, 7), (1, 2, 8), (5, 6, 9)]
+        return [tuple(_step(t, self.DRAFT[chain[:j]]) for j, t in enumerate(chain[:k])) for chain in chains]
 
     async def next_tokens(self, client, prompts, fields, meter, *, options):  # type: ignore[no-untyped-def]
         assert "seed" not in fields
@@ -331,16 +365,24 @@ async def test_the_draft_tree_sends_one_prompt_per_node_and_the_output_walks_a_s
     verifier = TokenIdVerifier(client=_Client(), dialect=dialect, draft_client=_Client())  # type: ignore[arg-type]
     context = Context(prompt="x", sampling=SamplingParams(temperature=0.7, top_p=0.9, point_mass_draft=True), token_ids=(100,))
     draft = await verifier.native_draft(context, 3, Meter(None), Meter(None), None)  # type: ignore[arg-type]
-    assert draft is not None and [t.id for t in draft] == [1, 2, 3]
+    assert draft is not None and [t.id for t in draft] == [5, 6, 9]  # the likeliest path of the tree
     assert dialect.sampled_fields == [{"temperature": 0.7, "top_p": 0.9}]  # the caller's sampler, no seed
     verification = await verifier.verify(context, draft, Meter(None), lambda: 1, 5, draft_meter=Meter(None))  # type: ignore[arg-type]
     nodes = [tuple(p[1:]) for p in dialect.prompts]
     assert all(p[0] == 100 for p in dialect.prompts) and len(nodes) == len(set(nodes))
-    # The chain, its alternative, and the sampled chains' first ids and the ids two of them share.
-    assert set(nodes) == {(), (1,), (1, 2), (1, 2, 3), (4,), (5,), (5, 6), (5, 6, 9)}
+    # Every sampled path, each node once (all likely enough at 0.7).
+    assert set(nodes) == {(), (5,), (5, 6), (5, 6, 9), (5, 6, 7), (1,), (1, 2), (1, 2, 8)}
     decision = verification.decision
     assert decision is not None and [e.ids for e in decision.emitted] == [(5,), (6,), (9,), (10,)]
     assert decision.accepted == 3
+
+
+async def test_a_caller_above_the_draft_temperature_gets_chains_sampled_cooler():
+    dialect = _TreeDialect()
+    verifier = TokenIdVerifier(client=_Client(), dialect=dialect, draft_client=_Client())  # type: ignore[arg-type]
+    context = Context(prompt="x", sampling=SamplingParams(temperature=1.3, point_mass_draft=True), token_ids=(100,))
+    assert await verifier.native_draft(context, 3, Meter(None), Meter(None), None) is not None  # type: ignore[arg-type]
+    assert dialect.sampled_fields == [{"temperature": DRAFT_TEMPERATURE}]
 
 
 async def test_a_draft_server_that_refuses_n_is_asked_once_and_the_rounds_go_on_with_the_chain_and_alternatives():
@@ -398,13 +440,15 @@ class _ScriptedPair:
             last = ranked[0]
         return chain
 
-    async def sampled_drafts(self, client, ids, k, fields, n, meter, *, options):  # type: ignore[no-untyped-def]
+    async def sampled_drafts(self, client, ids, k, fields, n, listed, meter, *, options):  # type: ignore[no-untyped-def]
         chains = []
         for _ in range(n):
             chain, last = [], ids[-1]
             while len(chain) < k and _DRAFT[last]:
-                last = self._draw(_DRAFT[last])
-                chain.append(last)
+                table = _DRAFT[last]
+                top = sorted(table, key=lambda t: -table[t])[:listed]
+                last = self._draw(table)
+                chain.append(SampledStep(id=last, logprob=math.log(table[last]), listed=tuple((t, math.log(table[t])) for t in top)))
             chains.append(tuple(chain))
         return chains
 

@@ -145,3 +145,13 @@ async def test_recording_sleep_records_and_advances_the_clock():
     assert sleep.calls == [0.5, 0.25]
     assert sleep.total == 0.75
     assert clock() == 10.75
+
+
+def test_time_already_spent_comes_off_the_first_token_then_the_gaps_in_order():
+    timing = RequestTiming(0.005, (0.004, 0.004, 0.004))
+    assert timing.less(0.0) == timing
+    assert timing.less(0.003).first_token_s == pytest.approx(0.002) and timing.less(0.003).gaps_s == timing.gaps_s
+    later = timing.less(0.011)
+    assert later.first_token_s == 0.0 and later.gaps_s == pytest.approx((0.0, 0.002, 0.004))
+    assert later.total_s == pytest.approx(timing.total_s - 0.011)
+    assert timing.less(1.0) == RequestTiming(0.0, (0.0, 0.0, 0.0))

@@ -291,6 +291,17 @@ async def test_compute_time_can_be_deducted_from_the_simulated_latency():
     assert deducted.calls == [] or deducted.calls[0] < expected * (1 - timing.jitter)
 
 
+async def test_compute_longer_than_the_first_token_is_deducted_from_the_later_tokens_too():
+    # Eight sampled chains of 40 tokens take the simulator far longer to compute than the draft's 5 ms to
+    # first token: a server spends that time decoding, so the answer is not later for it.
+    timing = LATENCY_PROFILES["lan"].draft
+    body = {"model": "sim-draft", "prompt": list(range(1000, 1040)), "max_tokens": 40, "n": 8, "temperature": 1.0, "logprobs": 2}
+    sleep = RecordingSleep()
+    await SimProvider(latency="lan", sleep=sleep, deduct_compute_time=True).handle("POST", "/v1/completions", body)
+    # Taken from the first token alone, the wait would still hold every later token's decoding step.
+    assert len(sleep.calls) <= 1 and sum(sleep.calls) < 39 * timing.tpot_s * (1 - timing.jitter)
+
+
 async def test_draft_is_faster_than_target_on_lan():
     sleep = RecordingSleep()
     provider = SimProvider(latency="lan", sleep=sleep)

@@ -37,7 +37,7 @@ def provider() -> SimProvider:
 
 
 @pytest.mark.parametrize("name", [
-    "completions_token_ids", "completions_batch", "completions_tokens_as_token_ids", "completions_prompt_logprobs",
+    "completions_token_ids", "completions_batch", "completions_tokens_as_token_ids", "completions_prompt_logprobs", "completions_sampled_n",
     "chat_token_ids", "tokenize", "detokenize", "version",
 ])  # fmt: skip
 async def test_answers_have_vllms_shape(provider, name):

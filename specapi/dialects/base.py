@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from .._calls import Meter, RoleClient
 
-__all__ = ["UNREADABLE", "Pick", "Generated", "NativeDialect", "SampledBatches", "count", "reading", "rendered_bytes", "server_root", "spelling"]
+__all__ = ["UNREADABLE", "Pick", "Generated", "NativeDialect", "SampledBatches", "SampledStep", "count", "reading", "rendered_bytes", "server_root", "spelling"]
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,17 @@ class Generated:
     finish_reason: str
     prompt_tokens: int | None
     completion_tokens: int
+
+
+@dataclass(frozen=True)
+class SampledStep:
+    """One position of a chain the draft sampled: the id it drew, that id's log-probability, and the ids
+    the server listed at the position with theirs (as the server reports them: raw, before temperature,
+    on vLLM). A log-probability is None where the server showed none."""
+
+    id: int
+    logprob: float | None
+    listed: tuple[tuple[int, float], ...] = ()
 
 
 class NativeDialect(Protocol):
@@ -92,9 +103,10 @@ class SampledBatches(NativeDialect, Protocol):
         ...
 
     async def sampled_drafts(
-        self, client: RoleClient, ids: Sequence[int], k: int, fields: Mapping[str, Any], n: int, meter: Meter, *, options: Mapping[str, Any]
-    ) -> list[tuple[int, ...]]:
-        """`n` chains of up to `k` ids the draft samples after `ids` (as the fields ask), in one request."""
+        self, client: RoleClient, ids: Sequence[int], k: int, fields: Mapping[str, Any], n: int, listed: int, meter: Meter, *, options: Mapping[str, Any]
+    ) -> list[tuple[SampledStep, ...]]:
+        """`n` chains of up to `k` ids the draft samples after `ids` (as the fields ask), in one request,
+        each position with the `listed` ids the draft found most likely there."""
         ...
 
     async def detokenize(self, client: RoleClient, ids: Sequence[int], meter: Meter) -> bytes | None:

@@ -22,7 +22,7 @@ from typing import Any
 from .._calls import Meter, RoleClient
 from ..alignment import ScoredToken, token_bytes
 from ..context import Context
-from .base import UNREADABLE, Generated, Pick, count, reading, rendered_bytes, server_root
+from .base import UNREADABLE, Generated, Pick, SampledStep, count, reading, rendered_bytes, server_root
 from .logprobs import chat_tokens, prompt_logprob_tokens
 from .openai import Prefill, chat_request, fixed_sampling, sampling_fields
 
@@ -137,14 +137,15 @@ class VllmDialect:
             return chain
 
     async def sampled_drafts(
-        self, client: RoleClient, ids: Sequence[int], k: int, fields: Mapping[str, Any], n: int, meter: Meter, *, options: Mapping[str, Any]
-    ) -> list[tuple[int, ...]]:
-        """`n` chains of up to `k` tokens the draft samples after `ids` (one request, `n` choices), as ids:
-        `logprobs: 0` lists each sampled token, `return_tokens_as_token_ids` names it by its id."""
-        body = {**fields, "prompt": list(ids), "max_tokens": k, "n": n, "logprobs": 0, "return_tokens_as_token_ids": True}
+        self, client: RoleClient, ids: Sequence[int], k: int, fields: Mapping[str, Any], n: int, listed: int, meter: Meter, *, options: Mapping[str, Any]
+    ) -> list[tuple[SampledStep, ...]]:
+        """`n` chains of up to `k` tokens the draft samples after `ids` (one request, `n` choices): `logprobs:
+        listed` gives each sampled token's log-probability and the `listed` likeliest at its position,
+        `return_tokens_as_token_ids` names every token by its id."""
+        body = {**fields, "prompt": list(ids), "max_tokens": k, "n": n, "logprobs": listed, "return_tokens_as_token_ids": True}
         response = await client.post("/completions", body, meter, options=options)
         with reading(client, "sampled token-id draft /completions"):
-            return [tuple(_token_id(t) for t in (choice.get("logprobs") or {}).get("tokens") or []) for choice in response["choices"]]
+            return [_sampled_chain(choice.get("logprobs") or {}) for choice in response["choices"]]
 
     async def detokenize(self, client: RoleClient, ids: Sequence[int], meter: Meter) -> bytes | None:
         response = await client.post(server_root(client) + "/detokenize", {"model": client.endpoint.model, "tokens": list(ids)}, meter)
@@ -192,6 +193,18 @@ def _token_id(rendered: Any) -> int:
     if not isinstance(rendered, str) or not rendered.startswith("token_id:"):
         raise ValueError(f"expected a token rendered as token_id:N, got {rendered!r}")
     return int(rendered.removeprefix("token_id:"))
+
+
+def _sampled_chain(logprobs: Mapping[str, Any]) -> tuple[SampledStep, ...]:
+    """A sampled choice's tokens, each with its log-probability and the ones listed at its position."""
+    tokens = logprobs.get("tokens") or []
+    chosen = logprobs.get("token_logprobs") or [None] * len(tokens)
+    tops = logprobs.get("top_logprobs") or [None] * len(tokens)
+    steps = []
+    for token, logprob, top in zip(tokens, chosen, tops, strict=True):
+        listed = tuple((_token_id(t), float(lp)) for t, lp in (top or {}).items() if lp is not None)
+        steps.append(SampledStep(id=_token_id(token), logprob=None if logprob is None else float(logprob), listed=listed))
+    return tuple(steps)
 
 
 def _pick(choice: Mapping[str, Any], prompt_tokens: int | None) -> Pick:

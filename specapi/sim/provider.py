@@ -732,10 +732,10 @@ class SimProvider:
                 predicted=jobs[0].predicted_flags if len(jobs) == 1 else (),
             )
             timing = jittered(timing, timing_profile.jitter, self._jitter_rng)
-            first = timing.first_token_s + plan.extra_latency_s
+            timing = RequestTiming(timing.first_token_s + plan.extra_latency_s, timing.gaps_s)
             if self.deduct_compute_time:
-                first = max(0.0, first - (time.perf_counter() - started))
-            timing = RequestTiming(first, timing.gaps_s)
+                # Every token was computed up front: a long answer's compute can outlast its first token.
+                timing = timing.less(time.perf_counter() - started)
             call.timing = timing
             for job in jobs:
                 job.timing = timing
