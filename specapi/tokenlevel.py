@@ -56,14 +56,16 @@ MAX_PROCESSED_LIST = 100
 #: Chains the draft samples after the context on the unseeded batched path, in one request with `n`,
 #: each position listing its `LISTED` likeliest ids: their nodes, kept where the draft's tempered
 #: probabilities say the target walks to them often enough (`drafttree.plan_tree`), make the round's tree.
-#: On lan-code, tokens a round and their cost at T=0.7 / 1.0 (docs/algorithm.md): the draft's likeliest
-#: chain with an alternative a position and 8 chains sampled at the caller's temperature (two draft
-#: requests, the chains cut to their shared ids) 3.99 / 3.47; this tree, from one request, in the figures there.
+#: On lan-code at T=0.7 / 1.0, exact expected tokens a round (`python benchmarks/draft_trees.py`): 4.37 /
+#: 4.03, where the draft's likeliest chain with an alternative a position and 8 chains sampled beside it
+#: in a second request, cut to the ids two of them share, gave 4.16 / 3.78 for as many prompts;
+#: `specapi bench --scenario lan-code --requests 16`: 1.68x / 1.61x against 1.58x / 1.37x (docs/algorithm.md).
 SAMPLED_CHAINS = 8
 LISTED = 2
 #: The draft samples its chains at the caller's temperature, but not above this: a tree is worth the
-#: paths the target is likeliest to take, and a cooler draft finds more of them (sampling at 0.7 for a
-#: caller at 1.0 gave the tree 2% more tokens a round than sampling at 1.0, docs/algorithm.md).
+#: paths the target is likeliest to take, and a cooler draft finds more of them, down to a point
+#: (`python benchmarks/draft_trees.py`, exact expected tokens a round for a caller at 1.0: chains at 0.7
+#: 4.03, at 1.0 4.02, at 0.5 3.97).
 DRAFT_TEMPERATURE = 0.7
 #: Where the draft server takes no `n`: the draft's most likely ids, each position with this many next
 #: most likely ones beside it (the target draws after each).
@@ -183,7 +185,7 @@ class TokenIdVerifier(VerifierBase):
                     SAMPLED_CHAINS, LISTED, draft_meter, options=context.options,
                 )
             except EndpointError as exc:
-                if not (exc.refused_shape or isinstance(exc, MalformedResponseError)):
+                if not _declined(exc):
                     raise
                 self._sampled_refused = True  # a server without `n` (or unreadable choices): the chain and its alternatives
             else:
@@ -199,7 +201,7 @@ class TokenIdVerifier(VerifierBase):
                 self.draft_client, context.token_ids, k, sampling_fields(context, None, target=False), ALTERNATIVES, draft_meter, options=context.options
             )
         except EndpointError as exc:
-            if not (exc.refused_shape or isinstance(exc, MalformedResponseError)):
+            if not _declined(exc):
                 raise
             self._ids_draft_refused = True  # an older server: the draft model proposes text, without alternatives
             return None
@@ -412,6 +414,11 @@ def _decide(pieces: Sequence[tuple[int, bytes | None]], picks: Sequence[Pick], d
         stalled=not emitted,
         handover=unread,
     )
+
+
+def _declined(exc: EndpointError) -> bool:
+    """The draft server refused a request's shape, or answered it unreadably: a way to ask it it lacks."""
+    return exc.refused_shape or isinstance(exc, MalformedResponseError)
 
 
 def _id_only(token_id: int, branches: tuple[tuple[int, ...], ...] = ()) -> ScoredToken:
