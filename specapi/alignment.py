@@ -43,8 +43,8 @@ class ScoredToken:
     #: sampler chain (llama.cpp's `post_sampling_probs`, whose list covers the chain's support).
     drawn_from: Mapping[int, float] | None = field(default=None, compare=False)
     #: Other paths of ids the draft proposes from this position on, instead of this token and the ones
-    #: after it (its next most likely ids, its sampled chains and the ids they list): with the draft's tokens they make a tree
-    #: of proposals (a draft on token ids; see `drafttree.DraftTree`).
+    #: after it (its next most likely ids, its sampled chains and the ids they list): with the draft's
+    #: tokens they make a tree of proposals (a draft on token ids; see `drafttree.DraftTree`).
     branches: tuple[tuple[int, ...], ...] = field(default=(), compare=False)
 
     @property

@@ -80,15 +80,19 @@ def plan_tree(
     estimated reach (the product of `tempered_estimate` along its path) is at least `min_reach`, the
     likeliest `max_nodes` of them, and always the likeliest first id. Its `chain` goes from the root to
     the likeliest kept child at each step."""
-    estimate: dict[tuple[int, ...], float] = {}
+    shown: dict[tuple[int, ...], dict[int, float]] = {}  # after each sampled prefix: every id shown there
     for steps in chains:
         path: tuple[int, ...] = ()
         for step in steps:
-            listed = {**dict(step.listed), step.id: step.logprob} if step.logprob is not None else dict(step.listed)
-            for token, q in tempered_estimate(listed, temperature).items():
-                estimate.setdefault(path + (token,), q)
-            estimate.setdefault(path + (step.id,), 0.0)  # sampled, with no log-probability shown
+            here = shown.setdefault(path, {})
+            here.update(step.listed)
+            if step.logprob is not None:
+                here[step.id] = step.logprob
             path += (step.id,)
+    estimate = {path + (token,): q for path, here in shown.items() for token, q in tempered_estimate(here, temperature).items()}
+    for steps in chains:  # a sampled id shown with no log-probability: a node nothing estimates
+        for j, step in enumerate(steps):
+            estimate.setdefault(tuple(s.id for s in steps[: j + 1]), 0.0)
     reach: dict[tuple[int, ...], float] = {}
     for node in sorted(estimate, key=len):
         reach[node] = reach.get(node[:-1], 1.0) * estimate[node]

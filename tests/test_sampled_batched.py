@@ -180,6 +180,15 @@ def test_the_tree_keeps_the_sampled_and_listed_nodes_the_target_is_likely_to_rea
     assert plan_tree([], 1.0).nodes == ((),) and plan_tree([], 1.0).chain == ()
 
 
+def test_what_the_chains_show_at_one_place_is_read_together_whatever_their_order():
+    # Two chains from the root: one samples 1 (the two likeliest listed), one samples 9 (listed with them).
+    one = _step(1, {1: 0.6, 2: 0.3})
+    nine = SampledStep(id=9, logprob=math.log(0.05), listed=((1, math.log(0.6)), (2, math.log(0.3)), (9, math.log(0.05))))
+    # At 0.5 the three together put 2 at .09 / .455 = .198; read from the first chain alone, .09 / .48 = .188.
+    assert set(plan_tree([(one,), (nine,)], 0.5, min_reach=0.19).nodes) == {(), (1,), (2,)}
+    assert set(plan_tree([(nine,), (one,)], 0.5, min_reach=0.19).nodes) == {(), (1,), (2,)}
+
+
 def test_the_draft_probabilities_are_tempered_to_the_callers_temperature():
     listed = {1: math.log(0.6), 2: math.log(0.3)}
     assert tempered_estimate(listed, 1.0) == pytest.approx({1: 0.6, 2: 0.3})
