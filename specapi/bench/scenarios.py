@@ -12,6 +12,9 @@ wins and where it loses:
 * ``lookup-edit``: no draft model, prompt lookup on an editing task (the answer repeats the prompt);
 * ``lan-adaptive``: the LAN pair with the adaptive policy and pipelined drafting;
 * ``lan-code-t0.7`` / ``lookup-edit-t0.7``: the same two sampled at temperature 0.7 (one seed per request);
+* ``lan-code-t1.0``: lan-code sampled at temperature 1.0 without a seed, as most traffic comes (one
+  request a round on a tree of drafts); the group ``temperatures`` runs it beside ``lan-code`` and
+  ``lan-code-t0.7-noseed`` (not run by default), so that the three compare in one run;
 * ``seed-blog-t0.7``: the blog's question at its own temperature 0.7 on the LAN pair, default client (the
   full ``seed-blog`` experiment below is not run by default: it takes a minute);
 * ``agentic`` / ``agentic-hosted`` (not run by default): a coding agent's requests, which repeat structure
@@ -414,6 +417,30 @@ _BUILT_IN = (
         seed=1,
     ),
     Scenario(
+        name="lan-code-t1.0",
+        description=(
+            "lan-code sampled at temperature 1.0 without a seed (the OpenAI API's default temperature): a round is one "
+            "target request over a tree of drafts, eight chains the draft samples"
+        ),
+        requests=_CODE_PROMPTS,
+        sim=SimSetup(profile="vllm", latency="lan"),
+        client={"policy": "fixed", "num_speculative_tokens": 5, "drafter": "model", "pipeline": False},
+        max_tokens=60,
+        temperature=1.0,
+    ),
+    Scenario(
+        name="lan-code-t0.7-noseed",
+        description=(
+            "lan-code sampled at temperature 0.7 without a seed: a round is one target request over a tree of drafts, "
+            "eight chains the draft samples"
+        ),
+        requests=_CODE_PROMPTS,
+        sim=SimSetup(profile="vllm", latency="lan"),
+        client={"policy": "fixed", "num_speculative_tokens": 5, "drafter": "model", "pipeline": False},
+        max_tokens=60,
+        temperature=0.7,
+    ),
+    Scenario(
         name="lookup-edit-t0.7",
         description=(
             "lookup-edit sampled at temperature 0.7, each edit with two seeds: a sampled answer leaves the prompt's "
@@ -533,10 +560,11 @@ SCENARIOS: Mapping[str, Scenario] = {s.name: s for s in _BUILT_IN}
 SCENARIO_GROUPS: Mapping[str, tuple[str, ...]] = {
     "token-boundary": ("token-boundary-echo", "token-boundary-vllm", "token-boundary-sglang", "token-boundary-llamacpp"),
     "long-context": ("long-context-echo", "long-context-token-ids"),
+    "temperatures": ("lan-code", "lan-code-t0.7-noseed", "lan-code-t1.0"),
 }
 
 DEFAULT_SCENARIOS: tuple[str, ...] = (
-    "lan-code", "lan-code-t0.7", "hosted-fixed", "hosted-adaptive", "lookup-edit", "lookup-edit-t0.7", "lan-adaptive", "seed-blog-t0.7",
+    "lan-code", "lan-code-t0.7", "lan-code-t1.0", "hosted-fixed", "hosted-adaptive", "lookup-edit", "lookup-edit-t0.7", "lan-adaptive", "seed-blog-t0.7",
 )
 
 
