@@ -336,6 +336,23 @@ def load_prompts(path: str | Path) -> tuple[BenchRequest, ...]:
 
 # -- the scenarios ------------------------------------------------------------------------------
 
+
+def _lan_code_unseeded(name: str, temperature: float, why: str) -> Scenario:
+    """lan-code sampled without a seed, as most traffic comes: a round is one target request over a tree of drafts."""
+    return Scenario(
+        name=name,
+        description=(
+            f"lan-code sampled at temperature {temperature} without a seed ({why}): a round is one target request over "
+            "a tree of drafts, eight chains the draft samples"
+        ),
+        requests=_CODE_PROMPTS,
+        sim=SimSetup(profile="vllm", latency="lan"),
+        client={"policy": "fixed", "num_speculative_tokens": 5, "drafter": "model", "pipeline": False},
+        max_tokens=60,
+        temperature=temperature,
+    )
+
+
 _BUILT_IN = (
     Scenario(
         name="lan-code",
@@ -416,30 +433,8 @@ _BUILT_IN = (
         temperature=0.7,
         seed=1,
     ),
-    Scenario(
-        name="lan-code-t1.0",
-        description=(
-            "lan-code sampled at temperature 1.0 without a seed (the OpenAI API's default temperature): a round is one "
-            "target request over a tree of drafts, eight chains the draft samples"
-        ),
-        requests=_CODE_PROMPTS,
-        sim=SimSetup(profile="vllm", latency="lan"),
-        client={"policy": "fixed", "num_speculative_tokens": 5, "drafter": "model", "pipeline": False},
-        max_tokens=60,
-        temperature=1.0,
-    ),
-    Scenario(
-        name="lan-code-t0.7-noseed",
-        description=(
-            "lan-code sampled at temperature 0.7 without a seed: a round is one target request over a tree of drafts, "
-            "eight chains the draft samples"
-        ),
-        requests=_CODE_PROMPTS,
-        sim=SimSetup(profile="vllm", latency="lan"),
-        client={"policy": "fixed", "num_speculative_tokens": 5, "drafter": "model", "pipeline": False},
-        max_tokens=60,
-        temperature=0.7,
-    ),
+    _lan_code_unseeded("lan-code-t1.0", 1.0, "the OpenAI API's default temperature"),
+    _lan_code_unseeded("lan-code-t0.7-noseed", 0.7, "the blog's temperature"),
     Scenario(
         name="lookup-edit-t0.7",
         description=(
