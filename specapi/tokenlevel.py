@@ -417,7 +417,7 @@ def _decide(pieces: Sequence[tuple[int, bytes | None]], picks: Sequence[Pick], d
 
 
 def _declined(exc: EndpointError) -> bool:
-    """The draft server refused a request's shape, or answered it unreadably: a way to ask it it lacks."""
+    """The draft server refused the request's shape or answered it unreadably: it lacks that way of asking."""
     return exc.refused_shape or isinstance(exc, MalformedResponseError)
 
 
