@@ -101,7 +101,8 @@ class SpeculativeOpenAI(openai.OpenAI):
         self._sdk_ready = True
         source = self._async
         openai.OpenAI.__init__(
-            self, api_key=source.api_key, base_url=source.base_url, timeout=source.timeout, max_retries=source.max_retries, http_client=http_client
+            self, api_key=source.api_key, base_url=source.base_url, timeout=source.timeout, max_retries=source.max_retries,
+            default_headers=dict(source.target.headers) if source.target.headers else None, http_client=http_client,
         )
 
     # The speculating resources in place of the SDK's (same names, same call shapes).
