@@ -5,6 +5,8 @@
     GET  /health                                      liveness (no authentication, no upstream call)
     GET  /ready                                       readiness: 503 while the target is unreachable (`readiness.py`)
     GET  /metrics                                     Prometheus text format (no authentication)
+    any other route, any method                       passed to the target unchanged (`forward.py`): /v1/embeddings,
+                                                      /v1/responses, vLLM's /tokenize, ... (streams relayed as they come)
 
 Responses are the openai SDK's own objects dumped as they were built (`exclude_unset`, so explicit
 `null`s stay and nothing is invented), plus `"speculative": stats.to_dict()` at the top level (in the
@@ -43,6 +45,7 @@ from .arguments import CHAT_FIELDS, COMPLETION_FIELDS, chat_arguments, completio
 from .config import ServerConfig
 from .disconnect import ClientDisconnected, run_unless_disconnected
 from .errors import ProxyError, error_from_exception, redact
+from .forward import forward
 from .headers import stats_headers
 from .metrics import CONTENT_TYPE, ProxyMetrics
 from .peers import Peers
@@ -61,6 +64,10 @@ CLIENT_CLOSED_REQUEST = 499
 
 #: How long startup waits for the target's probe before serving anyway (the probe goes on meanwhile).
 STARTUP_PROBE_WAIT_S = 5.0
+
+#: The route label of every request passed to the target unchanged (one label: the paths are the clients').
+FORWARDED_ROUTE = "passthrough"
+_ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
@@ -500,6 +507,20 @@ class _Proxy:
     async def metrics_page(self, request: Request) -> Response:
         return Response(self.metrics.render(), media_type=CONTENT_TYPE)
 
+    async def passed_on(self, request: Request) -> Response:
+        """A route the proxy does not speculate: the target's answer, unchanged (`forward.py`)."""
+        request_id = self._request_id(request)
+        try:
+            self._authenticate(request)
+            body = await read_body(request, self.config.max_request_bytes)
+            response = await forward(
+                self.client._runtime.target, request.method, request.url.path, request.url.query, request.headers.items(), body
+            )
+        except Exception as exc:
+            return self._fail(FORWARDED_ROUTE, exc, request_id, frozenset())
+        self.metrics.request(FORWARDED_ROUTE, response.status_code)
+        return response
+
 
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
@@ -546,6 +567,7 @@ def create_app(config: ServerConfig) -> Starlette:
         Route("/health", proxy.health, methods=["GET"]),
         Route("/ready", proxy.ready, methods=["GET"]),
         Route("/metrics", proxy.metrics_page, methods=["GET"]),
+        Route("/{path:path}", proxy.passed_on, methods=_ALL_METHODS),
     ]
     generation = {"/v1/completions": proxy.completions, "/v1/chat/completions": proxy.chat_completions}
     app = _ProxyApp(generation=generation, routes=routes, lifespan=proxy.lifespan, exception_handlers={HTTPException: _http_error})
