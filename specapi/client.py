@@ -33,6 +33,7 @@ from typing_extensions import Unpack
 
 from ._calls import Clock, Meter, Sleep
 from ._exceptions import ConfigurationError
+from .checks import DEFAULT_CHECK_TIMEOUT, EndpointStatus, check_endpoint
 from .call_options import deadline, request_options, seconds, with_sdk_options
 from .context import Context
 from .dialects.logprobs import caller_logprobs
@@ -248,6 +249,7 @@ class AsyncSpeculativeOpenAI(openai.AsyncOpenAI):
             if copy._runtime.draft is not None and self._runtime.draft is not None:
                 copy._runtime.draft.share_connections(self._runtime.draft)
             copy._runtime.paths.capabilities = self._runtime.paths.capabilities
+            copy._runtime.warnings = self._runtime.warnings  # a failure logged once, whichever copy met it
         copy._runtime.request_timeout = timeout if not isinstance(timeout, NotGiven) else self._runtime.request_timeout
         return copy
 
@@ -263,6 +265,15 @@ class AsyncSpeculativeOpenAI(openai.AsyncOpenAI):
         if raw:
             return await resource.with_raw_response.create(**params)
         return await resource.create(**params)
+
+    async def check_endpoints(self, *, timeout: float = DEFAULT_CHECK_TIMEOUT) -> tuple[EndpointStatus, ...]:
+        """Whether each endpoint answers and serves its model (`specapi.checks`): one `EndpointStatus`
+        per role, the target's first, each with the problem if there is one. Worth calling at start-up:
+        a draft that does not answer (a mistyped model, a server down) otherwise shows only as answers
+        written by the target alone, and one logged warning."""
+        roles = [role for role in (self._runtime.target, self._runtime.draft) if role is not None]
+        problems = await asyncio.gather(*(check_endpoint(role, timeout=timeout) for role in roles))
+        return tuple(EndpointStatus(role.role, role.endpoint.label, problem) for role, problem in zip(roles, problems))
 
     async def _warm(self) -> None:
         """What a long-running server does before its first request (see `Runtime.warm`)."""
