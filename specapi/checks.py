@@ -121,9 +121,10 @@ async def _one_token(role: RoleClient, meter: Meter, timeout: float, listed: lis
 
 async def check_endpoint(role: RoleClient, *, meter: Meter | None = None, timeout: float = DEFAULT_CHECK_TIMEOUT, ask: bool = True) -> str | None:
     """None if `role`'s endpoint serves its model, else the problem, naming the role and endpoint.
+    `meter` records the one-token requests (the listing bills nothing and is not recorded).
     `ask=False`: a model the server does not list is not asked for a token (taken as served)."""
     meter = meter if meter is not None else Meter(role.endpoint)
-    problem, listed = await _listed(role, meter, timeout)
+    problem, listed = await _listed(role, Meter(role.endpoint), timeout)  # a listing bills nothing: not metered
     if problem is not None or (listed is not None and role.endpoint.model in listed) or not ask:
         return problem
     return await _one_token(role, meter, timeout, listed)
@@ -132,7 +133,7 @@ async def check_endpoint(role: RoleClient, *, meter: Meter | None = None, timeou
 class EndpointChecker:
     """Checks one role's endpoint each time it is called (behind `/ready`): a model the server does not
     list is asked for a token until it has answered once; then listing the models is enough.
-    `on_usage` hears what each check's calls billed."""
+    `on_usage` hears what each check's one-token requests billed."""
 
     def __init__(self, role: RoleClient, *, timeout: float = DEFAULT_CHECK_TIMEOUT, on_usage: Callable[[RoleUsage], None] | None = None) -> None:
         self.role = role

@@ -94,15 +94,20 @@ async def test_what_a_server_answers_decides_the_check(models, answers, status, 
 
 
 async def test_a_checker_asks_for_a_token_until_the_model_has_answered_once() -> None:
-    provider = SimProvider(capabilities="llamacpp", latency="instant", seed=0)
-    http = httpx2.AsyncClient(transport=SimTransport(provider))
-    # llama-server lists its one model under the file's name; the simulator serves what it lists.
-    role = RoleClient("target", Endpoint(model="sim-target", base_url="http://sim/v1", http_client=http))
+    """llama.cpp's servers list their one model under the file's name and answer for any name."""
+    http = _server(["/models/tiny.gguf"], answers=True)
+    seen: list[str] = []
+
+    async def record(request: httpx2.Request) -> None:
+        seen.append(f"{request.method} {request.url.path}")
+
+    http.event_hooks["request"].append(record)
+    role = RoleClient("target", Endpoint(model="tiny", base_url="http://llm.test/v1", api_key="k", http_client=http))
     usages = []
     checker = EndpointChecker(role, on_usage=usages.append)
     assert await checker() is None and await checker() is None
-    assert [c.method for c in provider.calls] == ["GET", "GET"]  # listed: no generation asked, nothing billed
-    assert all(u.prompt_tokens == 0 for u in usages) and [u.requests for u in usages] == [1, 1]
+    assert seen == ["GET /v1/models", "POST /v1/completions", "GET /v1/models"]
+    assert [u.requests for u in usages] == [1, 0]  # the one-token request is metered, the listings are not
 
 
 async def test_a_failing_draft_is_logged_once_and_the_answers_stay_the_targets(caplog) -> None:

@@ -3,7 +3,8 @@
     POST /v1/completions, POST /v1/chat/completions   JSON, or SSE with `"stream": true`
     GET  /v1/models, /v1/models/{id}                  the target model, then the others its server lists (`served.py`)
     GET  /health                                      liveness (no authentication, no upstream call)
-    GET  /ready                                       readiness: 503 while the target is unreachable (`readiness.py`)
+    GET  /ready                                       readiness: 503 while the target is unreachable; each role's
+                                                      state ("degraded" while the draft fails) (`readiness.py`)
     GET  /metrics                                     Prometheus text format (no authentication)
     any other route, any method                       passed to the target unchanged (`forward.py`): /v1/embeddings,
                                                       /v1/responses, vLLM's /tokenize, ... (streams relayed as they come)
@@ -37,7 +38,8 @@ from starlette.types import Receive, Scope, Send
 
 from .._exceptions import EndpointError, MalformedResponseError
 from ..client import AsyncSpeculativeOpenAI
-from .._calls import Meter
+from .._calls import Meter, RoleClient
+from ..checks import EndpointChecker
 from ..stats import SpeculativeStats
 from ..suffix import SuffixIndex
 from ..streaming import SpeculativeStream
@@ -50,7 +52,7 @@ from .headers import stats_headers
 from .metrics import CONTENT_TYPE, ProxyMetrics
 from .peers import Peers
 from ..share import RedisShare
-from .readiness import Readiness, target_check
+from .readiness import CHECK_TIMEOUT, Readiness
 from .relay import TargetStream, handed_over_stream, relayed_stream, stream_path
 from .served import ServedModels
 from .sse import DONE_EVENT, EventStreamResponse, encode_event
@@ -172,13 +174,7 @@ class _Proxy:
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
-        release: Callable[[], Awaitable[None]] | None = None
-        check = self.config.readiness_check
-        if check is None:
-            check, release = target_check(self.config.target)
-        self.readiness = Readiness(
-            check, interval=self.config.readiness_interval, on_change=lambda ready: self.metrics.ready.set(int(ready))
-        )
+        self.readiness = self._readiness()
         watcher = asyncio.ensure_future(self.readiness.run())
         await self.client._warm()  # not in the middle of the first requests' streams
         if self.config.peers_dir is not None:
@@ -220,8 +216,6 @@ class _Proxy:
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
-            if release is not None:
-                await release()
             self.readiness = None
             if self.peers is not None:
                 self.peers.close()
@@ -234,6 +228,30 @@ class _Proxy:
             client, self._client = self._client, None
             if client is not None:
                 await client.close()
+
+    def _readiness(self) -> Readiness:
+        """The checks behind `/ready`: the target's (or the configured one), and the draft's if there is one.
+        Their one-token requests (a model the server does not list) are billed in `/metrics`."""
+        runtime = self.client._runtime
+
+        def checker(role: RoleClient) -> EndpointChecker:
+            return EndpointChecker(role, timeout=CHECK_TIMEOUT, on_usage=lambda usage: self.metrics.upstream(role.role, usage))
+
+        check = self.config.readiness_check or checker(runtime.target)
+        others = {"draft": checker(runtime.draft)} if runtime.draft is not None else {}
+        return Readiness(
+            check, interval=self.config.readiness_interval, others=others,
+            on_change=lambda ready: self.metrics.ready.set(int(ready)), on_role=self._role_changed,
+        )
+
+    def _role_changed(self, role: str, problem: str | None) -> None:
+        """Said once per change in the log: a role that fails, and one that answers again."""
+        if problem is None:
+            logger.info("the %s endpoint answers again", role)
+        elif role == "target":
+            logger.warning("%s; /ready answers 503 until it answers", self.scrub(problem))
+        else:
+            logger.warning("%s; the proxy serves with the target alone (no speculation from the %s) until it answers", self.scrub(problem), role)
 
     def _watch_failure(self, exc: BaseException) -> None:
         """A target failure that may mean the target is gone (no answer, a timeout, a 5xx): check readiness now."""
@@ -498,11 +516,15 @@ class _Proxy:
         readiness = self.readiness
         if readiness is None:
             return JSONResponse({"status": "starting"}, status_code=503)
+        roles = {
+            role: {"status": "ok"} if problem is None else {"status": "failing", "reason": self.scrub(problem)}
+            for role, problem in readiness.roles.items()
+        }
         if readiness.ready:
             # Sharing is best effort: degraded, the replica serves as well, only without the others' learning.
             sharing = {} if self.share is None else {"sharing": "degraded" if self.share.degraded else "ok"}
-            return JSONResponse({"status": "ready", **sharing})
-        return JSONResponse({"status": "unready", "reason": self.scrub(readiness.reason or "")}, status_code=503)
+            return JSONResponse({"status": "degraded" if readiness.degraded else "ready", "roles": roles, **sharing})
+        return JSONResponse({"status": "unready", "reason": self.scrub(readiness.reason or ""), "roles": roles}, status_code=503)
 
     async def metrics_page(self, request: Request) -> Response:
         return Response(self.metrics.render(), media_type=CONTENT_TYPE)
