@@ -19,7 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..cli_options import ENDPOINTS, EXIT_FAILED, EXIT_OK, EXIT_USAGE, Option, UsageError, add_options, boolean, positive_int, resolve, speculation_options
+from ..cli_options import ENDPOINTS, EXIT_FAILED, EXIT_OK, EXIT_USAGE, Option, UsageError, add_options, boolean, positive_int, refuse_hosted, resolve, speculation_options
 from .scenarios import DEFAULT_SCENARIOS, SCENARIO_GROUPS, SCENARIOS, Scenario, get_scenarios, load_prompts, quick, with_requests
 
 __all__ = ["add_arguments", "run", "build_scenarios"]
@@ -73,6 +73,7 @@ def _resolved(args: argparse.Namespace) -> argparse.Namespace:
     if getattr(args, "_resolved", False):
         return args
     values = resolve(args, OPTIONS, os.environ)
+    refuse_hosted(values, os.environ)
     return argparse.Namespace(**{**vars(args), **values, "_resolved": True})
 
 

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-__all__ = ["print_report", "summary_table", "SPEEDUP_BAND"]
+__all__ = ["print_report", "summary_table", "is_free", "SPEEDUP_BAND"]
 
 #: The one colour rule, here and in the HTML report: a speedup at or above the upper bound is a win
 #: (green), at or below the lower bound a loss (red), in between even (amber).
@@ -28,12 +28,20 @@ def _speedup_text(value: float | None) -> Text:
     return Text(f"{value:.2f}x", style=style)
 
 
+def is_free(s: dict[str, Any]) -> bool:
+    """A scenario whose requests all succeeded on both sides and cost nothing (a local server): "free".
+    Failed requests cost nothing because nothing was served: that is no price."""
+    sides = (s["baseline"], s["speculative"])
+    return (
+        all(side.get("failed", 0) == 0 and side.get("requests", 0) > 0 for side in sides)
+        and all(side["cost_usd"] is not None and Decimal(side["cost_usd"]) == 0 for side in sides)
+    )
+
+
 def _cost(s: dict[str, Any]) -> str:
     if s["cost_ratio"] is not None:
         return f"{s['cost_ratio']:.2f}x"
-    if s["baseline"]["cost_usd"] is not None and Decimal(s["baseline"]["cost_usd"]) == 0:
-        return "free"
-    return "–"
+    return "free" if is_free(s) else "–"
 
 
 def summary_table(report: dict[str, Any]) -> Table:
