@@ -67,8 +67,8 @@ async def deadline(call: Coroutine[Any, Any, T], limit: float | None, target: Ro
 
 
 def with_sdk_options(
-    endpoint: Endpoint | None, *, timeout: Any = not_given, max_retries: Any = not_given, default_headers: Mapping[str, str] | None = None
-) -> Endpoint | None:
+    endpoint: Endpoint, *, timeout: Any = not_given, max_retries: Any = not_given, default_headers: Mapping[str, str] | None = None
+) -> Endpoint:
     """`endpoint` with the SDK client options a caller gave the speculative client (`AsyncOpenAI(timeout=,
     max_retries=, default_headers=)`): a number of seconds becomes its timeout per request, `max_retries`
     its retries, and `default_headers` join its headers (its own win). Checked here, before any request."""
@@ -80,8 +80,6 @@ def with_sdk_options(
         isinstance(default_headers, Mapping) and all(isinstance(k, str) and isinstance(v, str) for k, v in default_headers.items())
     ):
         raise ConfigurationError(f"default_headers must map header names to strings, got {default_headers!r}")
-    if endpoint is None:
-        return None
     changes: dict[str, Any] = {}
     if isinstance(timeout, (int, float)) and not isinstance(timeout, bool):
         changes["timeout"] = float(timeout)

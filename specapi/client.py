@@ -136,8 +136,9 @@ class AsyncSpeculativeOpenAI(openai.AsyncOpenAI):
             raise ConfigurationError("target must be an Endpoint")
         if draft is not None and not isinstance(draft, Endpoint):
             raise ConfigurationError("draft must be an Endpoint or None")
-        target, draft = (with_sdk_options(e, timeout=timeout, max_retries=max_retries, default_headers=default_headers) for e in (target, draft))
-        assert target is not None
+        sdk_options: dict[str, Any] = {"timeout": timeout, "max_retries": max_retries, "default_headers": default_headers}
+        target = with_sdk_options(target, **sdk_options)  # checks them, before any request
+        draft = with_sdk_options(draft, **sdk_options) if draft is not None else None
         self._runtime = Runtime(
             target=target,
             draft=draft,

@@ -22,7 +22,7 @@ import math
 import os
 import struct
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from .corpus import encode_text
@@ -148,7 +148,7 @@ class ResponseEvents:
     def _event(self, kind: str, sequence: int, **fields: Any) -> bytes:
         return f"event: {kind}\ndata: ".encode() + json.dumps({"type": kind, "sequence_number": sequence, **fields}).encode() + b"\n\n"
 
-    async def _retold(self) -> AsyncIterator[bytes]:
+    async def _retold(self) -> AsyncGenerator[bytes, None]:
         item_id = "msg_" + self._id[len("resp_"):]
         started = response_object(self._body, self._id, "", None, None)
         started.update(status="in_progress", output=[], usage=None)
