@@ -27,7 +27,7 @@ from matplotlib.patches import Patch
 
 from .blog_html import seed_blog_section
 from .charts import BAD, BASE, DRAFT, EVEN, GOOD, LINE, NONE, SPEC, TARGET, figure_html, legend_below, svg
-from .report import SPEEDUP_BAND
+from .report import SPEEDUP_BAND, median_of
 from .spread import EVEN as EVEN_VERDICT
 from .spread import LOSS, NO_SPECULATION, WIN, verdict_class
 
@@ -62,8 +62,8 @@ def overview_svg(report: dict[str, Any]) -> str:
     figure = Figure(figsize=(11, 1.2 + 0.55 * max(1, len(scenarios))), layout="constrained")
     ax = figure.add_subplot()
     names = [s["name"] for s in scenarios][::-1]
-    achieved = [s["speedup"] or 0.0 for s in scenarios][::-1]
-    predicted = [s["predicted_speedup"] for s in scenarios][::-1]
+    achieved = [median_of(s, "speedup", s["speedup"]) or 0.0 for s in scenarios][::-1]
+    predicted = [median_of(s, "predicted_speedup", s["predicted_speedup"]) for s in scenarios][::-1]
     rows = range(len(names))
     verdicts = [_verdict(s) for s in scenarios][::-1]
     colors = [_VERDICTS[v][1] if v in _VERDICTS else BASE for v in verdicts]
@@ -289,10 +289,12 @@ def _summary_rows(report: dict[str, Any]) -> str:
         rows.append(
             "<tr>"
             f"<td><a href='#{escape(s['name'])}'>{escape(s['name'])}</a></td>"
-            f"<td>{_cell(base['wall_s'], '.3f')}</td><td>{_cell(base['ttft_s'], '.3f')}</td>"
-            f"<td>{_cell(spec['wall_s'], '.3f')}</td><td>{_cell(spec['ttft_s'], '.3f')}</td>"
-            f"{_speedup_cell(s)}<td>{_cell(s['predicted_speedup'], '.2f', 'x')}</td><td>{best}</td>"
-            f"<td>{_cell(s['acceptance_rate'], '.0%')}</td>"
+            f"<td>{_cell(median_of(s, 'baseline_wall_s', base['wall_s']), '.3f')}</td>"
+            f"<td>{_cell(median_of(s, 'baseline_ttft_s', base['ttft_s']), '.3f')}</td>"
+            f"<td>{_cell(median_of(s, 'speculative_wall_s', spec['wall_s']), '.3f')}</td>"
+            f"<td>{_cell(median_of(s, 'speculative_ttft_s', spec['ttft_s']), '.3f')}</td>"
+            f"{_speedup_cell(s)}<td>{_cell(median_of(s, 'predicted_speedup', s['predicted_speedup']), '.2f', 'x')}</td><td>{best}</td>"
+            f"<td>{_cell(median_of(s, 'acceptance_rate', s['acceptance_rate']), '.0%')}</td>"
             f"<td>{'never' if s['break_even_acceptance'] is None and prediction else _cell(s['break_even_acceptance'], '.0%')}</td>"
             f"<td>{cost}</td><td>{exact}</td>"
             "</tr>"

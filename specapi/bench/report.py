@@ -12,7 +12,7 @@ from rich.text import Text
 
 from .spread import BAND, EVEN, LOSS, NO_SPECULATION, WIN
 
-__all__ = ["print_report", "summary_table", "percentile_table", "SPEEDUP_BAND", "VERDICT_STYLES"]
+__all__ = ["print_report", "summary_table", "percentile_table", "median_of", "SPEEDUP_BAND", "VERDICT_STYLES"]
 
 #: The one colour rule, here and in the HTML report: a speedup at or above the upper bound is a win
 #: (green), at or below the lower bound a loss (red), in between even (amber); with repeated runs a win
@@ -41,7 +41,8 @@ def _speedup_text(s: dict[str, Any]) -> Text:
     return text
 
 
-def _median(s: dict[str, Any], name: str, value: Any) -> Any:
+def median_of(s: dict[str, Any], name: str, value: Any) -> Any:
+    """With repeated runs, the median of figure `name` (`summary.REPEATED_FIGURES`); else `value`."""
     spread = ((s.get("repeats") or {}).get("figures") or {}).get(name)
     return spread["median"] if spread else value
 
@@ -80,14 +81,14 @@ def summary_table(report: dict[str, Any]) -> Table:
         warmed = s.get("after_warmup")
         speedup = _speedup_text(s)
         if warmed and warmed.get("speedup") is not None:
-            speedup.append(f"\n{_median(s, 'speedup_after_warmup', warmed['speedup']):.2f}x warm")
+            speedup.append(f"\n{median_of(s, 'speedup_after_warmup', warmed['speedup']):.2f}x warm")
         table.add_row(
             s["name"],
-            _fmt(_median(s, "baseline_wall_s", base["wall_s"]), ".3f"),
-            _fmt(_median(s, "speculative_wall_s", spec["wall_s"]), ".3f"),
+            _fmt(median_of(s, "baseline_wall_s", base["wall_s"]), ".3f"),
+            _fmt(median_of(s, "speculative_wall_s", spec["wall_s"]), ".3f"),
             speedup,
-            _fmt(_median(s, "predicted_speedup", s["predicted_speedup"]), ".2f", "x"),
-            _fmt(_median(s, "acceptance_rate", s["acceptance_rate"]), ".0%"),
+            _fmt(median_of(s, "predicted_speedup", s["predicted_speedup"]), ".2f", "x"),
+            _fmt(median_of(s, "acceptance_rate", s["acceptance_rate"]), ".0%"),
             _cost(s),
             exact,
         )

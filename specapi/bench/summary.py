@@ -571,7 +571,7 @@ def _spread_sentence(summary: dict[str, Any], judged: Spread | None) -> str:
     }[summary["verdict"]]
     return (
         f"Over {runs} runs the speedup {which}was {judged.median:.2f}x (median; lowest {judged.low:.2f}x, highest {judged.high:.2f}x): "
-        f"{verdict}. The figures below are the median run's (run {summary['repeats']['chosen_run']})."
+        f"{verdict}. The figures below are the middle run's by speedup (run {summary['repeats']['chosen_run']})."
     )
 
 
