@@ -63,7 +63,7 @@ def summary_table(report: dict[str, Any]) -> Table:
     and the HTML report."""
     runs = max([(s.get("repeats") or {}).get("runs", 1) for s in report["scenarios"]] or [1])
     title = f"specapi bench ({report['mode']}" + (f", median of {runs} runs" if runs > 1 else "") + ")"
-    table = Table(title=title, header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False)
+    table = Table(title=title, header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
     table.add_column("scenario", no_wrap=True)
     table.add_column("alone\ns/req", justify="right", no_wrap=True)
     table.add_column("spec.\ns/req", justify="right", no_wrap=True)
