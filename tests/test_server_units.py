@@ -19,8 +19,8 @@ from specapi.server.config import ServerConfig
 from specapi.server.disconnect import ClientDisconnected, run_unless_disconnected
 from specapi.server.errors import ProxyError, error_from_exception, guess_param, redact
 from specapi.server.headers import header_value, stats_headers
-from specapi.policy import LOAD_DRAFT_LENGTH, LOAD_STREAM_FASTER, LOAD_TARGET_ALONE
-from specapi.server.metrics import ProxyMetrics, fallback_category, reason_label
+from specapi.policy import LOAD_TARGET_ALONE
+from specapi.server.metrics import ProxyMetrics, fallback_category
 from specapi.server.sse import DONE_EVENT, encode_event
 
 TARGET = Endpoint(base_url="http://t/v1", model="big", api_key="sk-target-secret")
@@ -198,18 +198,6 @@ def test_stats_headers():
 )
 def test_fallback_categories(reason, category):
     assert fallback_category(reason) == category
-
-
-def test_reason_labels_are_names_or_whole_words():
-    """The load-aware policy's reasons are sentences: as labels they are short names; a reason of a
-    caller's policy is cut after a whole word (never mid-word), at most 64 characters."""
-    assert [reason_label(r) for r in (LOAD_TARGET_ALONE, LOAD_DRAFT_LENGTH, LOAD_STREAM_FASTER)] == [
-        "target_alone_under_load", "draft_length_under_load", "target_stream_faster_under_load",
-    ]
-    long = "my policy held speculation back because the accelerator looked saturated at the time of the request"
-    label = reason_label(long)
-    assert len(label) <= 64 and long.startswith(label) and long[len(label)] == " "
-    assert reason_label("short reason") == "short reason" and reason_label("x" * 100) == "x" * 64
 
 
 def test_metrics_add_up_the_statistics():

@@ -54,7 +54,6 @@ from typing import Any
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest, values
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
-from ..policy import LOAD_DRAFT_LENGTH, LOAD_STREAM_FASTER, LOAD_TARGET_ALONE
 from ..stats import RoleUsage, SpeculativeStats
 
 __all__ = ["ProxyMetrics", "fallback_category", "reason_label", "CONTENT_TYPE", "MULTIPROCESS_DIR_VARIABLE", "MAX_POSITION_LABEL"]
@@ -81,12 +80,6 @@ _FALLBACK_CATEGORIES = (
     ("draft-length policy", "policy_off"),
     ("verification='none'", "verification_off"),
 )
-#: The load-aware policy's reasons (`policy.LOAD_*`, sentences), as labels.
-_LOAD_LABELS = {
-    LOAD_TARGET_ALONE: "target_alone_under_load",
-    LOAD_DRAFT_LENGTH: "draft_length_under_load",
-    LOAD_STREAM_FASTER: "target_stream_faster_under_load",
-}
 
 
 def fallback_category(reason: str | None) -> str | None:
@@ -99,17 +92,15 @@ def fallback_category(reason: str | None) -> str | None:
     return "target_only_request"
 
 
-def reason_label(reason: str) -> str:
-    """A label for a policy's reason: the known ones by name; another cut after a whole word, at most
-    `_MAX_REASON_LENGTH` characters (a policy of the caller's may give any sentence)."""
-    known = _LOAD_LABELS.get(reason)
-    if known is not None:
-        return known
-    text = " ".join(reason.split())
-    if len(text) <= _MAX_REASON_LENGTH:
-        return text
-    cut = text[: _MAX_REASON_LENGTH + 1].rsplit(" ", 1)[0]
-    return cut.rstrip(" ,;:-") if " " in text[: _MAX_REASON_LENGTH + 1] else text[:_MAX_REASON_LENGTH]
+def reason_label(reason: str, limit: int = _MAX_REASON_LENGTH) -> str:
+    """A free-text reason as a label of at most `limit` characters, cut between words (never inside one),
+    with "..." where it was cut."""
+    if len(reason) <= limit:
+        return reason
+    cut = reason[: limit - 3].rstrip()
+    if reason[limit - 3 : limit - 2] not in ("", " ") and " " in cut:
+        cut = cut[: cut.rindex(" ")]
+    return cut.rstrip(" :;,") + "..."
 
 
 def _vllm_position(index: int) -> str:

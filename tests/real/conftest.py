@@ -34,6 +34,7 @@ if str(HERE) not in sys.path:
 
 from make_models import make_models, model_dir  # noqa: E402
 from real_helpers import Server, ServerPair  # noqa: E402
+import vllm_setup  # noqa: E402
 
 VERSION = os.environ.get("SPECAPI_LLAMA_CPP_PYTHON_VERSION", "0.3.36")
 #: Each server gets this long to load and answer its first request.
@@ -106,8 +107,8 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _wait_ready(server: Server, path: str) -> None:
-    deadline = time.monotonic() + STARTUP_S
+def _wait_ready(server: Server, path: str, startup_s: float = STARTUP_S) -> None:
+    deadline = time.monotonic() + startup_s
     last = "no answer"
     while time.monotonic() < deadline:
         if server.process.poll() is not None:
@@ -120,7 +121,7 @@ def _wait_ready(server: Server, path: str) -> None:
         except httpx2.HTTPError as exc:
             last = repr(exc)
         time.sleep(0.25)
-    pytest.fail(f"{server.family} ({server.role}) did not answer {path} within {STARTUP_S:.0f} s ({last}):\n{server.log_tail()}", pytrace=False)
+    pytest.fail(f"{server.family} ({server.role}) did not answer {path} within {startup_s:.0f} s ({last}):\n{server.log_tail()}", pytrace=False)
 
 
 def _die_with_parent() -> None:
@@ -142,7 +143,13 @@ def _stop(server: Server) -> None:
 
 
 @contextlib.contextmanager
-def _servers(specs: list[tuple[str, str, str, list[str], str]], logs: pathlib.Path) -> Iterator[list[Server]]:
+def _servers(
+    specs: list[tuple[str, str, str, list[str], str]],
+    logs: pathlib.Path,
+    *,
+    env: dict[str, str] | None = None,
+    startup_s: float = STARTUP_S,
+) -> Iterator[list[Server]]:
     """Start (family, role, model, argv, ready path) processes together, wait for all, stop all."""
     started: list[Server] = []
     try:
@@ -151,10 +158,10 @@ def _servers(specs: list[tuple[str, str, str, list[str], str]], logs: pathlib.Pa
             argv = [a.replace("{port}", str(port)) for a in argv]
             log = logs / f"{family}-{role}.log"
             with open(log, "wb") as out:
-                process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=logs, preexec_fn=_die_with_parent)
+                process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=logs, env=env, preexec_fn=_die_with_parent)
             started.append(Server(family, role, model, port, process, log))
         for server, (*_, ready) in zip(started, specs):
-            _wait_ready(server, ready)
+            _wait_ready(server, ready, startup_s)
         yield started
     finally:
         for server in started:
@@ -221,3 +228,44 @@ def ls_penalised(real_build: pathlib.Path, tiny_models: tuple[pathlib.Path, path
     ]  # fmt: skip
     with _servers([("llama-server", "target", "tiny-target", argv, "/health")], logs) as (target,):
         yield target
+
+
+# -- vLLM ------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def vllm_python() -> pathlib.Path:
+    """The vLLM venv's python (install_vllm.sh installs it when missing; cached outside the clone)."""
+    try:
+        return vllm_setup.vllm_python()
+    except vllm_setup.SetupError as exc:
+        pytest.fail(str(exc), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def vllm_models(vllm_python: pathlib.Path) -> dict[str, pathlib.Path]:
+    """The tiny HF-format models by name (`target`, `draft`, `target_compute`), from make_vllm_models.py."""
+    try:
+        return vllm_setup.vllm_models(vllm_python)
+    except vllm_setup.SetupError as exc:
+        pytest.fail(str(exc), pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def vllm(vllm_python: pathlib.Path, vllm_models: dict[str, pathlib.Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerPair]:
+    """Real vLLM OpenAI servers (`vllm serve`), one per model: the trained target and its draft.
+
+    Started together once per session (each compiles its graph for about a minute) and stopped at the end.
+    """
+    logs = tmp_path_factory.mktemp("vllm")
+    running = vllm_setup.running_servers(logs)
+    if running is not None:
+        yield running
+        return
+    specs = []
+    for role in ("target", "draft"):
+        model = f"tiny-{role}"
+        argv = vllm_setup.serve_argv(vllm_python, vllm_models[role], model)
+        specs.append(("vllm", role, model, argv, "/v1/models"))
+    with _servers(specs, logs, env=vllm_setup.serve_env(), startup_s=vllm_setup.STARTUP_S) as (target, draft):
+        yield ServerPair(target, draft)

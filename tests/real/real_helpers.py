@@ -19,11 +19,11 @@ from specapi import AsyncSpeculativeOpenAI, Endpoint, SpeculativeStats
 class Server:
     """One server process serving one model."""
 
-    family: str  # "llama-cpp-python" or "llama-server"
+    family: str  # "llama-cpp-python", "llama-server" or "vllm"
     role: str  # "target" or "draft"
     model: str  # the name requests send (the server's alias)
     port: int
-    process: subprocess.Popen[bytes]
+    process: subprocess.Popen[bytes] | None  # None: a server this test run did not start
     log: pathlib.Path
 
     @property
