@@ -215,20 +215,19 @@ ENDPOINTS: tuple[Option, ...] = (
 )
 
 
-def refuse_hosted(values: Mapping[str, Any], environ: Mapping[str, str]) -> None:
+def refuse_hosted(values: Mapping[str, Any], environ: Mapping[str, str], *, what: str = "") -> None:
     """Raise `UsageError` if a model resolved from `ENDPOINTS` has no base URL, so that its requests would
-    go to OpenAI's hosted API by default, and `--allow-hosted` was not given. A base URL given through
-    OPENAI_BASE_URL counts as given."""
+    go to OpenAI's API by default, and `--allow-hosted` was not given. A base URL given through
+    OPENAI_BASE_URL counts as given. `what`: what else would leave the machine (e.g. a prompts file)."""
     if values.get("allow_hosted") or environ.get("OPENAI_BASE_URL"):
         return
-    unset = [role for role in ("target", "draft") if values.get(f"{role}_model") and not values.get(f"{role}_base_url")]
-    if unset:
-        flags = " and ".join(f"--{role}-base-url" for role in unset)
-        models = ", ".join(f"--{role}-model {values[f'{role}_model']}" for role in unset)
-        raise UsageError(
-            f"{models} without {flags} would send the requests to OpenAI's hosted API ({OPENAI_API_URL}), billed to "
-            f"OPENAI_API_KEY: give {flags} (e.g. http://localhost:8000/v1 for a local server), or --allow-hosted to use OpenAI's API"
-        )
+    for role in ("target", "draft"):
+        if values.get(f"{role}_model") and not values.get(f"{role}_base_url"):
+            raise UsageError(
+                f"--{role}-model {values[f'{role}_model']} without --{role}-base-url (or SPECAPI_{role.upper()}_BASE_URL): "
+                f"the {role}'s requests{what} would go to OpenAI's API ({OPENAI_API_URL}) and be billed to OPENAI_API_KEY; "
+                f"give the server's URL, e.g. --{role}-base-url http://localhost:8000/v1, or --allow-hosted to measure OpenAI itself"
+            )
 
 
 def speculation_options(*, default_text: str | None = None, **defaults: Any) -> tuple[Option, ...]:

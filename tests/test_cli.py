@@ -116,8 +116,8 @@ def test_a_model_without_a_base_url_is_refused_rather_than_sent_to_openai(monkey
     assert cli_logic(argv) == 2
     err = capsys.readouterr().err
     role = "draft" if "--draft-model" in argv else "target"
-    assert f"without --{role}-base-url would send the requests to OpenAI's hosted API (https://api.openai.com/v1)" in err
-    assert "--allow-hosted" in err
+    assert f"without --{role}-base-url (or SPECAPI_{role.upper()}_BASE_URL): the {role}'s requests would go to OpenAI's API" in err
+    assert "(https://api.openai.com/v1)" in err and "--allow-hosted" in err
 
 
 def test_the_hosted_api_is_used_when_asked_for():
