@@ -145,7 +145,7 @@ def test_redis_killed_fails_no_request_and_sharing_resumes_when_it_returns(repli
     assert all(r["choices"][0]["text"] == expected(provider, p) and r["speculative"]["exact"] for p, r in outcomes)
     for index in range(3):
         ready = httpx2.get(replicas.url(index) + "/ready", timeout=5)
-        assert ready.status_code == 200 and ready.json() == {"status": "ready", "sharing": "degraded"}
+        assert ready.status_code == 200 and (ready.json()["status"], ready.json()["sharing"]) == ("ready", "degraded")
         assert metric(metrics(replicas, index), 'specapi_requests_total{route="/v1/completions",status="200"}') >= 3
 
     redis.start()  # empty: what was shared before is gone, as after a real outage
