@@ -3,9 +3,8 @@
     problem = await check_endpoint(role_client)      # None, or a sentence naming the role and endpoint
 
 One `GET {base URL}/models` decides most cases: no answer, a refused key or a server error is a problem,
-and a listing that names the model is none. A server may serve a model it does not list (llama.cpp's
-servers answer for any name; some servers have no `/models`), so a model missing from the listing is
-asked for one token (completions, then chat): the model is there if either answers. That request is
+and a listing that names the model is none. A server may serve a model it does not list (one that
+answers for any name, or has no `/models`), so a model missing from the listing is asked for one token (completions, then chat): the model is there if either answers. That request is
 the only one that bills tokens, and `EndpointChecker` sends it once per endpoint; later checks list.
 
 `AsyncSpeculativeOpenAI.check_endpoints()` runs this for both roles; `specapi serve` runs it before it

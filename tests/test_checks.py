@@ -94,7 +94,7 @@ async def test_what_a_server_answers_decides_the_check(models, answers, status, 
 
 
 async def test_a_checker_asks_for_a_token_until_the_model_has_answered_once() -> None:
-    """llama.cpp's servers list their one model under the file's name and answer for any name."""
+    """A server that lists its one model under another name (a file's) and answers for the name asked."""
     http = _server(["/models/tiny.gguf"], answers=True)
     seen: list[str] = []
 
