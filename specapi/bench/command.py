@@ -27,7 +27,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..cli_options import ENDPOINTS, EXIT_FAILED, EXIT_OK, EXIT_USAGE, Option, UsageError, add_options, boolean, positive_int, resolve, speculation_options
+from ..cli_options import ENDPOINTS, EXIT_FAILED, EXIT_OK, EXIT_USAGE, Option, UsageError, add_options, boolean, positive_int, refuse_hosted, resolve, speculation_options
 from .scenarios import DEFAULT_SCENARIOS, SCENARIO_GROUPS, SCENARIOS, Scenario, get_scenarios, load_prompts, quick, with_requests
 
 __all__ = ["add_arguments", "run", "build_scenarios"]
@@ -46,9 +46,6 @@ def _rate(text: str) -> float:
         raise ValueError("must be > 0 (requests per second)")
     return value
 
-
-#: Where requests go when no base URL is given (the openai SDK's default).
-OPENAI_API = "https://api.openai.com/v1"
 
 _SCENARIO_DEFAULT = "the scenario's"
 SIMULATOR: tuple[Option, ...] = (
@@ -168,7 +165,7 @@ def build_scenarios(args: argparse.Namespace) -> list[Scenario]:
     if args.temperature is not None and not 0.0 <= args.temperature <= 2.0:
         raise ValueError(f"--temperature must be in [0, 2], got {args.temperature}")
     if args.target_model:
-        _refuse_default_openai(args)
+        refuse_hosted(vars(args), os.environ, what=f" (the prompts of {args.prompts})" if args.prompts else "")
         base = get_scenarios((args.scenario or ["lan-code"])[0])[0]
         requests = load_prompts(args.prompts) if args.prompts else base.requests
         scenario = Scenario(
@@ -195,21 +192,6 @@ def build_scenarios(args: argparse.Namespace) -> list[Scenario]:
     if args.quick:
         scenarios = [quick(s) for s in scenarios]
     return [_overridden(s, args) for s in scenarios]
-
-
-def _refuse_default_openai(args: argparse.Namespace) -> None:
-    """With no base URL a role goes to OpenAI's API (billed, and the prompts leave the machine): only when
-    asked for by name."""
-    if os.environ.get("OPENAI_BASE_URL"):
-        return
-    for role in ("target", "draft"):
-        if getattr(args, f"{role}_model") and not getattr(args, f"{role}_base_url"):
-            raise UsageError(
-                f"no --{role}-base-url (or SPECAPI_{role.upper()}_BASE_URL): the {role}'s requests"
-                + (f" (the prompts of {args.prompts})" if args.prompts else "")
-                + f" would go to OpenAI's API and be billed; give the server's URL, e.g. --{role}-base-url http://localhost:8000/v1, "
-                f"or --{role}-base-url {OPENAI_API} to measure OpenAI itself"
-            )
 
 
 def _endpoints(args: argparse.Namespace, scenario: Scenario, repetition: int = 0):  # type: ignore[no-untyped-def]

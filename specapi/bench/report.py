@@ -12,7 +12,7 @@ from rich.text import Text
 
 from .spread import BAND, EVEN, LOSS, NO_SPECULATION, WIN
 
-__all__ = ["print_report", "summary_table", "percentile_table", "median_of", "SPEEDUP_BAND", "VERDICT_STYLES"]
+__all__ = ["print_report", "summary_table", "percentile_table", "median_of", "is_free", "SPEEDUP_BAND", "VERDICT_STYLES"]
 
 #: The one colour rule, here and in the HTML report: a speedup at or above the upper bound is a win
 #: (green), at or below the lower bound a loss (red), in between even (amber); with repeated runs a win
@@ -47,12 +47,20 @@ def median_of(s: dict[str, Any], name: str, value: Any) -> Any:
     return spread["median"] if spread else value
 
 
+def is_free(s: dict[str, Any]) -> bool:
+    """A scenario whose requests all succeeded on both sides and cost nothing (a local server): "free".
+    Failed requests cost nothing because nothing was served: that is no price."""
+    sides = (s["baseline"], s["speculative"])
+    return (
+        all(side.get("failed", 0) == 0 and side.get("requests", 0) > 0 for side in sides)
+        and all(side["cost_usd"] is not None and Decimal(side["cost_usd"]) == 0 for side in sides)
+    )
+
+
 def _cost(s: dict[str, Any]) -> str:
     if s["cost_ratio"] is not None:
         return f"{s['cost_ratio']:.2f}x"
-    if s["baseline"]["cost_usd"] is not None and Decimal(s["baseline"]["cost_usd"]) == 0:
-        return "free"
-    return "–"
+    return "free" if is_free(s) else "–"
 
 
 def summary_table(report: dict[str, Any]) -> Table:
