@@ -61,6 +61,7 @@ from .validation import (
     validated_max_tokens,
     validated_sampling,
     validated_seed,
+    whole_unicode,
     with_limit,
 )
 
@@ -307,6 +308,7 @@ class _Resource:
         """Check the call's options and bound it by its timeout; `_served` does the rest."""
         with bad_request():
             kwargs, options = request_options(params, self._runtime.request_timeout)
+            whole_unicode(kwargs)
             limit = seconds(options.get("timeout"))
             return await deadline(self._served(kwargs, options), limit, self._runtime.target)
 

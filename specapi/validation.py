@@ -33,6 +33,7 @@ __all__ = [
     "validated_max_tokens",
     "validated_sampling",
     "validated_seed",
+    "whole_unicode",
     "with_limit",
 ]
 
@@ -74,6 +75,53 @@ def bad_request() -> Iterator[None]:
         raise
     except ConfigurationError as exc:
         raise InvalidRequestError(str(exc)) from None
+
+
+def _lone_surrogate(text: str) -> int | None:
+    """Where `text` holds a lone surrogate (a half of a UTF-16 pair, which no UTF-8 text can carry), or None."""
+    if text.isascii():
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return exc.start
+    return None
+
+
+def _surrogate_at(value: Any, path: str, depth: int = 0) -> tuple[str, str, int] | None:
+    """The first string under `value` (keys included) that holds a lone surrogate: (its path, the
+    string, the index), or None."""
+    if isinstance(value, str):
+        at = _lone_surrogate(value)
+        return None if at is None else (path, value, at)
+    if depth > 64:  # deeper bodies are refused by their own checks, or sent as they are
+        return None
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            found = _surrogate_at(key, f"{path} key", depth + 1) or _surrogate_at(item, f"{path}.{key}", depth + 1)
+            if found is not None:
+                return found
+    elif isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            found = _surrogate_at(item, f"{path}[{index}]", depth + 1)
+            if found is not None:
+                return found
+    return None
+
+
+def whole_unicode(kwargs: Mapping[str, Any]) -> None:
+    """Refuse text that no request body can carry: a lone surrogate (`"\\ud800"`) in any argument.
+
+    JSON may escape one, but it is no character: UTF-8 cannot encode it, and tokenizers refuse it.
+    The error names the argument and where in it the surrogate is."""
+    for name, value in kwargs.items():
+        found = _surrogate_at(value, name)
+        if found is not None:
+            path, text, at = found
+            raise ConfigurationError(
+                f"{path} holds a lone surrogate ({ascii(text[at])}) at character {at}: text must be valid Unicode "
+                "(a surrogate escape in JSON must be one of a high-low pair)"
+            )
 
 
 def check_number(name: str, value: Any, low: float, high: float, *, low_open: bool = False) -> float:

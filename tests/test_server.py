@@ -230,6 +230,30 @@ def test_invalid_requests_get_400_with_openai_error_shape(http, path, content, p
     assert error["param"] == param
 
 
+@pytest.mark.parametrize(
+    ("path", "content", "param"),
+    [
+        ("/v1/completions", b'{"prompt": "\\ud800x", "max_tokens": 5}', "prompt"),
+        ("/v1/completions", b'{"prompt": "ab", "max_tokens": 5, "stream": true, "stop": ["\\udc00"]}', "stop"),
+        ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "\\ud800x"}], "max_tokens": 5}', "messages"),
+        ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "ab"}], "max_tokens": 5, "top_k": "\\ud800"}', "top_k"),
+    ],
+)
+def test_a_lone_surrogate_gets_400_naming_the_field_and_nothing_goes_upstream(http, upstream, path, content, param):
+    before = len(upstream.log)
+    error = assert_openai_error(http.post(path, content=content, headers={"content-type": "application/json"}), 400, param=param)
+    assert "surrogate" in error["message"] and error["type"] == "invalid_request_error"
+    assert len(upstream.log) == before
+    assert http.post("/v1/completions", json={"prompt": "ab", "max_tokens": 2}).status_code == 200  # still serving
+
+
+def test_a_surrogate_pair_in_json_is_one_character_and_goes_upstream(http, upstream):
+    before = len(upstream.log)
+    response = http.post("/v1/completions", content=b'{"prompt": "ab\\ud83d\\ude00", "max_tokens": 2}', headers={"content-type": "application/json"})
+    assert response.status_code in (200, 400) and "surrogate" not in response.text  # the toy's tokenizer may refuse the emoji
+    assert len(upstream.log) > before and any(record.body.get("prompt") == "ab\U0001f600" for record in upstream.log[before:])
+
+
 def test_sdk_raises_bad_request_for_invalid_arguments(sdk):
     with pytest.raises(openai.BadRequestError) as info:
         sdk.chat.completions.create(model="target", messages=[{"role": "user", "content": "ab"}], temperature=3)

@@ -253,7 +253,7 @@ class SimProvider:
         self.calls.append(call)
         try:
             if isinstance(body, (bytes, str)):
-                call.body = body = parse_json(body)
+                call.body = body = parse_json(body, dialect=self.capabilities.dialect)
             response = await self._route(call, body)
         except ApiError as error:
             response = SimResponse(error.status, {"content-type": "application/json", **error.headers}, error.body)
