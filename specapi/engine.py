@@ -377,6 +377,7 @@ class Engine:
             finish_reason=finish_reason, stats=stats, prompt_tokens=state.prompt_tokens, completion_tokens=produced,
             usage=state.plain_usage if alone and isinstance(state.plain_usage, Mapping) else None,
             stream_usage=caps is not None and caps.stream_usage_unasked and not state.request.context.is_chat, logprobs=logprobs,
+            prompt_cached_tokens=state.target_meter.first_cached,
         )
 
     async def _draft(self, context: Context, k: int, state: RequestState) -> Draft | None:
