@@ -388,7 +388,8 @@ class RoleClient:
             raise self.malformed(f"expected a JSON object, got {type(result).__name__}")
         meter.record_usage(result.get("usage") if "usage" in result or not _is_native(result) else _native_usage([result]))
         if self.role == "target" and path in _ANSWER_PATHS:
-            answer_keys.learn((self.endpoint.base_url, body.get("model") or self.endpoint.model), _ANSWER_PATHS[path], result)
+            key = (self.endpoint.base_url, body.get("model") or self.endpoint.model)
+            answer_keys.learn(key, _ANSWER_PATHS[path], result, logprobs=bool(body.get("logprobs")))
         return result
 
     async def get(self, path: str, meter: Meter) -> Any:
@@ -491,7 +492,7 @@ class RoleClient:
         last: dict[str, Any] | None = None
         done = False
         answer_path = self.role == "target" and path in _ANSWER_PATHS
-        shape = answer_keys.StreamKeys((self.endpoint.base_url, payload.get("model")), _ANSWER_PATHS[path]) if answer_path else None
+        shape = answer_keys.StreamKeys((self.endpoint.base_url, payload.get("model")), _ANSWER_PATHS[path], logprobs=bool(payload.get("logprobs"))) if answer_path else None
         try:
             async with contextlib.aclosing(_event_lists(reply)) as event_lists:
                 async for events in event_lists:

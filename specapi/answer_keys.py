@@ -37,6 +37,8 @@ _TOP = frozenset({"id", "object", "created", "model", "choices", "usage", "specu
 _CHOICE = frozenset({"index", "text", "message", "delta", "logprobs", "finish_reason"})
 _MESSAGE = frozenset({"role", "content"})
 _USAGE = frozenset({"prompt_tokens", "completion_tokens", "total_tokens"})
+#: specapi's choice fields a server may leave out (llama-server's chat has no `logprobs` unless asked).
+_OPTIONAL = frozenset({"logprobs"})
 #: Endpoints remembered (each at most two templates).
 _CAPACITY = 256
 
@@ -51,10 +53,12 @@ class AnswerKeys:
     usage: Mapping[str, Any]
     #: A stream's: the top-level fields only its later chunks carry (on the last chunk).
     last: Mapping[str, Any] = field(default_factory=dict)
+    #: specapi's own choice fields the target's choices leave out when null (llama-server's chat: `logprobs`).
+    absent: frozenset[str] = frozenset()
 
     @property
     def empty(self) -> bool:
-        return not (self.top or self.choice or self.message or self.usage or self.last)
+        return not (self.top or self.choice or self.message or self.usage or self.last or self.absent)
 
 
 _templates: OrderedDict[tuple[Hashable, bool, bool], AnswerKeys] = OrderedDict()
@@ -78,6 +82,7 @@ def _keys_of(data: Mapping[str, Any], chat: bool) -> AnswerKeys:
         choice={name: _plain(value) for name, value in _extras(choice, _CHOICE).items()},
         message={name: _plain(value) for name, value in _extras(message, _MESSAGE).items()},
         usage={name: copy.deepcopy(value) for name, value in _extras(data.get("usage"), _USAGE).items()},
+        absent=frozenset(name for name in _OPTIONAL if choice and name not in choice),
     )
 
 
@@ -88,21 +93,27 @@ def _keep(slot: tuple[Hashable, bool, bool], found: AnswerKeys) -> None:
         _templates.popitem(last=False)
 
 
-def learn(key: Hashable, chat: bool, data: Any) -> None:
-    """Record a target answer (a whole one, not a chunk) of the endpoint `key`."""
+def learn(key: Hashable, chat: bool, data: Any, *, logprobs: bool = False) -> None:
+    """Record a target answer (a whole one, not a chunk) of the endpoint `key`; `logprobs`: its request
+    asked for them (so it says nothing of a choice without them)."""
     if isinstance(data, Mapping) and "choices" in data:
-        _keep((key, chat, False), _keys_of(data, chat))
+        found = _keys_of(data, chat)
+        if logprobs:
+            known = _templates.get((key, chat, False))
+            found = replace(found, absent=known.absent if known is not None else frozenset())
+        _keep((key, chat, False), found)
 
 
 class StreamKeys:
     """The fields of one target stream's chunks, gathered as they pass (`add`), recorded at its end (`done`)."""
 
-    def __init__(self, key: Hashable, chat: bool) -> None:
-        self.key, self.chat = key, chat
+    def __init__(self, key: Hashable, chat: bool, *, logprobs: bool = False) -> None:
+        self.key, self.chat, self.logprobs = key, chat, logprobs
         self.first: dict[str, Any] | None = None
         self.later: dict[str, Any] = {}
         self.choice: dict[str, Any] = {}
         self.usage: dict[str, Any] = {}
+        self.seen: set[str] = set()  # specapi's optional choice fields some chunk had
 
     def add(self, chunk: Mapping[str, Any]) -> None:
         extras = {name: None if isinstance(value, list) else value for name, value in _extras(chunk, _TOP).items()}
@@ -112,11 +123,14 @@ class StreamKeys:
             self.later.update((name, value) for name, value in extras.items() if name not in self.first)
         for choice in chunk.get("choices") or ():
             self.choice.update((name, _plain(value)) for name, value in _extras(choice, _CHOICE).items())
+            self.seen.update(name for name in _OPTIONAL if name in choice)
         self.usage.update(_extras(chunk.get("usage"), _USAGE))
 
     def done(self) -> None:
         if self.first is not None:
-            keys = AnswerKeys(top=self.first, choice=self.choice, message={}, usage=copy.deepcopy(self.usage), last=self.later)
+            keys = AnswerKeys(
+                top=self.first, choice=self.choice, message={}, usage=copy.deepcopy(self.usage), last=self.later, absent=frozenset() if self.logprobs else frozenset(_OPTIONAL - self.seen)
+            )
             _keep((self.key, self.chat, True), keys)
 
 
@@ -147,6 +161,9 @@ def fill(data: dict[str, Any], keys: AnswerKeys | None, *, cached_tokens: int | 
     for choice in data.get("choices") or ():
         for name, value in keys.choice.items():
             choice.setdefault(name, copy.copy(value))
+        for name in keys.absent:
+            if choice.get(name, 0) is None:
+                del choice[name]
         message = choice.get("message")
         if isinstance(message, dict):
             for name, value in keys.message.items():

@@ -100,9 +100,13 @@ def _chunker(chat: bool, model: str, keys: AnswerKeys | None = None) -> Callable
     kind = "chat.completion.chunk" if chat else "text_completion"
     top = dict(keys.top) if keys is not None else {}
     own = dict(keys.choice) if keys is not None else {}
+    bare = keys is not None and "logprobs" in keys.absent  # the target's chunks have no `logprobs` unasked
 
     def chunk(fields: dict[str, Any], finish: str | None, index: int = 0, logprobs: Any = None) -> dict[str, Any]:
-        choice = {"index": index, **fields, "logprobs": logprobs, "finish_reason": finish}
+        if bare and logprobs is None:
+            choice = {"index": index, **fields, "finish_reason": finish}
+        else:
+            choice = {"index": index, **fields, "logprobs": logprobs, "finish_reason": finish}
         if own:
             choice.update({name: [] if value == [] else value for name, value in own.items()})
         return {"id": ident, "object": kind, "created": created, "model": model, "choices": [choice], **top}
