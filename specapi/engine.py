@@ -198,6 +198,10 @@ class Engine:
             else:
                 state.refusal = state.fallback_reason
             return False
+        if not ids:
+            # An empty prompt is no token-id prompt a server takes: the target alone reads the caller's text.
+            state.fallback_reason = "the prompt has no tokens to send as ids: the target alone generates"
+            return False
         state.request = replace(request, context=replace(request.context, token_ids=ids))
         return True
 

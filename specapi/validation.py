@@ -8,6 +8,7 @@ through `InvalidRequestError`).
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -33,7 +34,7 @@ __all__ = [
     "validated_max_tokens",
     "validated_sampling",
     "validated_seed",
-    "whole_unicode",
+    "sendable",
     "with_limit",
 ]
 
@@ -88,40 +89,37 @@ def _lone_surrogate(text: str) -> int | None:
     return None
 
 
-def _surrogate_at(value: Any, path: str, depth: int = 0) -> tuple[str, str, int] | None:
-    """The first string under `value` (keys included) that holds a lone surrogate: (its path, the
-    string, the index), or None."""
+def _unsendable(value: Any, path: str, depth: int = 0) -> str | None:
+    """Why no JSON body can carry the first value under `value` (keys included) that it cannot: a string
+    with a lone surrogate, or a float that is NaN or infinite; None when every one can."""
     if isinstance(value, str):
         at = _lone_surrogate(value)
-        return None if at is None else (path, value, at)
-    if depth > 64:  # deeper bodies are refused by their own checks, or sent as they are
+        return None if at is None else f"{path} holds a lone surrogate ({ascii(value[at])}) at character {at}: text must be valid Unicode (a surrogate escape in JSON must be one of a high-low pair)"
+    if isinstance(value, float):
+        return None if math.isfinite(value) else f"{path} must be a finite number, got {value!r} (JSON has no NaN or Infinity)"
+    if depth > 64:  # deeper arguments are refused by their own checks, or sent as they are
         return None
     if isinstance(value, Mapping):
         for key, item in value.items():
-            found = _surrogate_at(key, f"{path} key", depth + 1) or _surrogate_at(item, f"{path}.{key}", depth + 1)
+            found = _unsendable(key, f"{path} key", depth + 1) or _unsendable(item, f"{path}.{key}", depth + 1)
             if found is not None:
                 return found
     elif isinstance(value, (list, tuple)):
         for index, item in enumerate(value):
-            found = _surrogate_at(item, f"{path}[{index}]", depth + 1)
+            found = _unsendable(item, f"{path}[{index}]", depth + 1)
             if found is not None:
                 return found
     return None
 
 
-def whole_unicode(kwargs: Mapping[str, Any]) -> None:
-    """Refuse text that no request body can carry: a lone surrogate (`"\\ud800"`) in any argument.
-
-    JSON may escape one, but it is no character: UTF-8 cannot encode it, and tokenizers refuse it.
-    The error names the argument and where in it the surrogate is."""
+def sendable(kwargs: Mapping[str, Any]) -> None:
+    """Refuse what no request body can carry, naming the argument: a lone surrogate (`"\\ud800"`: JSON may
+    escape one, but it is no character, UTF-8 cannot encode it and tokenizers refuse it), or NaN and
+    infinite numbers (JSON has none)."""
     for name, value in kwargs.items():
-        found = _surrogate_at(value, name)
-        if found is not None:
-            path, text, at = found
-            raise ConfigurationError(
-                f"{path} holds a lone surrogate ({ascii(text[at])}) at character {at}: text must be valid Unicode "
-                "(a surrogate escape in JSON must be one of a high-low pair)"
-            )
+        why = _unsendable(value, name)
+        if why is not None:
+            raise ConfigurationError(why)
 
 
 def check_number(name: str, value: Any, low: float, high: float, *, low_open: bool = False) -> float:

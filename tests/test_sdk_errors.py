@@ -129,6 +129,8 @@ def test_the_sync_client_raises_the_same_classes():
         ({"stop": [""]}, "stop"),
         ({"stream_options": {"include_usage": True}}, "stream_options"),
         ({"timeout": -2}, "timeout"),
+        ({"temperature": float("nan")}, "temperature"),  # JSON has no NaN: never sent
+        ({"extra_body": {"min_p": float("inf")}}, "extra_body"),
     ],
 )
 async def test_bad_arguments_are_a_bad_request_and_a_configuration_error_before_any_request(arguments, param):

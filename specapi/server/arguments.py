@@ -15,7 +15,7 @@ from starlette.requests import Request
 
 from .._exceptions import ConfigurationError
 from ..dialects.openai import CHAT_FIELDS, COMPLETION_FIELDS
-from ..validation import whole_unicode
+from ..validation import sendable
 from .errors import ProxyError
 
 __all__ = ["read_body", "parse_json_object", "completion_arguments", "chat_arguments", "COMPLETION_FIELDS", "CHAT_FIELDS"]
@@ -69,9 +69,9 @@ def _arguments(
         raise ProxyError(400, f"Missing required parameter: '{required}'.", param=required, code="missing_required_parameter")
     for name, value in body.items():
         try:
-            whole_unicode({name: value})
+            sendable({name: value})
         except ConfigurationError as exc:  # before the relay too, which sends the body without `create`
-            raise ProxyError(400, str(exc), param=name, code="invalid_unicode") from None
+            raise ProxyError(400, str(exc), param=name, code="invalid_value") from None
     requested = body.get("model")
     if requested is not None and requested != model and requested not in served:
         names = ", ".join(f"`{name}`" for name in [model, *(s for s in served if s != model)])

@@ -90,7 +90,7 @@ def parse_json(raw: bytes | str, *, dialect: str = "openai") -> Any:
     try:
         value = json.loads(raw)
         json.dumps(value, ensure_ascii=False).encode("utf-8")  # a lone surrogate cannot be encoded
-    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError and UnicodeEncodeError are ValueErrors
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError and UnicodeEncodeError are ValueErrors
         if dialect == "llamacpp":
             raise ApiError(500, f"[json.exception.parse_error.101] parse error: {exc}", type="server_error") from None
         raise ApiError(400, f"We could not parse the JSON body of your request ({exc}).") from None
@@ -137,8 +137,8 @@ def read_number(body: Mapping[str, Any], name: str, default: float, *, minimum: 
     value = body.get(name)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ApiError(400, f"{name} must be a number", param=name)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (isinstance(value, float) and not math.isfinite(value)):
+        raise ApiError(400, f"{name} must be a number", param=name)  # an int of any size is a number (and finite)
     if not minimum <= value <= maximum:
         raise ApiError(400, f"{name} must be between {minimum} and {maximum}, got {value}.", param=name)
     return float(value)
