@@ -209,7 +209,10 @@ def with_limit(body: dict[str, Any], name: str, limit: int | None) -> dict[str, 
 
 def stream_options(kwargs: Mapping[str, Any]) -> tuple[bool, bool]:
     """Whether the caller asked for a stream, and for usage in it."""
-    stream = bool(kwargs.get("stream"))
+    stream = kwargs.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise ConfigurationError(f"stream must be a boolean, got {stream!r}")
+    stream = bool(stream)
     options = kwargs.get("stream_options") or {}
     if not isinstance(options, Mapping):
         raise ConfigurationError(f"stream_options must be an object, got {options!r}")

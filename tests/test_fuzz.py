@@ -281,6 +281,8 @@ def test_create_raises_only_the_sdks_errors_and_refuses_before_sending(chat_fiel
         assert expected != 200, ("refused what the target alone accepts", fields)
     if expected == 200:
         assert outcome == "ok", (outcome, fields)
+    if outcome == "ok":
+        assert expected == 200, ("accepted what the target alone refuses", fields)
 
 
 def test_special_numbers_are_refused_before_any_request() -> None:

@@ -130,6 +130,7 @@ def test_the_sync_client_raises_the_same_classes():
         ({"stream_options": {"include_usage": True}}, "stream_options"),
         ({"timeout": -2}, "timeout"),
         ({"temperature": float("nan")}, "temperature"),  # JSON has no NaN: never sent
+        ({"stream": "yes"}, "stream"),  # a truthy string is no stream (the target alone refuses it too)
         ({"extra_body": {"min_p": float("inf")}}, "extra_body"),
     ],
 )
