@@ -392,12 +392,13 @@ class RoleClient:
             answer_keys.learn(key, _ANSWER_PATHS[path], result, logprobs=bool(body.get("logprobs")))
         return result
 
-    async def get(self, path: str, meter: Meter) -> Any:
-        """GET a JSON document (no retries: used to learn what a server is)."""
+    async def get(self, path: str, meter: Meter, *, timeout: float | None = None) -> Any:
+        """GET a JSON document (no retries: used to learn what a server is); `timeout`: seconds, else the endpoint's."""
         wire = self.wire
         started = self.clock()
         try:
-            reply = await wire.transport.send("GET", wire.url(path, None), wire.headers, None, wire.timeout)
+            limit = wire.timeout if timeout is None else timeout_of(timeout)
+            reply = await wire.transport.send("GET", wire.url(path, None), wire.headers, None, limit)
             if not 200 <= reply.status < 300:
                 raise self._status_error(reply)
             result = _parse(reply)

@@ -16,6 +16,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+import openai
+
 from ._calls import Meter, RoleClient, is_transient
 from ._exceptions import EndpointError, MalformedResponseError
 from .dialects import native_dialect, server_root
@@ -453,11 +455,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _hint(exc: EndpointError) -> str:
+    cause = exc.__cause__
+    if isinstance(cause, openai.APITimeoutError):
+        return " (no answer in time: is the server overloaded, or --base-url the address of another service?)"
+    if isinstance(cause, openai.APIConnectionError):
+        return ": is the server running, and is --base-url right (scheme, host, port, and the /v1 path)?"
     if exc.status_code in (401, 403):
         return " (the key was refused: check --api-key or SPECAPI_PROBE_API_KEY)"
     if exc.status_code == 404:
         return " (check --model, and that --base-url ends where /completions is served, usually /v1)"
     return ""
+
+
+def _connection_failure(exc: EndpointError) -> str:
+    """What the transport saw (connection refused, a name that does not resolve, ...), else the SDK's class."""
+    root: BaseException | None = exc.__cause__
+    while root is not None and root.__cause__ is not None:
+        root = root.__cause__
+    text = str(root) if root is not None and not isinstance(root, openai.APIError) else ""
+    return text or type(exc.__cause__).__name__
 
 
 async def _why_unusable(client: RoleClient, meter: Meter) -> str:
@@ -499,7 +515,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         caps, problem = asyncio.run(probe_and_close())
     except EndpointError as exc:
-        print(f"specapi probe: {exc}{_hint(exc)}", file=sys.stderr)
+        unreachable = isinstance(exc.__cause__, openai.APIConnectionError) and not isinstance(exc.__cause__, openai.APITimeoutError)
+        shown = f"{endpoint.base_url} is not reachable ({_connection_failure(exc)})" if unreachable else str(exc)
+        print(f"specapi probe: {shown}{_hint(exc)}", file=sys.stderr)
         return EXIT_FAILED
     if problem is not None:
         print(f"specapi probe: {endpoint.label} serves neither completions nor chat: {problem}", file=sys.stderr)

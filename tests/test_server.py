@@ -273,9 +273,12 @@ def test_unknown_model_gets_404(sdk):
     assert info.value.code == "model_not_found" and "target" in info.value.message
 
 
-def test_unknown_routes_and_methods_get_openai_shaped_errors(http):
-    assert_openai_error(http.get("/v1/embeddings"), 404, code="not_found")
-    assert_openai_error(http.get("/v1/completions"), 405, code="method_not_allowed")
+def test_routes_and_methods_the_proxy_does_not_serve_get_the_targets_own_answer(http, upstream):
+    """Passed to the target unchanged (`tests/test_server_forward.py` has one test per route)."""
+    for method, path in (("GET", "/v1/embeddings"), ("GET", "/v1/completions")):
+        direct = httpx2.request(method, upstream.base_url + path.removeprefix("/v1"), headers={"authorization": f"Bearer {UPSTREAM_KEY}"})
+        proxied = http.request(method, path)
+        assert direct.status_code >= 400 and (proxied.status_code, proxied.json()) == (direct.status_code, direct.json())
 
 
 def test_middleware_added_to_the_app_wraps_the_generation_routes_too(upstream):

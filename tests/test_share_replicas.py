@@ -145,12 +145,13 @@ def test_redis_killed_fails_no_request_and_sharing_resumes_when_it_returns(repli
     assert all(r["choices"][0]["text"] == expected(provider, p) and r["speculative"]["exact"] for p, r in outcomes)
     for index in range(3):
         ready = httpx2.get(replicas.url(index) + "/ready", timeout=5)
-        assert ready.status_code == 200 and ready.json() == {"status": "ready", "sharing": "degraded"}
+        assert ready.status_code == 200 and (ready.json()["status"], ready.json()["sharing"]) == ("ready", "degraded")
         assert metric(metrics(replicas, index), 'specapi_requests_total{route="/v1/completions",status="200"}') >= 3
 
     redis.start()  # empty: what was shared before is gone, as after a real outage
     settle(lambda: all(metric(metrics(replicas, i), "specapi_share_degraded") == 0 for i in range(3)))
-    assert httpx2.get(replicas.url(2) + "/ready", timeout=5).json() == {"status": "ready", "sharing": "ok"}
+    ready = httpx2.get(replicas.url(2) + "/ready", timeout=5).json()
+    assert (ready["status"], ready["sharing"]) == ("ready", "ok")
     prompt = "After the outage: 新しい会話 🎉 starts with"
     before = received(replicas, 2)
     taught = complete(replicas, 1, prompt, "tenant-a")

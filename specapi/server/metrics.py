@@ -12,7 +12,11 @@
     specapi_drafted_tokens_by_position_total{position}, specapi_accepted_tokens_by_position_total{position}
                                                     acceptance by draft position (0-based; accepted / drafted)
     specapi_upstream_requests_total{role}, specapi_upstream_tokens_total{role,kind}, specapi_cost_usd_total{role}
-    specapi_fallbacks_total{reason}                 requests (partly) served by the target alone, by category
+    specapi_fallbacks_total{reason}                 requests (partly) served by the target alone, by category:
+                                                    draft_failed, unverifiable_response, verification_refused,
+                                                    tokenize_refused, policy_off (the policy predicted no gain),
+                                                    under_load, verification_off, target_only_request (what the
+                                                    request asks for cannot be verified: tools, n > 1, ...)
     specapi_speculation_reduced_total{model_name,reason}
                                                     requests whose draft length the load-aware policy lowered
                                                     or whose speculation it stopped, by the policy's reason
@@ -52,7 +56,7 @@ from prometheus_client.multiprocess import MultiProcessCollector, mark_process_d
 
 from ..stats import RoleUsage, SpeculativeStats
 
-__all__ = ["ProxyMetrics", "fallback_category", "CONTENT_TYPE", "MULTIPROCESS_DIR_VARIABLE", "MAX_POSITION_LABEL"]
+__all__ = ["ProxyMetrics", "fallback_category", "reason_label", "CONTENT_TYPE", "MULTIPROCESS_DIR_VARIABLE", "MAX_POSITION_LABEL"]
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 #: prometheus-client's switch to multiprocess mode (read when it is imported).
@@ -65,10 +69,16 @@ _MAX_REASON_LENGTH = 64
 #: Distinct load reasons kept as labels; later new ones count as "other".
 _MAX_REASONS = 32
 
+#: The fallback categories, by the words that start (or are in) the engine's reasons; first match wins.
 _FALLBACK_CATEGORIES = (
     ("draft failed", "draft_failed"),
     ("could not be verified", "unverifiable_response"),
     ("refused the verification", "verification_refused"),
+    ("would not tokenize", "tokenize_refused"),
+    ("under load", "under_load"),
+    ("adaptive policy:", "policy_off"),
+    ("draft-length policy", "policy_off"),
+    ("verification='none'", "verification_off"),
 )
 
 
@@ -80,6 +90,17 @@ def fallback_category(reason: str | None) -> str | None:
         if needle in reason:
             return category
     return "target_only_request"
+
+
+def reason_label(reason: str, limit: int = _MAX_REASON_LENGTH) -> str:
+    """A free-text reason as a label of at most `limit` characters, cut between words (never inside one),
+    with "..." where it was cut."""
+    if len(reason) <= limit:
+        return reason
+    cut = reason[: limit - 3].rstrip()
+    if reason[limit - 3 : limit - 2] not in ("", " ") and " " in cut:
+        cut = cut[: cut.rindex(" ")]
+    return cut.rstrip(" :;,") + "..."
 
 
 def _vllm_position(index: int) -> str:
@@ -221,7 +242,7 @@ class ProxyMetrics:
             self.child(self.verification_refused, self.model, stats.verification_refused).inc()
         reason = getattr(stats, "load_reason", None)  # set by the load-aware policy when it holds speculation back
         if reason:
-            label = str(reason)[:_MAX_REASON_LENGTH]
+            label = reason_label(str(reason))
             if label not in self._reasons and len(self._reasons) >= _MAX_REASONS:
                 label = "other"
             self._reasons.add(label)

@@ -1,7 +1,8 @@
 """The simulated OpenAI-format provider: one async ``handle`` for every request, and its records.
 
 ``SimProvider.handle(method, path, body, headers)`` serves ``POST /v1/completions``,
-``POST /v1/chat/completions`` and ``GET /v1/models`` (``/v1`` optional), plus the native endpoints of the
+``POST /v1/chat/completions`` and ``GET /v1/models`` (``/v1`` optional), ``POST /v1/embeddings`` and
+``POST /v1/responses`` where the profile's server does (``extra_api``), plus the native endpoints of the
 profile's dialect (``vllm_api``, ``sglang_api``, ``llamacpp_api``), and returns a ``SimResponse``: a
 status, headers, and a JSON body, raw bytes (a truncated body) or an ``SSEStream``. The provider knows no
 adapter: callers wrap it, ``SimTransport(provider)`` (``transport.py``, in-process ``httpx2``) or
@@ -40,7 +41,7 @@ import numpy as np
 from .corpus import encode_text, token_id_str, token_str
 from .faults import FaultInjector, FaultPlan, Faults, drop_logprobs, mismatch_logprobs, truncate
 from .generation import Sampler, generate, score_prompt, stop_reason, text_offsets
-from . import llamacpp_api, sglang_api, vllm_api
+from . import extra_api, llamacpp_api, sglang_api, vllm_api
 from .jobs import Job, PromptWork, total_usage
 from .latency import (
     LatencyProfile,
@@ -281,10 +282,41 @@ class SimProvider:
             if path == "/completions":
                 return await self._completions(call, body)
             return await self._chat(call, body)
+        if path in ("/embeddings", "/responses"):
+            return await self._extra(call, path, body)
         native = await self._native(call, body)
         if native is not None:
             return native
         raise ApiError(404, f"Unknown path {call.path}", code="not_found")
+
+    # -- embeddings and the Responses API (`extra_api.py`) --------------------------------------------------
+
+    async def _extra(self, call: Call, path: str, body: Any) -> SimResponse:
+        dialect = self.capabilities.dialect
+        served = extra_api.EMBEDDING_PROFILES if path == "/embeddings" else extra_api.RESPONSES_PROFILES
+        if dialect not in served:
+            # vLLM registers neither route for a model it cannot serve them with: FastAPI's own 404.
+            return self._json(404, {"detail": "Not Found"}, call) if dialect == "vllm" else self._json(
+                404, {"error": {"message": f"Unknown path {call.path}", "type": "invalid_request_error", "param": None, "code": "not_found"}}, call
+            )
+        if call.method != "POST":
+            raise ApiError(405, f"Method {call.method} not allowed", code="method_not_allowed")
+        if not isinstance(body, dict):
+            raise ApiError(400, "The request body must be a JSON object.")
+        spec = self._require_model(body.get("model"))
+        if path == "/embeddings":
+            return self._json(200, extra_api.embeddings(body, spec.name), call)
+        answer = await self._chat(call, extra_api.responses_chat_body(body))
+        if answer.status != 200:
+            return answer
+        if answer.stream is not None:
+            events: Any = extra_api.ResponseEvents(answer.stream, body)
+            return SimResponse(200, {"content-type": "text/event-stream", "cache-control": "no-cache"}, stream=events)
+        choice = answer.json["choices"][0]
+        response = extra_api.response_object(
+            body, extra_api.new_response_id(), choice["message"].get("content") or "", choice.get("finish_reason"), answer.json.get("usage")
+        )
+        return self._json(200, response, call)
 
     # -- native APIs (vLLM, SGLang, llama-server): the profile's dialect only ------------------------------
 
