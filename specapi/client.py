@@ -57,6 +57,7 @@ from .validation import (
     bad_request,
     given_arguments,
     request_fields,
+    sendable,
     stops,
     stream_options,
     unverifiable,
@@ -332,6 +333,7 @@ class _Resource:
         """Check the call's options and bound it by its timeout; `_served` does the rest."""
         with bad_request():
             kwargs, options = request_options(params, self._runtime.request_timeout)
+            sendable(kwargs)
             limit = seconds(options.get("timeout"))
             return await deadline(self._served(kwargs, options), limit, self._runtime.target)
 
@@ -380,6 +382,11 @@ class AsyncCompletions(_Resource):
             if isinstance(prompt, list) and prompt:
                 return await self._alone("/completions", with_limit({"prompt": prompt, "model": model, **kwargs}, "max_tokens", limit), "a list prompt (batch or token ids) is served by the target alone", options)
             raise ConfigurationError(f"prompt must be a string, got {type(prompt).__name__}")
+        asked = kwargs.get("logprobs")
+        if isinstance(asked, int) and not isinstance(asked, bool) and asked < 0:
+            # vLLM reads -1 as every token's logprobs; other servers refuse it: the target's to answer.
+            reason = "logprobs below 0 (vLLM's -1: every token's) is served by the target alone"
+            return await self._alone("/completions", with_limit({"prompt": prompt, "model": model, **kwargs}, "max_tokens", limit), reason, options)
         speculated = dict(kwargs)  # the caller's logprobs are the engine's to ask for (Context.logprobs)
         logprobs = caller_logprobs(False, speculated)
         reason = unverifiable(speculated, COMPLETION_ARGS)

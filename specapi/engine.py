@@ -202,6 +202,10 @@ class Engine:
             else:
                 state.refusal = state.fallback_reason
             return False
+        if not ids:
+            # An empty prompt is no token-id prompt a server takes: the target alone reads the caller's text.
+            state.fallback_reason = "the prompt has no tokens to send as ids: the target alone generates"
+            return False
         state.request = replace(request, context=replace(request.context, token_ids=ids))
         return True
 
@@ -381,6 +385,7 @@ class Engine:
             finish_reason=finish_reason, stats=stats, prompt_tokens=state.prompt_tokens, completion_tokens=produced,
             usage=state.plain_usage if alone and isinstance(state.plain_usage, Mapping) else None,
             stream_usage=caps is not None and caps.stream_usage_unasked and not state.request.context.is_chat, logprobs=logprobs,
+            prompt_cached_tokens=state.target_meter.first_cached,
         )
 
     async def _draft(self, context: Context, k: int, state: RequestState) -> Draft | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import math
 from collections.abc import Awaitable, Callable
@@ -200,10 +201,32 @@ async def _probe(client: RoleClient, meter: Meter, defaults_task: asyncio.Future
     # answers: asked at once, the first request of a cold client waits for the longer half (two or
     # three round trips), not for both one after the other (six).
     completions, chat = _Found(), _Found()
-    await _all(_probe_completions(ask, completions, client.endpoint.max_logprobs), _probe_chat(ask, chat))
+    await _all(_probe_completions(ask, completions, client.endpoint.max_logprobs), _probe_chat(ask, chat), _probe_streams(client, meter))
     found = _Found({**completions.values, **chat.values}, completions.notes + chat.notes)
     await _probe_server(client, meter, found, await defaults_task)
     return Capabilities(notes=tuple(found.notes), **found.values)
+
+
+async def _probe_streams(client: RoleClient, meter: Meter) -> None:
+    """One token streamed from each endpoint: what the server's chunks carry beyond specapi's own fields
+    (`answer_keys`), so that the streams specapi assembles carry them too. Refusals say nothing here."""
+
+    async def stream(path: str, body: dict[str, Any]) -> None:
+        body = {**body, "stream_options": {"include_usage": True}}  # billed like every other call
+        try:
+            async with contextlib.aclosing(client.stream(path, body, meter)) as chunks:
+                async for _ in chunks:
+                    pass
+        except EndpointError as exc:
+            if exc.__cause__ is not None and is_transient(exc.__cause__) or exc.status_code is None or exc.status_code >= 500:
+                raise
+        except ValueError:  # an unreadable chunk: the calls that matter find it out and say so
+            pass
+
+    await _all(
+        stream(*completion_request(_PROBE_PROMPT, 1, fixed_sampling(0))),
+        stream(*chat_request([{"role": "user", "content": "a b c d e"}], 1, fixed_sampling(0))),
+    )
 
 
 async def _probe_completions(ask: Ask, found: _Found, max_logprobs: int) -> None:

@@ -22,7 +22,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "foundation: records, arithmetic, errors, options",
         (
             "_exceptions", "_http", "_json", "alignment", "sampling", "lossy", "load", "stats", "types", "endpoint",
-            "pricing", "cli_options", "acceptance", "context",
+            "pricing", "cli_options", "acceptance", "context", "answer_keys",
         ),
     ),
     ("transport: one role's HTTP calls, what it reports when it fails", ("_calls", "models", "degraded")),

@@ -108,8 +108,11 @@ def test_endpoint_errors_map_to_statuses_and_name_the_role(status, expected, kin
     error = error_from_exception(_target_error(status), secrets=["sk-target-secret"])
     body = error.body()["error"]
     assert (error.status, body["type"], body["role"]) == (expected, kind, "target")
-    assert "sk-target-secret" not in json.dumps(body) and "u:p@" not in json.dumps(body)
-    assert body["endpoint"] == "big @ http://***@t/v1"
+    assert "endpoint" not in body and "t/v1" not in json.dumps(body) and "no (key" not in body["message"]
+    assert body["message"].startswith("The target endpoint ")
+    exposed = error_from_exception(_target_error(status), secrets=["sk-target-secret"], expose=True).body()["error"]
+    assert "sk-target-secret" not in json.dumps(exposed) and "u:p@" not in json.dumps(exposed)
+    assert exposed["endpoint"] == "big @ http://***@t/v1" and "HTTP" in exposed["message"]
 
 
 def test_refused_upstream_credentials_are_the_proxys_problem():

@@ -163,6 +163,7 @@ class VllmDialect:
         *,
         options: Mapping[str, Any],
         stream: bool = False,
+        whole_characters: bool = False,
     ) -> Generated:
         body: dict[str, Any] = {**fields, "prompt": list(ids), "return_token_ids": True}
         if max_tokens is not None:

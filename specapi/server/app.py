@@ -46,7 +46,7 @@ from ..streaming import SpeculativeStream
 from .arguments import CHAT_FIELDS, COMPLETION_FIELDS, chat_arguments, completion_arguments, parse_json_object, read_body
 from .config import ServerConfig
 from .disconnect import ClientDisconnected, run_unless_disconnected
-from .errors import ProxyError, error_from_exception, redact
+from .errors import ProxyError, error_from_exception, hide_addresses, redact
 from .forward import forward
 from .headers import stats_headers
 from .metrics import CONTENT_TYPE, ProxyMetrics
@@ -103,8 +103,13 @@ class _Proxy:
         self.metrics = ProxyMetrics(model=config.target.model)
         self.metrics.ready.set(0)
         self.secrets = config.secrets
-        #: `redact` with this proxy's secrets, remembered: the same few reasons go out with every response.
-        self.scrub: Callable[[str], str] = functools.lru_cache(maxsize=256)(lambda text: redact(text, self.secrets))
+        #: Where the upstreams are, by role: hidden from clients unless `expose_upstream_errors`.
+        self.addresses = {} if config.expose_upstream_errors else config.addresses
+        #: `redact` with this proxy's secrets (and the upstreams' addresses hidden), remembered: the same few
+        #: reasons go out with every response.
+        self.scrub: Callable[[str], str] = functools.lru_cache(maxsize=256)(
+            lambda text: hide_addresses(redact(text, self.secrets), self.addresses)
+        )
         self.readiness: Readiness | None = None
         #: The other processes serving this port, told what this one's suffix indexes learn (`peers.py`).
         self.peers: Peers | None = None
@@ -249,9 +254,11 @@ class _Proxy:
         if problem is None:
             logger.info("the %s endpoint answers again", role)
         elif role == "target":
-            logger.warning("%s; /ready answers 503 until it answers", self.scrub(problem))
+            logger.warning("%s; /ready answers 503 until it answers", redact(problem, self.secrets))  # the log has the addresses
         else:
-            logger.warning("%s; the proxy serves with the target alone (no speculation from the %s) until it answers", self.scrub(problem), role)
+            logger.warning(
+                "%s; the proxy serves with the target alone (no speculation from the %s) until it answers", redact(problem, self.secrets), role
+            )
 
     def _watch_failure(self, exc: BaseException) -> None:
         """A target failure that may mean the target is gone (no answer, a timeout, a 5xx): check readiness now."""
@@ -357,12 +364,19 @@ class _Proxy:
         self.metrics.observe(route, stats)
         return JSONResponse(data, headers={**stats_headers(stats, self.scrub), "x-request-id": request_id})
 
+    def _error(self, exc: BaseException, params: frozenset[str] | set[str] = frozenset()) -> ProxyError:
+        return error_from_exception(
+            exc, secrets=self.secrets, params=params, expose=self.config.expose_upstream_errors, addresses=self.addresses
+        )
+
     def _fail(self, route: str, exc: BaseException, request_id: str, params: frozenset[str] | set[str]) -> JSONResponse:
         self._watch_failure(exc)
-        error = error_from_exception(exc, secrets=self.secrets, params=params)
+        error = self._error(exc, params)
         if error.status >= 500:
             log = logger.exception if error.status == 500 else logger.warning
-            log("request %s on %s failed: %s", request_id, route, self.scrub(str(exc)), exc_info=error.status == 500)
+            log("request %s on %s failed: %s", request_id, route, redact(str(exc), self.secrets), exc_info=error.status == 500)
+        elif isinstance(exc, EndpointError):  # the upstream's address and message, which the client was not told
+            logger.info("request %s on %s: %s", request_id, route, redact(str(exc), self.secrets))
         self.metrics.request(route, error.status)
         return _error_response(error, request_id)
 
@@ -477,8 +491,8 @@ class _Proxy:
     def _stream_error(self, route: str, exc: Exception, request_id: str) -> bytes:
         """A failure after the headers: the error travels as an event (the SDK raises it)."""
         self._watch_failure(exc)
-        error = error_from_exception(exc, secrets=self.secrets)
-        logger.warning("stream %s on %s failed: %s", request_id, route, self.scrub(str(exc)))
+        error = self._error(exc)
+        logger.warning("stream %s on %s failed: %s", request_id, route, redact(str(exc), self.secrets))
         self.metrics.child(self.metrics.stream_errors, route).inc()
         return encode_event(error.body())
 

@@ -119,6 +119,9 @@ OPTIONS: tuple[Option, ...] = (
     *acceptance_options(),
     Option("--allow-lossy-acceptance", "SPECAPI_ALLOW_LOSSY_ACCEPTANCE", boolean, False,
            "let --acceptance threshold|typical serve output that is not the target's (refused without it)"),
+    Option("--expose-upstream-errors", "SPECAPI_EXPOSE_UPSTREAM_ERRORS", boolean, False,
+           "send clients the upstream's address and raw message when it fails (by default they see the role "
+           "only, and the details go to the log)"),
     Option(
         "--suffix-scope",
         "SPECAPI_SUFFIX_SCOPE",
@@ -202,6 +205,7 @@ def resolve_settings(args: argparse.Namespace, environ: Mapping[str, str]) -> Se
             readiness_interval=values["ready_interval"],
             share_url=values["share"] or None,
             share_max_entries=values["share_max_entries"],
+            expose_upstream_errors=values["expose_upstream_errors"],
         )
     except ConfigurationError as exc:
         raise SettingsError(str(exc)) from exc

@@ -254,7 +254,7 @@ class SimProvider:
         self.calls.append(call)
         try:
             if isinstance(body, (bytes, str)):
-                call.body = body = parse_json(body)
+                call.body = body = parse_json(body, dialect=self.capabilities.dialect)
             response = await self._route(call, body)
         except ApiError as error:
             response = SimResponse(error.status, {"content-type": "application/json", **error.headers}, error.body)
@@ -464,7 +464,9 @@ class SimProvider:
                     first_index=number * sampling.n,
                 )
             chunks.sort(key=lambda c: c.step)  # the prompts decode together: step by step, prompt by prompt
-            return self._stream(call, jobs[0], chunks, sampling.include_usage, usage=total_usage(jobs))
+            # llama-server ends a completions stream with the usage on its last chunk, asked or not (observed).
+            unasked = caps.dialect == "llamacpp" and not sampling.include_usage
+            return self._stream(call, jobs[0], chunks, sampling.include_usage, usage=total_usage(jobs), usage_unasked=unasked)
         choices: list[dict[str, Any]] = []
         for job, (_, prompt_text) in zip(jobs, prompts):
             base_offset = len(prompt_text) if caps.offsets_from_prompt_start else 0
@@ -803,7 +805,8 @@ class SimProvider:
         return SimResponse(200, {"content-type": "application/json"}, payload)
 
     def _stream(
-        self, call: Call, job: Job, chunks: list[Chunk], include_usage: bool, usage: dict[str, Any] | None = None, done: bool = True
+        self, call: Call, job: Job, chunks: list[Chunk], include_usage: bool, usage: dict[str, Any] | None = None, done: bool = True,
+        usage_unasked: bool = False,
     ) -> SimResponse:
         """A timed SSE stream of ``chunks``; completion tokens are counted as they go out. ``usage``: of the
         whole request when it holds several prompts (else ``job``'s). ``done``: end with ``[DONE]`` (the
@@ -815,6 +818,7 @@ class SimProvider:
             usage=(usage or job.usage()) if include_usage else None,
             late_billed=job.prediction[1] if job.prediction else 0,
             done=done,
+            usage_on_last=(usage or job.usage()) if usage_unasked else None,
         )
         counters = self.usage[job.spec.name]
 

@@ -184,12 +184,14 @@ def timed_events(
     usage: dict[str, Any] | None,
     late_billed: int = 0,
     done: bool = True,
+    usage_on_last: dict[str, Any] | None = None,
 ) -> tuple[list[StreamEvent], list[dict[str, Any]]]:
     """The stream's events, and the payloads sent.
 
     Each chunk waits for its step's arrival time. With ``usage``, chunks carry ``"usage": null`` and a last
     chunk with no choices carries the usage. ``late_billed`` tokens (rejected predictions) are billed with
-    the final chunk. A truncating fault cuts the stream in half, inside a chunk, before ``[DONE]`` (sent unless ``done`` is False).
+    the final chunk. ``usage_on_last``: the usage on the last chunk itself, unasked (llama-server's
+    completions streams). A truncating fault cuts the stream in half, inside a chunk, before ``[DONE]`` (sent unless ``done`` is False).
     """
     arrivals = [timing.first_token_s]
     for gap in timing.gaps_s:
@@ -205,6 +207,8 @@ def timed_events(
             payload = mismatch_logprobs(payload)
         if usage is not None:
             payload = {**payload, "usage": None}
+        elif usage_on_last is not None and item is chunks[-1]:
+            payload = {**payload, "usage": usage_on_last}
         at = arrivals[min(item.step, len(arrivals) - 1)]
         events.append(StreamEvent(max(0.0, at - now), sse(payload), item.billed))
         now = max(now, at)
