@@ -86,8 +86,9 @@ def scores_prompt(response: Mapping[str, Any] | None) -> bool:
 
 
 def _data(text: Any) -> bytes | None:
-    """A token's bytes from its rendering; None when the rendering lost them (U+FFFD, token_id:N)."""
-    if not isinstance(text, str) or "\ufffd" in text:
+    """A token's bytes from its rendering; None when the rendering lost them (U+FFFD, token_id:N, and
+    "": vLLM renders a token that holds part of a character as "", and holds its bytes back from the text)."""
+    if not isinstance(text, str) or not text or "\ufffd" in text:
         return None
     return token_bytes(text)
 
