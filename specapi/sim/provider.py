@@ -95,6 +95,11 @@ _NATIVE_ROUTES = frozenset({
 """(dialect, method, path) of the native endpoints, at the server root."""
 
 CONTEXT_WINDOW = 8192
+#: Top-level fields vLLM (0.32) serializes on every completions and chat answer, nulls included
+#: (tests/fixtures/vllm/recorded/).
+_VLLM_EXTRAS: dict[str, Any] = {
+    "service_tier": None, "system_fingerprint": "vllm-sim", "kv_transfer_params": None, "ec_transfer_params": None, "metrics": None,
+}
 """Prompt plus output tokens a simulated model accepts."""
 """Chat output limit when the request sets none (the models rarely stop on their own)."""
 MAX_N = 8
@@ -460,6 +465,7 @@ class SimProvider:
                     choice["token_ids"] = gen.token_ids if with_ids else None
                     choice["prompt_logprobs"] = None
                     choice["prompt_token_ids"] = list(job.prompt_ids) if with_ids else None
+                    choice["routed_experts"] = None
                 elif caps.dialect == "sglang":
                     choice["matched_stop"] = stop_reason(gen, sampling.stop, eos=True)
                 if prompt_logprobs is not None:
@@ -474,7 +480,8 @@ class SimProvider:
             "usage": total_usage(jobs),
         }
         if caps.dialect == "vllm":
-            payload.update(service_tier=None, system_fingerprint=None, kv_transfer_params=None)
+            payload.update(_VLLM_EXTRAS)
+            payload["usage"] = {**payload["usage"], "completion_tokens_details": None}
         return await self._finish(call, jobs[0], payload)
 
     async def _chat(self, call: Call, body: dict[str, Any]) -> SimResponse:
@@ -565,11 +572,13 @@ class SimProvider:
         }
         with_ids = caps.token_id_extras and read_bool(body, "return_token_ids", False)
         if caps.dialect == "vllm":  # vLLM serializes every field, nulls included
-            payload.update(service_tier=None, system_fingerprint=None, prompt_logprobs=None, prompt_token_ids=None,
-                           kv_transfer_params=None)
+            payload.update(_VLLM_EXTRAS, prompt_logprobs=None, prompt_token_ids=None, prompt_text=None)
+            payload["usage"] = {**payload["usage"], "completion_tokens_details": None}
             for choice, gen in zip(choices, job.choices):
+                choice["message"].update(dict.fromkeys(("refusal", "annotations", "audio", "function_call", "reasoning")))
                 choice["stop_reason"] = stop_reason(gen, sampling.stop, eos=False)
                 choice["token_ids"] = None
+                choice["routed_experts"] = None
         if prompt_logprobs is not None:
             payload["prompt_logprobs"] = raw_prompt_logprobs(job.prompt_records or [])
         if with_ids:
