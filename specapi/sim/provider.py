@@ -621,6 +621,35 @@ class SimProvider:
         except ValueError as error:
             raise ApiError(400, str(error), param="prediction") from None
 
+    def _max_tokens(self, work: PromptWork, sampling: Sampling) -> int:
+        """The tokens a prompt may generate: `max_tokens`, or up to the context window when absent. A
+        prompt and `max_tokens` past the window are refused (OpenAI), or cut at the window (vLLM, which
+        refuses only a prompt that leaves no room)."""
+        prompt, room = len(work.prompt_ids), CONTEXT_WINDOW - len(work.prompt_ids)
+        if self.capabilities.cut_at_context_end:
+            if room < 0:
+                raise ApiError(
+                    400,
+                    f"This model's maximum context length is {CONTEXT_WINDOW} tokens. However, your prompt contains "
+                    f"{prompt} input tokens, which exceeds this limit even without any output tokens. Please reduce "
+                    f"the length of the input prompt. (parameter=input_tokens, value={prompt})",
+                    param="input_tokens",
+                )
+            if room == 0:
+                raise ApiError(400, "max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)", param="max_tokens")
+            return room if sampling.max_tokens is None else min(sampling.max_tokens, room)
+        max_tokens = max(1, room) if sampling.max_tokens is None else sampling.max_tokens
+        if prompt + max_tokens > CONTEXT_WINDOW:
+            raise ApiError(
+                400,
+                f"This model's maximum context length is {CONTEXT_WINDOW} tokens. However, you requested "
+                f"{prompt + max_tokens} tokens ({prompt} in the messages, "
+                f"{max_tokens} in the completion). Please reduce the length of the messages or completion.",
+                param="messages",
+                code="context_length_exceeded",
+            )
+        return max_tokens
+
     # -- the shared core ------------------------------------------------------------------------------
 
     async def _run(
@@ -665,19 +694,7 @@ class SimProvider:
         prompt's ``n`` choices draw from that generator in turn.
         """
         timing_profile = self.latency.timing_for(spec.name, spec.tier)
-        for work in prompts:
-            max_tokens = sampling.max_tokens
-            if max_tokens is None:
-                max_tokens = max(1, CONTEXT_WINDOW - len(work.prompt_ids))
-            if len(work.prompt_ids) + max_tokens > CONTEXT_WINDOW:
-                raise ApiError(
-                    400,
-                    f"This model's maximum context length is {CONTEXT_WINDOW} tokens. However, you requested "
-                    f"{len(work.prompt_ids) + max_tokens} tokens ({len(work.prompt_ids)} in the messages, "
-                    f"{max_tokens} in the completion). Please reduce the length of the messages or completion.",
-                    param="messages",
-                    code="context_length_exceeded",
-                )
+        limits = [self._max_tokens(work, sampling) for work in prompts]
         plan = self.faults.plan(model=spec.name, path=route_path(call.path))
         call.faults = plan
         if plan.status is not None:
@@ -704,10 +721,7 @@ class SimProvider:
                     cached = min(cached, work.cache_limit)
                 cached_counts.append(cached)
             jobs = []
-            for work, cached in zip(prompts, cached_counts):
-                max_tokens = sampling.max_tokens
-                if max_tokens is None:
-                    max_tokens = max(1, CONTEXT_WINDOW - len(work.prompt_ids))  # as vLLM: up to the context window
+            for work, cached, max_tokens in zip(prompts, cached_counts, limits):
                 rng = self._rng_for(sampling.seed, used=sampling.temperature > 0.0 or sampler is not None)
                 choices = [
                     generate(
