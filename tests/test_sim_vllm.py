@@ -193,3 +193,31 @@ async def test_a_streamed_batch_gives_each_prompts_text_under_its_index(provider
     assert texts == {c["index"]: c["text"] for c in whole["choices"]}
     # the plain answer also lists completion_tokens_details (null), as vLLM does; the stream's last chunk does not
     assert events[-1]["usage"] == {k: v for k, v in whole["usage"].items() if k != "completion_tokens_details"}
+
+
+async def test_echo_with_logprobs_also_answers_the_prompts_scores_as_prompt_logprobs(provider):
+    """As the real server does (tests/real/test_real_vllm_facts.py): echo + logprobs: k fills the choice's
+    `prompt_logprobs` as `prompt_logprobs: k` would."""
+    body = {"model": MODEL, "prompt": "def add(a, b):\n", "max_tokens": 2, "temperature": 0}
+    echoed = (await post(provider, "/v1/completions", {**body, "echo": True, "logprobs": 2}))["choices"][0]
+    asked = (await post(provider, "/v1/completions", {**body, "prompt_logprobs": 2}))["choices"][0]
+    assert echoed["prompt_logprobs"] == asked["prompt_logprobs"] and echoed["prompt_logprobs"][0] is None
+
+
+async def test_scoring_the_prompt_and_more_sequences_cost_what_the_profile_says():
+    timing = dataclasses.replace(LATENCY_PROFILES["lan"].target, jitter=0.0, prompt_logprobs_s=0.01, prompt_logprob_token_s=0.001,
+                                 tpot_per_sequence_s=0.002, cache_block_tokens=0)
+    provider = SimProvider(capabilities="vllm", latency=LATENCY_PROFILES["lan"].with_overrides(**{MODEL: timing}), seed=2)
+    prompt = encode_text("def read_lines(path):\n")
+    plain = await provider.handle("POST", "/v1/completions", {"model": MODEL, "prompt": prompt, "max_tokens": 1, "temperature": 0})
+    scored = await provider.handle("POST", "/v1/completions", {"model": MODEL, "prompt": prompt, "max_tokens": 1, "temperature": 0, "prompt_logprobs": 1})
+    assert plain.status == scored.status == 200
+    calls = provider.calls[-2:]
+    assert calls[1].timing.total_s - calls[0].timing.total_s == pytest.approx(0.01 + 0.001 * len(prompt))
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 6, "temperature": 1.0, "seed": 1, "ignore_eos": True}
+    one = await provider.handle("POST", "/v1/completions", body)
+    four = await provider.handle("POST", "/v1/completions", {**body, "n": 4})
+    first, second = provider.calls[-2:]
+    steps = len(first.timing.gaps_s)
+    assert one.status == four.status == 200 and steps == len(second.timing.gaps_s) > 0
+    assert second.timing.total_s - first.timing.total_s == pytest.approx(3 * 0.002 * steps)

@@ -86,6 +86,12 @@ class ModelTiming:
     requests_per_s: float | None = None
     max_concurrency: int | None = None
     pricing: Pricing = field(default_factory=Pricing)
+    #: A request that scores its prompt (prompt logprobs, echo with logprobs): this much more, plus
+    #: ``prompt_logprob_token_s`` per scored token (vLLM computes and detokenizes the top list of each).
+    prompt_logprobs_s: float = 0.0
+    prompt_logprob_token_s: float = 0.0
+    #: Each decoding step costs this much more per sequence beyond the first (``n`` choices, several prompts).
+    tpot_per_sequence_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -144,6 +150,8 @@ def batch_timing(
     cached_tokens: Sequence[int],
     completion_tokens: int = 0,
     predicted: Sequence[bool] = (),
+    scored_tokens: int = 0,
+    sequences: int = 1,
 ) -> RequestTiming:
     """Timing of one request holding several prompts (vLLM's and SGLang's prompt lists, llama-server's
     multi-prompt ``/completion``), without jitter.
@@ -152,12 +160,17 @@ def batch_timing(
     of every prompt's uncached tokens (prefill is compute-bound, so tokens add up whatever prompt they
     belong to), then as many decoding steps as the longest generation needs, each ``tpot_s`` (a decoding
     step is memory-bound: a few sequences more cost about the same as one). With one prompt this is
-    ``request_timing``.
+    ``request_timing``. ``scored_tokens``: prompt tokens scored (prompt logprobs), which cost
+    ``prompt_logprobs_s`` and ``prompt_logprob_token_s`` each; ``sequences``: sequences decoding together
+    (every prompt's ``n`` choices), each beyond the first adding ``tpot_per_sequence_s`` to every step.
     """
     uncached = sum(max(0, p - c) for p, c in zip(prompt_tokens, cached_tokens, strict=True))
-    return request_timing(
+    plain = request_timing(
         timing, prompt_tokens=uncached, cached_tokens=0, completion_tokens=completion_tokens, predicted=predicted
     )
+    extra = (timing.prompt_logprobs_s + scored_tokens * timing.prompt_logprob_token_s) if scored_tokens else 0.0
+    per_step = max(0, sequences - 1) * timing.tpot_per_sequence_s
+    return RequestTiming(plain.first_token_s + extra, tuple(gap + per_step for gap in plain.gaps_s))
 
 
 def _prefill_s(timing: ModelTiming, tokens: int) -> float:

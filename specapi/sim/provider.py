@@ -416,7 +416,7 @@ class SimProvider:
         skip_cache = scored_k is not None and caps.prompt_logprobs_skip_cache
         work = [PromptWork(ids, prompt_k=scored_k, cache_limit=0 if skip_cache else None) for ids, _ in prompts]
         jobs = await self._run_batch(
-            call, spec, work, sampling, top_k=logprobs, with_rank=prompt_logprobs is not None
+            call, spec, work, sampling, top_k=logprobs, with_rank=prompt_logprobs is not None or (caps.dialect == "vllm" and scored_k is not None)
         )
         created = int(self.clock())
         ident = f"cmpl-sim-{next(self._ids):08x}"
@@ -468,7 +468,8 @@ class SimProvider:
                     choice["routed_experts"] = None
                 elif caps.dialect == "sglang":
                     choice["matched_stop"] = stop_reason(gen, sampling.stop, eos=True)
-                if prompt_logprobs is not None:
+                if prompt_logprobs is not None or (caps.dialect == "vllm" and scored_k is not None):
+                    # vLLM answers echo + logprobs with the prompt's scores here too (as prompt_logprobs: k)
                     choice["prompt_logprobs"] = raw_prompt_logprobs(job.prompt_records or [])
                 choices.append(choice)
         payload = {
@@ -753,6 +754,8 @@ class SimProvider:
                 cached_tokens=[j.cached_tokens for j in jobs],
                 completion_tokens=max(len(c.tokens) for j in jobs for c in j.choices),
                 predicted=jobs[0].predicted_flags if len(jobs) == 1 else (),
+                scored_tokens=sum(len(j.prompt_ids) for j in jobs if j.prompt_records is not None),
+                sequences=sum(len(j.choices) for j in jobs),
             )
             timing = jittered(timing, timing_profile.jitter, self._jitter_rng)
             timing = RequestTiming(timing.first_token_s + plan.extra_latency_s, timing.gaps_s)
