@@ -62,10 +62,15 @@ async def ids_of(server: Server, text: str) -> list[int]:
     return (await post(server, "/tokenize", {"prompt": text, "add_special_tokens": False}))["tokens"]
 
 
-async def eos_id(server: Server) -> int:
-    """The model's end-of-sequence id, from its directory (`/v1/models` names it as `root`)."""
+async def model_root(server: Server) -> pathlib.Path:
+    """The served model's directory (`/v1/models` names it as `root`)."""
     async with httpx2.AsyncClient(timeout=30.0) as http:
-        root = (await http.get(server.base_url + "/models")).json()["data"][0]["root"]
+        return pathlib.Path((await http.get(server.base_url + "/models")).json()["data"][0]["root"])
+
+
+async def eos_id(server: Server) -> int:
+    """The model's end-of-sequence id, from its directory."""
+    root = await model_root(server)
     for name in ("generation_config.json", "config.json"):
         path = pathlib.Path(root) / name
         if path.exists():
@@ -211,6 +216,7 @@ async def test_a_list_of_token_id_prompts_answers_each_as_alone_in_order(vllm: S
     assert together["usage"]["prompt_tokens"] == sum(len(p) for p in prompts)
     picks = await VllmDialect().next_tokens(target, prompts, {"temperature": 0}, meter(target), options={})
     assert [p.id for p in picks] == [c["token_ids"][0] for c in together["choices"]]
+    assert [p.prompt_tokens for p in picks] == [len(p) for p in prompts]  # each prompt's own bill
     text = (await post(vllm.target, "/completions", {"prompt": CODE, "max_tokens": 1, "temperature": 0, "return_token_ids": True}))["choices"][0]
     assert picks[-1].id == text["token_ids"][0] and picks[-1].data == text["text"].encode()
 
@@ -497,3 +503,20 @@ async def test_chat_logprobs_carry_bytes_and_an_empty_top_list_when_none_is_aske
     tokens = chat_tokens(content)
     assert len(tokens) == answer["usage"]["completion_tokens"]
     assert b"".join(bytes(item["bytes"]) for item in content).decode() == answer["choices"][0]["message"]["content"]
+
+
+async def test_a_special_token_mid_text_is_listed_by_name_and_left_out_of_the_text(vllm: ServerPair, target: RoleClient) -> None:
+    """A special token that is not the end (here the BOS/padding token, forced by logit_bias) is generated,
+    listed in the logprobs by its name and counted, but the text leaves it out (`skip_special_tokens`); the
+    dialect's pick writes nothing for it."""
+    eos = await eos_id(vllm.target)
+    added = json.loads((await model_root(vllm.target) / "tokenizer.json").read_text())["added_tokens"]
+    special = next(t["id"] for t in added if t["special"] and t["id"] != eos)
+    ids = await ids_of(vllm.target, CODE)
+    forced = {"temperature": 0, "logit_bias": {str(special): 100}}
+    answer = await post(vllm.target, "/completions", {"prompt": ids, "max_tokens": 1, "logprobs": 1, "return_token_ids": True, **forced})
+    choice = answer["choices"][0]
+    assert choice["token_ids"] == [special] and choice["text"] == "" and choice["logprobs"]["tokens"][0] not in ("", None)
+    assert choice["finish_reason"] == "length" and answer["usage"]["completion_tokens"] == 1
+    (pick,) = await VllmDialect().next_tokens(target, [ids], forced, meter(target), options={})
+    assert pick.id == special and pick.data == b"" and not pick.end
