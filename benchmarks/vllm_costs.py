@@ -4,11 +4,13 @@
     python benchmarks/vllm_costs.py http://127.0.0.1:PORT [MODEL] [--repeats N]
 
 The server is a running `vllm serve` (`python tests/real/vllm_setup.py PORT PORT2` starts the tiny pair).
-Every figure is the median of N timings (wall clock, one request at a time, after a warm-up):
+Every figure is the fastest of N timings (wall clock, one request at a time, after a warm-up: on a shared
+machine other work only ever adds to a timing, so the fastest is the closest to the server's own cost):
 
 - empty: a 1-token prompt, `max_tokens` 1 (the per-request overhead);
-- decode step: (`max_tokens` 65 - `max_tokens` 1) / 64 on the same cached prompt;
-- prefill per token: (an uncached 1,000-token prompt - a cached one) / 1,000;
+- decode step: (`max_tokens` 257 - `max_tokens` 1) / 256 on the same cached prompt;
+- prefill per token: (an uncached 1,500-token prompt - the same prompt cached) / 1,408 (a cached prompt still
+  computes its last partial block of 128 tokens: 92 here);
 - prompt logprobs: a 300-token prompt with `prompt_logprobs: 1` minus the same prompt uncached without;
 - verify call: K + 1 = 5 token-id prompts in one request (a 300-token cached prefix and 0..4 more ids),
   `max_tokens` 1 each (the token-id path's round), and a 5-token scoring call (echo + logprobs on prefix + 5);
@@ -22,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import random
-import statistics
 import time
 from typing import Any
 
@@ -46,24 +47,24 @@ def measure(root: str, model: str, repeats: int) -> dict[str, float]:
         def ids(n: int) -> list[int]:
             return [rng.randrange(10, 3000) for _ in range(n)]
 
-        def median(make: Any) -> float:
-            return statistics.median(make() for _ in range(repeats))
+        def fastest(make: Any) -> float:
+            return min(make() for _ in range(repeats))
 
         base = {"model": model, "temperature": 0}
         for _ in range(3):  # warm-up
             _timed(http, {**base, "prompt": ids(8), "max_tokens": 4})
-        empty = median(lambda: _timed(http, {**base, "prompt": ids(1), "max_tokens": 1}))
+        empty = fastest(lambda: _timed(http, {**base, "prompt": ids(1), "max_tokens": 1}))
         cached = ids(300)
-        one = median(lambda: _timed(http, {**base, "prompt": cached, "max_tokens": 1, "ignore_eos": True}))
-        many = median(lambda: _timed(http, {**base, "prompt": cached, "max_tokens": 65, "ignore_eos": True}))
-        decode = (many - one) / 64
-        long_cached = ids(1000)
+        one = fastest(lambda: _timed(http, {**base, "prompt": cached, "max_tokens": 1, "ignore_eos": True}))
+        many = fastest(lambda: _timed(http, {**base, "prompt": cached, "max_tokens": 257, "ignore_eos": True}))
+        decode = (many - one) / 256
+        long_cached = ids(1500)
         _timed(http, {**base, "prompt": long_cached, "max_tokens": 1})
-        fresh = median(lambda: _timed(http, {**base, "prompt": ids(1000), "max_tokens": 1}))
-        again = median(lambda: _timed(http, {**base, "prompt": long_cached, "max_tokens": 1}))
-        prefill = (fresh - again) / 1000
-        without = median(lambda: _timed(http, {**base, "prompt": ids(300), "max_tokens": 1}))
-        with_scores = median(lambda: _timed(http, {**base, "prompt": ids(300), "max_tokens": 1, "prompt_logprobs": 1}))
+        fresh = fastest(lambda: _timed(http, {**base, "prompt": ids(1500), "max_tokens": 1}))
+        again = fastest(lambda: _timed(http, {**base, "prompt": long_cached, "max_tokens": 1}))
+        prefill = (fresh - again) / 1408  # the cached prompt still computes its last partial block (1,500 - 11 x 128 = 92)
+        without = fastest(lambda: _timed(http, {**base, "prompt": ids(300), "max_tokens": 1}))
+        with_scores = fastest(lambda: _timed(http, {**base, "prompt": ids(300), "max_tokens": 1, "prompt_logprobs": 1}))
         prefix = ids(300)
         _timed(http, {**base, "prompt": prefix, "max_tokens": 1})
 
@@ -71,11 +72,11 @@ def measure(root: str, model: str, repeats: int) -> dict[str, float]:
             draft = ids(4)
             return _timed(http, {**base, "prompt": [prefix + draft[:j] for j in range(5)], "max_tokens": 1, "return_token_ids": True})
 
-        verify_call = median(verify)
-        scoring = median(lambda: _timed(http, {**base, "prompt": prefix + ids(5), "max_tokens": 1, "echo": True, "logprobs": 1}))
+        verify_call = fastest(verify)
+        scoring = fastest(lambda: _timed(http, {**base, "prompt": prefix + ids(5), "max_tokens": 1, "echo": True, "logprobs": 1}))
         sampled = {"model": model, "temperature": 1.0, "prompt": cached, "max_tokens": 16, "ignore_eos": True}
-        n1 = median(lambda: _timed(http, sampled))
-        n4 = median(lambda: _timed(http, {**sampled, "n": 4}))
+        n1 = fastest(lambda: _timed(http, sampled))
+        n4 = fastest(lambda: _timed(http, {**sampled, "n": 4}))
     return {
         "empty_s": empty, "decode_step_s": decode, "prefill_per_token_s": prefill,
         "prompt_logprobs_extra_s": with_scores - without, "uncached_300_s": without,
