@@ -13,7 +13,7 @@ import pytest
 
 from shapes import assert_same_shape, fixture
 from simserver import ServerThread
-from specapi.sim import LATENCY_PROFILES, SimProvider, create_app, decode_text, encode_text, render_chat, request_timing
+from specapi.sim import EOS_TOKEN_ID, LATENCY_PROFILES, SimProvider, create_app, decode_text, encode_text, render_chat, request_timing, token_str
 
 DATA_KEYED = frozenset({"top_logprobs", "prompt_logprobs"})
 MODEL = "sim-target"
@@ -221,3 +221,24 @@ async def test_scoring_the_prompt_and_more_sequences_cost_what_the_profile_says(
     steps = len(first.timing.gaps_s)
     assert one.status == four.status == 200 and steps == len(second.timing.gaps_s) > 0
     assert second.timing.total_s - first.timing.total_s == pytest.approx(3 * 0.002 * steps)
+
+
+async def test_a_generation_ended_by_the_end_token_lists_it_in_its_logprobs(provider):
+    """As real vLLM does (tests/real/test_real_vllm_facts.py): the end-of-text token stays in the logprobs and
+    the bill (not in the text), plain and streamed, completions and chat; other profiles do not list it."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 400, "temperature": 0, "logprobs": True}
+    chat = await post(provider, "/v1/chat/completions", body)
+    choice = chat["choices"][0]
+    assert choice["finish_reason"] == "stop", "the simulated reply did not end by itself"
+    items = choice["logprobs"]["content"]
+    assert items[-1]["token"] == token_str(EOS_TOKEN_ID) and len(items) == chat["usage"]["completion_tokens"]
+    assert token_str(EOS_TOKEN_ID) not in choice["message"]["content"]
+    response = await provider.handle("POST", "/v1/chat/completions", {**body, "stream": True})
+    raw = b"".join([chunk async for chunk in response.stream])
+    events = [json.loads(line[6:]) for line in raw.decode().split("\n\n") if line.startswith("data: {")]
+    streamed = [item for e in events for c in e["choices"] for item in ((c.get("logprobs") or {}).get("content") or [])]
+    assert [i["token"] for i in streamed] == [i["token"] for i in items]
+    completion = await post(provider, "/v1/completions", {"model": MODEL, "prompt": render_chat(body["messages"]), "max_tokens": 400, "temperature": 0, "logprobs": 1})
+    assert completion["choices"][0]["logprobs"]["tokens"][-1] == token_str(EOS_TOKEN_ID)
+    plain = await SimProvider(capabilities="openai", latency="instant", seed=1).handle("POST", "/v1/chat/completions", body)
+    assert plain.json["choices"][0]["logprobs"]["content"][-1]["token"] != token_str(EOS_TOKEN_ID)

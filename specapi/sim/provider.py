@@ -442,7 +442,7 @@ class SimProvider:
         for job, (_, prompt_text) in zip(jobs, prompts):
             base_offset = len(prompt_text) if caps.offsets_from_prompt_start else 0
             for gen in job.choices:
-                shown = shown_tokens(gen)
+                shown = shown_tokens(gen, with_end=caps.lists_end_token)
                 lp = None
                 if logprobs is not None and caps.completions_logprobs_chat_shape:
                     lp = {"content": chat_logprob_items(shown, render=render)}
@@ -550,7 +550,7 @@ class SimProvider:
         if sampling.stream:
             chunks = chat_chunks(
                 ident=ident, created=created, model=spec.name, choices=job.choices, logprobs=logprobs, prefix=prefix,
-                render=render,
+                render=render, with_end=caps.lists_end_token,
             )
             return self._stream(call, job, chunks, sampling.include_usage)
         choices = []
@@ -559,7 +559,7 @@ class SimProvider:
                 {
                     "index": index,
                     "message": {"role": "assistant", "content": prefix + gen.text},
-                    "logprobs": {"content": chat_logprob_items(shown_tokens(gen), render=render)} if logprobs else None,
+                    "logprobs": {"content": chat_logprob_items(shown_tokens(gen, with_end=caps.lists_end_token), render=render)} if logprobs else None,
                     "finish_reason": gen.finish_reason,
                 }
             )
