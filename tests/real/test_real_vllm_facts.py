@@ -520,3 +520,20 @@ async def test_a_special_token_mid_text_is_listed_by_name_and_left_out_of_the_te
     assert choice["finish_reason"] == "length" and answer["usage"]["completion_tokens"] == 1
     (pick,) = await VllmDialect().next_tokens(target, [ids], forced, meter(target), options={})
     assert pick.id == special and pick.data == b"" and not pick.end
+
+
+def test_the_recorded_fixtures_match_the_server(vllm: ServerPair, tmp_path: pathlib.Path) -> None:
+    """tests/fixtures/vllm/recorded/ (which the simulator is tested against) still holds on the real server:
+    recorded again here and compared key by key, type by type."""
+    from record_vllm_shapes import record_from
+    from shapes import FIXTURES, assert_same_shape
+
+    names = record_from(vllm.target.root, tmp_path)
+    committed = FIXTURES / "vllm" / "recorded"
+    assert sorted(p.stem for p in committed.glob("*.json")) == names
+    for name in names:
+        fresh = json.loads((tmp_path / f"{name}.json").read_text(encoding="utf-8"))
+        kept = json.loads((committed / f"{name}.json").read_text(encoding="utf-8"))
+        assert fresh["status"] == kept["status"] == 200, name
+        keyed = frozenset({"prompt_logprobs"} | (set() if name.startswith("chat") else {"top_logprobs"}))
+        assert_same_shape(fresh["response"], kept["response"], data_keyed=keyed)
