@@ -186,6 +186,7 @@ async def test_vllm_token_id_batch_is_one_request_with_ids_back() -> None:
     assert body["model"] == "m"
     assert [p.id for p in picks] == [100, 101]
     assert [p.data for p in picks] == [c["text"].encode() for c in answer["choices"]]
+    assert [p.prompt_tokens for p in picks] == [None, None]  # no prompt_token_ids in this answer: unknown
 
 
 async def test_vllm_generate_and_tokenize() -> None:
@@ -458,3 +459,28 @@ def test_generation_with_a_prediction_sends_it_as_predicted_outputs_and_an_empty
     assert path == "/chat/completions"
     assert ordered(body)[-1] == ("prediction", {"type": "content", "content": "def 函数():"})
     assert "prediction" not in generation_request(chat(temperature=0.0), 32, None, None, prediction="")[1]
+
+
+async def test_vllm_pick_of_a_token_inside_a_character_has_unknown_bytes() -> None:
+    """vLLM renders a generated token that holds part of a character as "" and holds its bytes back from
+    the text (seen on the real server): the pick's bytes are unknown, not empty."""
+    client, meter = role()
+    answer = recorded("vllm", "completions_token_ids")
+    choice = answer["choices"][0]
+    choice.update(text="", token_ids=[3635], logprobs={"text_offset": [0], "token_logprobs": [-0.5], "tokens": [""], "top_logprobs": [{"": -0.5}]})
+    with respx.mock(base_url=ROOT + "/v1") as router:
+        router.post("/completions").respond(200, json=answer)
+        (pick,) = await VllmDialect().next_tokens(client, [[755, 16178]], {"temperature": 0}, meter, options={})
+    assert pick.id == 3635 and pick.data is None and not pick.end
+
+
+async def test_vllm_pick_of_a_special_token_writes_nothing() -> None:
+    """A special token other than the end (generated mid-text) is listed by its name but left out of the
+    text by vLLM (skip_special_tokens, seen on the real server): the pick writes nothing."""
+    client, meter = role()
+    answer = recorded("vllm", "completions_token_ids")
+    answer["choices"][0].update(text="", token_ids=[0], logprobs={"text_offset": [0], "token_logprobs": [-0.5], "tokens": ["<|endoftext|>"], "top_logprobs": [{"<|endoftext|>": -0.5}]})
+    with respx.mock(base_url=ROOT + "/v1") as router:
+        router.post("/completions").respond(200, json=answer)
+        (pick,) = await VllmDialect().next_tokens(client, [[755, 16178]], {"temperature": 0}, meter, options={})
+    assert pick.id == 0 and pick.data == b"" and not pick.end

@@ -86,8 +86,9 @@ def scores_prompt(response: Mapping[str, Any] | None) -> bool:
 
 
 def _data(text: Any) -> bytes | None:
-    """A token's bytes from its rendering; None when the rendering lost them (U+FFFD, token_id:N)."""
-    if not isinstance(text, str) or "\ufffd" in text:
+    """A token's bytes from its rendering; None when the rendering lost them (U+FFFD, token_id:N, and
+    "": vLLM renders a token that holds part of a character as "", and holds its bytes back from the text)."""
+    if not isinstance(text, str) or not text or "\ufffd" in text:
         return None
     return token_bytes(text)
 
@@ -118,7 +119,9 @@ class VllmDialect:
                 raise ValueError(f"{len(choices)} choices for {len(prompts)} prompts")
             usage = response.get("usage") or {}
             single = usage.get("prompt_tokens") if len(prompts) == 1 else None
-            return [_pick(choice, count(single)) for choice in choices]
+            # Each choice's prompt_token_ids (return_token_ids) say what its prompt was billed: a batch's
+            # usage sums them all.
+            return [_pick(choice, count(single) if single is not None else _prompt_count(choice)) for choice in choices]
 
     async def ids_draft(
         self, client: RoleClient, ids: Sequence[int], k: int, fields: Mapping[str, Any], alternatives: int, meter: Meter, *, options: Mapping[str, Any]
@@ -189,6 +192,11 @@ class VllmDialect:
             )
 
 
+def _prompt_count(choice: Mapping[str, Any]) -> int | None:
+    ids = choice.get("prompt_token_ids")
+    return len(ids) if isinstance(ids, list) else None
+
+
 def _token_id(rendered: Any) -> int:
     """A token rendered as `token_id:N`."""
     if not isinstance(rendered, str) or not rendered.startswith("token_id:"):
@@ -217,6 +225,8 @@ def _pick(choice: Mapping[str, Any], prompt_tokens: int | None) -> Pick:
         raise ValueError(f"expected one generated token id, got {token_ids!r}")
     tokens = (choice.get("logprobs") or {}).get("tokens") or []
     data = _data(tokens[0]) if tokens else None
+    if data and text == "":
+        data = b""  # a special token other than the end (e.g. a BOS): listed by its name, left out of the text
     if data is None and text:
         data = rendered_bytes(text)
     return Pick(id=int(token_ids[0]), data=data, prompt_tokens=prompt_tokens)

@@ -96,6 +96,11 @@ _NATIVE_ROUTES = frozenset({
 """(dialect, method, path) of the native endpoints, at the server root."""
 
 CONTEXT_WINDOW = 8192
+#: Top-level fields vLLM (0.32) serializes on every completions and chat answer, nulls included
+#: (tests/fixtures/vllm/recorded/).
+_VLLM_EXTRAS: dict[str, Any] = {
+    "service_tier": None, "system_fingerprint": "vllm-sim", "kv_transfer_params": None, "ec_transfer_params": None, "metrics": None,
+}
 """Prompt plus output tokens a simulated model accepts."""
 """Chat output limit when the request sets none (the models rarely stop on their own)."""
 MAX_N = 8
@@ -443,7 +448,7 @@ class SimProvider:
         skip_cache = scored_k is not None and caps.prompt_logprobs_skip_cache
         work = [PromptWork(ids, prompt_k=scored_k, cache_limit=0 if skip_cache else None) for ids, _ in prompts]
         jobs = await self._run_batch(
-            call, spec, work, sampling, top_k=logprobs, with_rank=prompt_logprobs is not None
+            call, spec, work, sampling, top_k=logprobs, with_rank=prompt_logprobs is not None or (caps.dialect == "vllm" and scored_k is not None)
         )
         created = int(self.clock())
         ident = f"cmpl-sim-{next(self._ids):08x}"
@@ -471,7 +476,7 @@ class SimProvider:
         for job, (_, prompt_text) in zip(jobs, prompts):
             base_offset = len(prompt_text) if caps.offsets_from_prompt_start else 0
             for gen in job.choices:
-                shown = shown_tokens(gen)
+                shown = shown_tokens(gen, with_end=caps.lists_end_token)
                 lp = None
                 if logprobs is not None and caps.completions_logprobs_chat_shape:
                     lp = {"content": chat_logprob_items(shown, render=render)}
@@ -494,9 +499,11 @@ class SimProvider:
                     choice["token_ids"] = gen.token_ids if with_ids else None
                     choice["prompt_logprobs"] = None
                     choice["prompt_token_ids"] = list(job.prompt_ids) if with_ids else None
+                    choice["routed_experts"] = None
                 elif caps.dialect == "sglang":
                     choice["matched_stop"] = stop_reason(gen, sampling.stop, eos=True)
-                if prompt_logprobs is not None:
+                if prompt_logprobs is not None or (caps.dialect == "vllm" and scored_k is not None):
+                    # vLLM answers echo + logprobs with the prompt's scores here too (as prompt_logprobs: k)
                     choice["prompt_logprobs"] = raw_prompt_logprobs(job.prompt_records or [])
                 choices.append(choice)
         payload = {
@@ -508,7 +515,8 @@ class SimProvider:
             "usage": total_usage(jobs),
         }
         if caps.dialect == "vllm":
-            payload.update(service_tier=None, system_fingerprint=None, kv_transfer_params=None)
+            payload.update(_VLLM_EXTRAS)
+            payload["usage"] = {**payload["usage"], "completion_tokens_details": None}
         return await self._finish(call, jobs[0], payload)
 
     async def _chat(self, call: Call, body: dict[str, Any]) -> SimResponse:
@@ -576,7 +584,7 @@ class SimProvider:
         if sampling.stream:
             chunks = chat_chunks(
                 ident=ident, created=created, model=spec.name, choices=job.choices, logprobs=logprobs, prefix=prefix,
-                render=render,
+                render=render, with_end=caps.lists_end_token,
             )
             return self._stream(call, job, chunks, sampling.include_usage)
         choices = []
@@ -585,7 +593,7 @@ class SimProvider:
                 {
                     "index": index,
                     "message": {"role": "assistant", "content": prefix + gen.text},
-                    "logprobs": {"content": chat_logprob_items(shown_tokens(gen), render=render)} if logprobs else None,
+                    "logprobs": {"content": chat_logprob_items(shown_tokens(gen, with_end=caps.lists_end_token), render=render)} if logprobs else None,
                     "finish_reason": gen.finish_reason,
                 }
             )
@@ -599,11 +607,13 @@ class SimProvider:
         }
         with_ids = caps.token_id_extras and read_bool(body, "return_token_ids", False)
         if caps.dialect == "vllm":  # vLLM serializes every field, nulls included
-            payload.update(service_tier=None, system_fingerprint=None, prompt_logprobs=None, prompt_token_ids=None,
-                           kv_transfer_params=None)
+            payload.update(_VLLM_EXTRAS, prompt_logprobs=None, prompt_token_ids=None, prompt_text=None)
+            payload["usage"] = {**payload["usage"], "completion_tokens_details": None}
             for choice, gen in zip(choices, job.choices):
+                choice["message"].update(dict.fromkeys(("refusal", "annotations", "audio", "function_call", "reasoning")))
                 choice["stop_reason"] = stop_reason(gen, sampling.stop, eos=False)
                 choice["token_ids"] = None
+                choice["routed_experts"] = None
         if prompt_logprobs is not None:
             payload["prompt_logprobs"] = raw_prompt_logprobs(job.prompt_records or [])
         if with_ids:
@@ -645,6 +655,35 @@ class SimProvider:
             return encode_text(message_text(prediction))
         except ValueError as error:
             raise ApiError(400, str(error), param="prediction") from None
+
+    def _max_tokens(self, work: PromptWork, sampling: Sampling) -> int:
+        """The tokens a prompt may generate: `max_tokens`, or up to the context window when absent. A
+        prompt and `max_tokens` past the window are refused (OpenAI), or cut at the window (vLLM, which
+        refuses only a prompt that leaves no room)."""
+        prompt, room = len(work.prompt_ids), CONTEXT_WINDOW - len(work.prompt_ids)
+        if self.capabilities.cut_at_context_end:
+            if room < 0:
+                raise ApiError(
+                    400,
+                    f"This model's maximum context length is {CONTEXT_WINDOW} tokens. However, your prompt contains "
+                    f"{prompt} input tokens, which exceeds this limit even without any output tokens. Please reduce "
+                    f"the length of the input prompt. (parameter=input_tokens, value={prompt})",
+                    param="input_tokens",
+                )
+            if room == 0:
+                raise ApiError(400, "max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)", param="max_tokens")
+            return room if sampling.max_tokens is None else min(sampling.max_tokens, room)
+        max_tokens = max(1, room) if sampling.max_tokens is None else sampling.max_tokens
+        if prompt + max_tokens > CONTEXT_WINDOW:
+            raise ApiError(
+                400,
+                f"This model's maximum context length is {CONTEXT_WINDOW} tokens. However, you requested "
+                f"{prompt + max_tokens} tokens ({prompt} in the messages, "
+                f"{max_tokens} in the completion). Please reduce the length of the messages or completion.",
+                param="messages",
+                code="context_length_exceeded",
+            )
+        return max_tokens
 
     # -- the shared core ------------------------------------------------------------------------------
 
@@ -690,19 +729,7 @@ class SimProvider:
         prompt's ``n`` choices draw from that generator in turn.
         """
         timing_profile = self.latency.timing_for(spec.name, spec.tier)
-        for work in prompts:
-            max_tokens = sampling.max_tokens
-            if max_tokens is None:
-                max_tokens = max(1, CONTEXT_WINDOW - len(work.prompt_ids))
-            if len(work.prompt_ids) + max_tokens > CONTEXT_WINDOW:
-                raise ApiError(
-                    400,
-                    f"This model's maximum context length is {CONTEXT_WINDOW} tokens. However, you requested "
-                    f"{len(work.prompt_ids) + max_tokens} tokens ({len(work.prompt_ids)} in the messages, "
-                    f"{max_tokens} in the completion). Please reduce the length of the messages or completion.",
-                    param="messages",
-                    code="context_length_exceeded",
-                )
+        limits = [self._max_tokens(work, sampling) for work in prompts]
         plan = self.faults.plan(model=spec.name, path=route_path(call.path))
         call.faults = plan
         if plan.status is not None:
@@ -729,10 +756,7 @@ class SimProvider:
                     cached = min(cached, work.cache_limit)
                 cached_counts.append(cached)
             jobs = []
-            for work, cached in zip(prompts, cached_counts):
-                max_tokens = sampling.max_tokens
-                if max_tokens is None:
-                    max_tokens = max(1, CONTEXT_WINDOW - len(work.prompt_ids))  # as vLLM: up to the context window
+            for work, cached, max_tokens in zip(prompts, cached_counts, limits):
                 rng = self._rng_for(sampling.seed, used=sampling.temperature > 0.0 or sampler is not None)
                 choices = [
                     generate(
@@ -764,6 +788,8 @@ class SimProvider:
                 cached_tokens=[j.cached_tokens for j in jobs],
                 completion_tokens=max(len(c.tokens) for j in jobs for c in j.choices),
                 predicted=jobs[0].predicted_flags if len(jobs) == 1 else (),
+                scored_tokens=sum(len(j.prompt_ids) for j in jobs if j.prompt_records is not None),
+                sequences=sum(len(j.choices) for j in jobs),
             )
             timing = jittered(timing, timing_profile.jitter, self._jitter_rng)
             timing = RequestTiming(timing.first_token_s + plan.extra_latency_s, timing.gaps_s)

@@ -252,16 +252,20 @@ def vllm_models(vllm_python: pathlib.Path) -> dict[str, pathlib.Path]:
 
 
 @pytest.fixture(scope="session")
-def vllm(vllm_python: pathlib.Path, vllm_models: dict[str, pathlib.Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerPair]:
+def vllm(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerPair]:
     """Real vLLM OpenAI servers (`vllm serve`), one per model: the trained target and its draft.
 
     Started together once per session (each compiles its graph for about a minute) and stopped at the end.
+    Servers already running (`SPECAPI_VLLM_PORTS`, see `vllm_setup.running_servers`) are used as they are:
+    then nothing is installed or made.
     """
     logs = tmp_path_factory.mktemp("vllm")
     running = vllm_setup.running_servers(logs)
     if running is not None:
         yield running
         return
+    vllm_python = request.getfixturevalue("vllm_python")
+    vllm_models = request.getfixturevalue("vllm_models")
     specs = []
     for role in ("target", "draft"):
         model = f"tiny-{role}"
