@@ -273,3 +273,10 @@ def vllm(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
         specs.append(("vllm", role, model, argv, "/v1/models"))
     with _servers(specs, logs, env=vllm_setup.serve_env(), startup_s=vllm_setup.STARTUP_S) as (target, draft):
         yield ServerPair(target, draft)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The tests of the real vLLM run last, together: its servers start on the first of them and keep
+    polling for work while idle (a share of a core each) until the session ends, so every other test
+    runs before they start."""
+    items.sort(key=lambda item: "vllm" in getattr(item, "fixturenames", ()))
