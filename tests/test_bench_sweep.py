@@ -25,7 +25,7 @@ def test_a_sweep_runs_each_length_and_the_default_policy_against_the_target_alon
     for k in (1, 3):
         s = by_name[f"lan-code k={k}"]
         assert s["settings"]["policy"] == "fixed" and s["settings"]["num_speculative_tokens"] == k
-        assert s["sweep"] == {"scenario": "lan-code", "draft_length": k}
+        assert s["variant"] == {"scenario": "lan-code", "draft_length": k}
         drafted = [r["drafted_tokens"] / r["num_rounds"] for r in s["requests"] if r["num_rounds"]]
         assert drafted and max(drafted) <= k  # the length was really applied
     assert max(r["drafted_tokens"] / max(1, r["num_rounds"]) for r in by_name["lan-code k=3"]["requests"]) > 1
@@ -56,7 +56,7 @@ def test_without_a_sweep_the_report_has_none(tmp_path):
     path = tmp_path / "bench.json"
     assert cli_logic(["bench", "--quick", "--scenario", "lookup-edit", "--requests", "1", "--json", str(path)]) == 0
     data = json.loads(path.read_text())
-    assert "draft_length_sweep" not in data and data["scenarios"][0]["sweep"] is None
+    assert "draft_length_sweep" not in data and data["scenarios"][0]["variant"] is None
 
 
 def test_the_variants_keep_the_scenario_but_the_policy_and_length():

@@ -382,7 +382,7 @@ def summarize(run: ScenarioRun) -> dict[str, Any]:
         "name": scenario.name,
         "description": scenario.description,
         "settings": scenario.settings(),
-        "sweep": {"scenario": scenario.sweep[0], "draft_length": scenario.sweep[1]} if scenario.sweep else None,
+        "variant": {"scenario": scenario.sweep[0], "draft_length": scenario.sweep[1]} if scenario.sweep else None,
         "target": run.target_label,
         "draft": run.draft_label,
         "baseline": baseline,

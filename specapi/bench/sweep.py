@@ -81,7 +81,7 @@ def _figure(summary: dict[str, Any], name: str, value: Any) -> Any:
 
 
 def _row(summary: dict[str, Any]) -> dict[str, Any]:
-    length = summary["sweep"]["draft_length"]
+    length = summary["variant"]["draft_length"]
     per_round = summary.get("tokens_per_round") or []
     return {
         "setting": setting_label(length),
@@ -104,8 +104,8 @@ def sweep_summary(scenarios: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     request over the variants' runs), a row per setting, and the fastest fixed draft length."""
     grouped: dict[str, list[dict[str, Any]]] = {}
     for summary in scenarios:
-        if summary.get("sweep"):
-            grouped.setdefault(summary["sweep"]["scenario"], []).append(_row(summary))
+        if summary.get("variant"):
+            grouped.setdefault(summary["variant"]["scenario"], []).append(_row(summary))
     out = []
     for name, rows in grouped.items():
         fixed = [r for r in rows if r["draft_length"] is not None and r["speedup"] is not None]
