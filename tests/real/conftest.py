@@ -280,3 +280,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     polling for work while idle (a share of a core each) until the session ends, so every other test
     runs before they start."""
     items.sort(key=lambda item: "vllm" in getattr(item, "fixturenames", ()))
+    from vllm_known_differences import KNOWN_DIFFERENCES
+
+    for item in items:
+        reason = KNOWN_DIFFERENCES.get(item.nodeid.split("tests/real/", 1)[-1])
+        if reason is not None:
+            item.add_marker(pytest.mark.xfail(reason=f"known difference on real vLLM: {reason}", strict=False))
