@@ -168,10 +168,7 @@ def fill(data: dict[str, Any], keys: AnswerKeys | None, *, cached_tokens: int | 
         if isinstance(message, dict):
             for name, value in keys.message.items():
                 message.setdefault(name, copy.copy(value))
-    usage = data.get("usage")
-    if isinstance(usage, dict):
-        for name, value in _usage_extras(keys, cached_tokens).items():
-            usage.setdefault(name, value)
+    _fill_usage(data, keys, cached_tokens)
     return data
 
 
@@ -185,8 +182,13 @@ def fill_chunk(chunk: dict[str, Any], keys: AnswerKeys | None, *, cached_tokens:
     for choice in chunk.get("choices") or ():
         for name, value in keys.choice.items():
             choice.setdefault(name, copy.copy(value))
-    usage = chunk.get("usage")
+    _fill_usage(chunk, keys, cached_tokens)
+    return chunk
+
+
+def _fill_usage(payload: dict[str, Any], keys: AnswerKeys, cached_tokens: int | None) -> None:
+    """The usage's fields the target's answers carry beyond specapi's own (an answer or a last chunk)."""
+    usage = payload.get("usage")
     if isinstance(usage, dict):
         for name, value in _usage_extras(keys, cached_tokens).items():
             usage.setdefault(name, value)
-    return chunk
