@@ -96,11 +96,21 @@ async def _server_defaults(client: RoleClient) -> tuple[str | None, dict[str, fl
 
 
 async def _document(client: RoleClient, path: str, meter: Meter) -> Any:
-    """The JSON a GET answers, or None where the server does not answer it."""
+    """The JSON a GET answers, or None where the server does not answer it. A transient failure (a 5xx,
+    a 429, a timeout) is raised: it says nothing of the server, and the probe runs again."""
     try:
         return await client.get(path, meter)
-    except EndpointError:
+    except EndpointError as exc:
+        if _transient(exc):
+            raise
         return None
+
+
+def _transient(exc: EndpointError) -> bool:
+    """An overloaded or hung server (429, 5xx, a timeout). An unreadable answer is the server's own (the
+    SDK reports a body that is not JSON as a connection error), and a server that is down fails the
+    probe's other calls anyway."""
+    return isinstance(exc.__cause__, openai.APITimeoutError) or (exc.status_code is not None and (exc.status_code == 429 or exc.status_code >= 500))
 
 
 def _count(value: Any) -> bool:
@@ -177,9 +187,9 @@ async def probe_endpoint(client: RoleClient, meter: Meter) -> Capabilities:
     try:
         return await _probe(client, meter, defaults)
     finally:
-        if not defaults.done():
-            defaults.cancel()
-            await asyncio.gather(defaults, return_exceptions=True)
+        # Awaited whatever happened: its failure, when the probe failed first, is the probe's own.
+        defaults.cancel()
+        await asyncio.gather(defaults, return_exceptions=True)
 
 
 Ask = Callable[[str, dict[str, Any]], Awaitable["dict[str, Any] | None"]]
@@ -353,7 +363,9 @@ async def _probe_server(
         try:
             ids = await dialect.tokenize(client, _PROBE_PROMPT, meter, special=False)
             values["token_ids"] = bool(ids)
-        except EndpointError:
+        except EndpointError as exc:
+            if _transient(exc):
+                raise
             values["token_ids"] = False
         notes.append(f"dialect: {dialect.name}; token-id prompts: " + ("yes" if values.get("token_ids") else "no (tokenize refused)"))
     else:

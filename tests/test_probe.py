@@ -16,7 +16,8 @@ from specapi import AsyncSpeculativeOpenAI, Endpoint
 from specapi._calls import Meter, RoleClient
 from specapi.cli import cli_logic
 from specapi.probe import Capabilities, choose_verification, probe_endpoint
-from specapi.sim import CAPABILITY_PROFILES, Faults, SimProvider, simulated_endpoints
+from simclient import target_alone
+from specapi.sim import CAPABILITY_PROFILES, Faults, SimProvider, SimTransport, simulated_endpoints
 from toyserver import ToyServer
 
 PROBE_PROMPT = specapi.probe._PROBE_PROMPT
@@ -351,3 +352,32 @@ async def test_the_probes_calls_stay_out_of_the_load_curve_that_generation_calls
         assert role.load.samples == 1  # a generation's call teaches it
     finally:
         await role.sdk.close()
+
+
+class _UnavailableAtFirst(httpx2.AsyncBaseTransport):
+    """In front of a simulated server: 503 to the first `failing` requests whose path ends with `path`."""
+
+    def __init__(self, inner: httpx2.AsyncBaseTransport, path: str, failing: int) -> None:
+        self.inner, self.path, self.failing = inner, path, failing
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        if request.url.path.endswith(self.path) and self.failing > 0:
+            self.failing -= 1
+            return httpx2.Response(503, json={"error": {"message": "overloaded", "type": "server_error"}})
+        return await self.inner.handle_async_request(request)
+
+
+@pytest.mark.parametrize("path", ["/version", "/tokenize"])
+async def test_a_server_unavailable_while_probed_is_probed_again_not_written_off(path):
+    """A 503 to the probe's identity GET or its tokenize call says nothing of what the server supports:
+    the request goes on, and the next one probes again and verifies on token ids."""
+    provider = SimProvider(capabilities="vllm", latency="instant", seed=0)
+    http = httpx2.AsyncClient(transport=_UnavailableAtFirst(SimTransport(provider), path, failing=1))
+    target = Endpoint(base_url="http://sim/v1", model="sim-target", name="target", http_client=http, max_retries=0)
+    draft = Endpoint(base_url="http://sim/v1", model="sim-draft", name="draft", http_client=http, max_retries=0)
+    expected, _ = await target_alone(provider, prompt="def fibonacci(n):\n", max_tokens=16)
+    async with AsyncSpeculativeOpenAI(target=target, draft=draft, policy="fixed", verification="token-ids") as client:
+        answers = [await client.completions.create(prompt="def fibonacci(n):\n", max_tokens=16, temperature=0) for _ in range(2)]
+    await http.aclose()
+    assert [answer.choices[0].text for answer in answers] == [expected, expected]
+    assert (answers[-1].speculative.verification, answers[-1].speculative.speculated) == ("token-ids", True), answers[-1].speculative.fallback_reason
