@@ -133,7 +133,8 @@ class Engine:
         chars = len(context.completion_prompt()) if not context.is_chat else 0
         sampling = context.sampling
         return await self.paths.resolve(
-            context.is_chat, state.target_meter, context_chars=chars, greedy=sampling.greedy, needs_lists=sampling.acceptance.lossy
+            context.is_chat, state.target_meter, context_chars=chars, greedy=sampling.greedy, needs_lists=sampling.acceptance.lossy,
+            logprobs=context.logprobs is not None,
         )
 
     def _adopt(self, state: RequestState, planned: Plan) -> None:

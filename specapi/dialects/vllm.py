@@ -22,11 +22,17 @@ from typing import Any
 from .._calls import Meter, RoleClient
 from ..alignment import ScoredToken, token_bytes
 from ..context import Context
+from ..scoring import PrefixCache, read_cache_config, read_scored_picks
 from .base import UNREADABLE, Generated, Pick, SampledStep, count, reading, rendered_bytes, server_root
 from .logprobs import chat_tokens, prompt_logprob_tokens
 from .openai import Prefill, chat_request, fixed_sampling, sampling_fields
 
-__all__ = ["VllmDialect", "prompt_scores_finding", "prompt_scores_note", "prompt_scores_probe", "prompt_scores_request", "read_prompt_scores", "scores_prompt"]
+__all__ = ["CHAT_TEMPLATE_FIELDS", "VllmDialect", "prompt_scores_finding", "prompt_scores_note", "prompt_scores_probe", "prompt_scores_request", "read_prompt_scores", "scores_prompt"]
+
+
+#: Fields of a chat request that change how its messages are rendered: on token ids they go to
+#: `/tokenize` with the messages, and not to the completions requests that continue the ids.
+CHAT_TEMPLATE_FIELDS = ("chat_template", "chat_template_kwargs", "add_special_tokens", "documents", "mm_processor_kwargs")
 
 
 def prompt_scores_request(context: Context, draft_text: str, top_k: int, seed: int | None) -> tuple[str, dict[str, Any]]:
@@ -105,6 +111,44 @@ class VllmDialect:
         response = await client.post(server_root(client) + "/tokenize", body, meter)
         with reading(client, "/tokenize"):
             return [(int(t), None) for t in response["tokens"]]
+
+    async def tokenize_chat(self, client: RoleClient, messages: Sequence[Mapping[str, Any]], fields: Mapping[str, Any], meter: Meter) -> list[int]:
+        """The ids vLLM's chat endpoint would run for `messages`: the chat template rendered with the
+        assistant's turn opened (`add_generation_prompt`), tokenized without adding special tokens again
+        (the template writes them), as `/v1/chat/completions` does by default."""
+        body: dict[str, Any] = {"model": client.endpoint.model, "messages": list(messages), "add_generation_prompt": True, "add_special_tokens": False}
+        body.update({k: v for k, v in fields.items() if k in CHAT_TEMPLATE_FIELDS})
+        response = await client.post(server_root(client) + "/tokenize", body, meter)
+        with reading(client, "chat /tokenize"):
+            return [int(t) for t in response["tokens"]]
+
+    async def prefix_cache(self, client: RoleClient) -> PrefixCache | None:
+        """The target's prefix cache (block size, on or off), from its `/metrics`; None where not shown."""
+        try:
+            text = await client.get(server_root(client) + "/metrics", Meter(client.endpoint))
+        except Exception:  # no metrics endpoint, or not reachable now: the default estimate stands
+            return None
+        return read_cache_config(text) if isinstance(text, str) else None
+
+    async def scored_next(
+        self, client: RoleClient, context: Sequence[int], draft: Sequence[int], fields: Mapping[str, Any], meter: Meter, *, options: Mapping[str, Any]
+    ) -> list[Pick]:
+        """The target's greedy picks after `context + d1..dj` for j = 0..K, from one prompt `context +
+        draft` scored with prompt logprobs (the top entry at each draft position) and one generated token."""
+        prompt = list(context) + list(draft)
+        body = {**fields, "prompt": prompt, "max_tokens": 1, "logprobs": 1, "prompt_logprobs": 1, "return_token_ids": True}
+        response = await client.post("/completions", body, meter, options=options)
+        with reading(client, "scored token-id /completions"):
+            choice = response["choices"][0]
+            prompt_ids = choice.get("prompt_token_ids") or response.get("prompt_token_ids")
+            if list(prompt_ids or ()) != prompt:
+                raise ValueError("the scored prompt is not the one sent")
+            scored = read_scored_picks(choice.get("prompt_logprobs") or response.get("prompt_logprobs"), prompt_ids, len(context), len(draft))
+            usage = response.get("usage") or {}
+            prompt_tokens = count(usage.get("prompt_tokens"))
+            own = prompt_tokens - len(draft) if prompt_tokens is not None else None
+            picks = [Pick(id=p.id, data=_data(p.text), prompt_tokens=own) for p in scored]
+            return picks + [_pick(choice, own)]
 
     async def next_tokens(
         self, client: RoleClient, prompts: Sequence[Sequence[int]], fields: Mapping[str, Any], meter: Meter, *, options: Mapping[str, Any]

