@@ -69,14 +69,14 @@ def test_prompts_file_and_real_endpoint_options(tmp_path, monkeypatch, capsys):
     )
     seen = {}
 
-    def fake_endpoints(args, scenario):  # the real-endpoint path, served by the simulator
+    def fake_endpoints(args, scenario, repetition=0):  # the real-endpoint path, served by the simulator
         seen["target"] = (args.target_base_url, args.target_model)
         assert scenario.sim is None
         return simulated_endpoints(profile="vllm", latency="instant")
 
     monkeypatch.setattr(command, "_endpoints", fake_endpoints)
     path = tmp_path / "bench.json"
-    argv = ["bench", "--target-base-url", "http://gpu:8000/v1", "--target-model", "big", "--draft-model", "small"]
+    argv = ["bench", "--target-base-url", "http://gpu:8000/v1", "--target-model", "big", "--draft-base-url", "http://gpu:8001/v1", "--draft-model", "small"]
     argv += ["--prompts", str(prompts), "--max-tokens", "8", "--temperature", "0", "--policy", "fixed", "--json", str(path)]
     assert cli_logic(argv) == 0
     assert seen["target"] == ("http://gpu:8000/v1", "big")

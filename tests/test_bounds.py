@@ -104,7 +104,9 @@ def test_metric_labels_are_bounded():
     for i in range(100):
         metrics.observe("/v1/completions", _WithReason(load_reason=f"reason {i} " + "x" * 100))
     reasons = {line.split('reason="')[1].split('"')[0] for line in metrics.render().decode().splitlines() if "reduced_total{" in line}
-    assert len(reasons) == 33 and "other" in reasons and max(map(len, reasons)) == 64
+    assert len(reasons) == 33 and "other" in reasons and max(map(len, reasons)) <= 64
+    # A long reason is cut between words, never inside one, and says it was cut.
+    assert reasons - {"other"} == {f"reason {i}..." for i in range(32)}
 
 
 @dataclass(frozen=True)

@@ -82,6 +82,22 @@ def test_speculation_held_back_by_load_is_counted_by_reason():
     assert sum(s.value for f in _families(text, "specapi_speculation_reduced") for s in f.samples) == 3
 
 
+def test_the_policy_s_own_load_reasons_are_labelled_without_cutting_a_word():
+    from specapi.policy import LOAD_DRAFT_LENGTH, LOAD_STREAM_FASTER, LOAD_TARGET_ALONE
+
+    metrics = ProxyMetrics(model="m")
+    reasons = (LOAD_TARGET_ALONE, LOAD_DRAFT_LENGTH, LOAD_STREAM_FASTER)
+    for reason in reasons:
+        metrics.observe(ROUTE, LoadAwareStats(load_reason=reason))
+    labels = [s.labels["reason"] for f in _families(metrics.render().decode(), "specapi_speculation_reduced") for s in f.samples]
+    assert len(set(labels)) == 3
+    for label in labels:
+        assert len(label) <= 64
+        whole = next(r for r in reasons if r == label or (label.endswith("...") and r.startswith(label[:-3])))
+        if label != whole:  # cut: what was kept ends where a word ends
+            assert whole[len(label) - 3] in " :;,", label
+
+
 def _families(text: str, name: str) -> list:
     from prometheus_client.parser import text_string_to_metric_families
 

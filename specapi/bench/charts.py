@@ -12,7 +12,7 @@ from typing import Any
 import matplotlib
 from matplotlib.figure import Figure
 
-__all__ = ["BASE", "SPEC", "DRAFT", "TARGET", "GOOD", "BAD", "EVEN", "LINE", "svg", "legend_below", "figure_html"]
+__all__ = ["BASE", "SPEC", "DRAFT", "TARGET", "GOOD", "BAD", "EVEN", "NONE", "LINE", "svg", "legend_below", "figure_html"]
 
 BASE = "#7f8c8d"
 SPEC = "#2e86de"
@@ -21,6 +21,8 @@ TARGET = "#34495e"
 GOOD = "#27ae60"
 BAD = "#c0392b"
 EVEN = "#d4ac0d"
+#: No speculation (the target alone ran on both sides): grey, neither a win nor a loss.
+NONE = "#aab7b8"
 LINE = "#8e44ad"
 
 

@@ -3,9 +3,16 @@
 With no endpoint options it runs the built-in scenarios on the embedded simulator (``--scenario NAME``
 to choose, ``--quick`` for a fast check without simulated latency). With ``--target-model`` it runs one
 scenario against real endpoints, on prompts from ``--prompts FILE.jsonl`` (or the built-in code
-prompts). Either way it prints a table and an explanation per scenario, and writes ``--json`` and
-``--html`` reports. The exit code is 1 when an output differed from the target alone's at temperature 0
-or a request failed, else 0 (sampled outputs the engine marks approximate are reported, not failed).
+prompts). Either way it prints a table and an explanation per scenario (``--table``: the tables only),
+and writes ``--json`` and ``--html`` reports. ``--repeat N`` runs each scenario N times and gives each
+figure as its median and spread; ``--request-rate`` and ``--concurrency`` set the load, ``--via serve``
+measures `specapi serve` instead of the client, ``--fresh-prompts`` keeps repeated prompts from being
+drafted from what the client learnt of them. Progress goes to stderr: a bar on a terminal, one line per
+step otherwise.
+
+The exit code is 1 when an output differed from the target alone's at temperature 0 or a request
+failed, or (with ``--check``) when a scenario missed the speedup it is expected to reach; else 0
+(sampled outputs the engine marks approximate are reported, not failed). 2: bad options.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ import asyncio
 import json
 import os
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -32,6 +40,16 @@ def _temperature(text: str) -> float:
     return value
 
 
+def _rate(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise ValueError("must be > 0 (requests per second)")
+    return value
+
+
+#: Where requests go when no base URL is given (the openai SDK's default).
+OPENAI_API = "https://api.openai.com/v1"
+
 _SCENARIO_DEFAULT = "the scenario's"
 SIMULATOR: tuple[Option, ...] = (
     Option("--quick", "SPECAPI_BENCH_QUICK", boolean, False, "no simulated latency, 2 short requests per scenario (for tests)"),
@@ -43,15 +61,30 @@ REQUESTS: tuple[Option, ...] = (
     Option("--temperature", "SPECAPI_TEMPERATURE", _temperature, None, "sampling temperature (0 = greedy)", default_text=_SCENARIO_DEFAULT),
     Option("--requests", "SPECAPI_REQUESTS", positive_int, None, "measured requests per scenario (prompts repeat as needed)",
            default_text=_SCENARIO_DEFAULT),
-    Option("--concurrency", "SPECAPI_CONCURRENCY", positive_int, None, "requests in flight at once on each side", default_text=_SCENARIO_DEFAULT),
+    Option("--concurrency", "SPECAPI_CONCURRENCY", positive_int, None,
+           "requests in flight at once on each side (with --request-rate: at most this many)", default_text=_SCENARIO_DEFAULT),
+    Option("--request-rate", "SPECAPI_REQUEST_RATE", _rate, None,
+           "requests per second, arriving as a Poisson process (drawn from --seed, the same on both sides)",
+           default_text="none: --concurrency at a time"),
+    Option("--fresh-prompts", "SPECAPI_FRESH_PROMPTS", boolean, False,
+           "every measured request starts with an empty suffix index, so a prompt sent before (a warm-up, a "
+           "repeat) runs as a new one would; without it the report counts such repeats"),
     Option("--seed", "SPECAPI_SEED", int, None, "seed for sampling and the simulator", default_text=_SCENARIO_DEFAULT),
 )
+RUNS: tuple[Option, ...] = (
+    Option("--repeat", "SPECAPI_BENCH_REPEAT", positive_int, 1,
+           "run each scenario N times: each figure as the median and the lowest-highest run; a win only when every run beat the target alone"),
+    Option("--via", "SPECAPI_BENCH_VIA", str, "client", "measure the client in this process, or the proxy (specapi serve's app on a loopback port)",
+           choices=("client", "serve")),
+    Option("--check", "SPECAPI_BENCH_CHECK", boolean, False, "exit 1 when a scenario misses the speedup it is expected to reach"),
+)
 OUTPUT: tuple[Option, ...] = (
+    Option("--table", "SPECAPI_BENCH_TABLE", boolean, False, "print the tables only (no explanation per scenario)"),
     Option("--json", "SPECAPI_BENCH_JSON", str, None, "write the full report as JSON to this file", default_text="none"),
     Option("--html", "SPECAPI_BENCH_HTML", str, None, "write a self-contained HTML report with charts to this file", default_text="none"),
 )
 SPECULATION = speculation_options(default_text=_SCENARIO_DEFAULT)
-OPTIONS: tuple[Option, ...] = (*SIMULATOR, *ENDPOINTS, *SPECULATION, *REQUESTS, *OUTPUT)
+OPTIONS: tuple[Option, ...] = (*SIMULATOR, *ENDPOINTS, *SPECULATION, *REQUESTS, *RUNS, *OUTPUT)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -65,6 +98,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_options(parser.add_argument_group("real endpoints (with --target-model, one scenario on your endpoints)"), ENDPOINTS)
     add_options(parser.add_argument_group("speculation (overrides the scenarios' own settings)"), SPECULATION)
     add_options(parser.add_argument_group("requests (override the scenarios' own settings)"), REQUESTS)
+    add_options(parser.add_argument_group("runs"), RUNS)
     add_options(parser.add_argument_group("output (the table goes to stdout, progress to stderr)"), OUTPUT)
 
 
@@ -97,6 +131,12 @@ def _overridden(scenario: Scenario, args: argparse.Namespace) -> Scenario:
         changes["seed"] = args.seed
     if args.concurrency is not None:
         changes["concurrency"] = args.concurrency
+    if args.request_rate is not None:
+        changes["request_rate"] = args.request_rate
+    if args.fresh_prompts:
+        changes["fresh_prompts"] = True
+    if args.via != scenario.via:
+        changes["via"] = args.via
     if args.requests is not None:
         changes["requests"] = with_requests(scenario.requests, args.requests)
     changed = replace(scenario, **changes)
@@ -112,7 +152,7 @@ def _overridden(scenario: Scenario, args: argparse.Namespace) -> Scenario:
 def _changed_settings(before: Scenario, after: Scenario) -> list[tuple[str, Any]]:
     """The settings a command line changed, in a fixed order: (name, new value)."""
     out = [(name, after.client.get(name)) for name in sorted(after.client) if after.client.get(name) != before.client.get(name)]
-    for name in ("max_tokens", "temperature", "seed", "concurrency"):
+    for name in ("max_tokens", "temperature", "seed", "concurrency", "request_rate", "fresh_prompts", "via"):
         if getattr(after, name) != getattr(before, name):
             out.append((name, getattr(after, name)))
     if len(after.requests) != len(before.requests):
@@ -128,6 +168,7 @@ def build_scenarios(args: argparse.Namespace) -> list[Scenario]:
     if args.temperature is not None and not 0.0 <= args.temperature <= 2.0:
         raise ValueError(f"--temperature must be in [0, 2], got {args.temperature}")
     if args.target_model:
+        _refuse_default_openai(args)
         base = get_scenarios((args.scenario or ["lan-code"])[0])[0]
         requests = load_prompts(args.prompts) if args.prompts else base.requests
         scenario = Scenario(
@@ -156,7 +197,22 @@ def build_scenarios(args: argparse.Namespace) -> list[Scenario]:
     return [_overridden(s, args) for s in scenarios]
 
 
-def _endpoints(args: argparse.Namespace, scenario: Scenario):  # type: ignore[no-untyped-def]
+def _refuse_default_openai(args: argparse.Namespace) -> None:
+    """With no base URL a role goes to OpenAI's API (billed, and the prompts leave the machine): only when
+    asked for by name."""
+    if os.environ.get("OPENAI_BASE_URL"):
+        return
+    for role in ("target", "draft"):
+        if getattr(args, f"{role}_model") and not getattr(args, f"{role}_base_url"):
+            raise UsageError(
+                f"no --{role}-base-url (or SPECAPI_{role.upper()}_BASE_URL): the {role}'s requests"
+                + (f" (the prompts of {args.prompts})" if args.prompts else "")
+                + f" would go to OpenAI's API and be billed; give the server's URL, e.g. --{role}-base-url http://localhost:8000/v1, "
+                f"or --{role}-base-url {OPENAI_API} to measure OpenAI itself"
+            )
+
+
+def _endpoints(args: argparse.Namespace, scenario: Scenario, repetition: int = 0):  # type: ignore[no-untyped-def]
     from ..endpoint import Endpoint
 
     if scenario.sim is None:
@@ -165,31 +221,68 @@ def _endpoints(args: argparse.Namespace, scenario: Scenario):  # type: ignore[no
         return target, draft
     from ..sim import simulated_endpoints
 
-    return simulated_endpoints(profile=scenario.sim.profile, latency=scenario.sim.latency, seed=scenario.sim.seed)
+    # Each repetition its own simulated pair, with its own latency draws.
+    return simulated_endpoints(profile=scenario.sim.profile, latency=scenario.sim.latency, seed=scenario.sim.seed + repetition)
 
 
-async def _run_all(args: argparse.Namespace, scenarios: list[Scenario], console: Any) -> list[Any]:
+class _Lines:
+    """Progress as one line per step on stderr (a pipe or a file): never silent for long."""
+
+    def __init__(self, total: int, clock: Any = time.monotonic) -> None:
+        self.total, self.done, self.clock, self.started = total, 0, clock, clock()
+
+    def step(self, text: str) -> None:
+        self.done += 1
+        print(f"[{self.done}/{self.total} {self.clock() - self.started:.0f} s] {text}", file=sys.stderr, flush=True)
+
+    def note(self, text: str) -> None:
+        print(f"[{self.done}/{self.total} {self.clock() - self.started:.0f} s] {text}", file=sys.stderr, flush=True)
+
+
+class _Bar:
+    """Progress as a rich bar (a terminal)."""
+
+    def __init__(self, progress: Any, total: int) -> None:
+        self.progress, self.task = progress, progress.add_task("starting", total=total)
+
+    def step(self, text: str) -> None:
+        self.progress.update(self.task, advance=1, description=text)
+
+    def note(self, text: str) -> None:
+        self.progress.update(self.task, description=text)
+
+
+async def _run_all(args: argparse.Namespace, scenarios: list[Scenario], console: Any) -> list[list[Any]]:
+    """Each scenario `--repeat` times: a list of runs per scenario."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from .runner import run_scenario, steps
+    from .runner import steps
 
-    runs = []
-    total = sum(steps(s) for s in scenarios)
+    repeat = args.repeat
+    total = repeat * sum(steps(s) for s in scenarios)
+    if not console.is_terminal:
+        return await _run_each(args, scenarios, _Lines(total))
     columns = (TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, transient=True) as progress:
-        task = progress.add_task("starting", total=total)
-        for scenario in scenarios:
-            target, draft = _endpoints(args, scenario)
-            progress.update(task, description=f"{scenario.name}")
+        return await _run_each(args, scenarios, _Bar(progress, total))
 
-            def step(label: str, name: str = scenario.name) -> None:
-                progress.update(task, advance=1, description=f"{name}: {label}")
 
-            run = await run_scenario(scenario, target, draft, progress=step)
-            if scenario.seed_blog:
-                progress.update(task, description=f"{scenario.name}: the blog experiment and the lossy sweep")
+async def _run_each(args: argparse.Namespace, scenarios: list[Scenario], shown: Any) -> list[list[Any]]:
+    from .runner import run_scenario
+
+    runs = []
+    for scenario in scenarios:
+        mine = []
+        for repetition in range(args.repeat):
+            target, draft = _endpoints(args, scenario, repetition)
+            name = scenario.name + (f" (run {repetition + 1} of {args.repeat})" if args.repeat > 1 else "")
+            shown.note(f"{name}: starting")
+            run = await run_scenario(scenario, target, draft, progress=lambda label, n=name: shown.step(f"{n}: {label}"), order=repetition)
+            if scenario.seed_blog and repetition == 0:
+                shown.note(f"{name}: the blog experiment and the lossy sweep")
                 run.extras = await _seed_blog(args, scenario)
-            runs.append(run)
+            mine.append(run)
+        runs.append(mine)
     return runs
 
 
@@ -214,8 +307,8 @@ async def _seed_blog(args: argparse.Namespace, scenario: Scenario) -> dict[str, 
 
 
 def run(args: argparse.Namespace) -> int:
-    """Exit codes: 0 every comparison held; 1 an output differed while claiming to be exact, or a request
-    failed; 2 bad options or prompts."""
+    """Exit codes: 0 every comparison held; 1 an output differed while claiming to be exact, a request
+    failed, or (``--check``) a scenario missed its expected speedup; 2 bad options or prompts."""
     from rich.console import Console
 
     from .. import __version__
@@ -237,9 +330,15 @@ def run(args: argparse.Namespace) -> int:
         print(f"specapi bench: {exc}", file=sys.stderr)
         return EXIT_USAGE
     mode = "endpoints" if args.target_model else ("simulator, quick" if args.quick else "simulator")
+    if args.via == "serve":
+        mode += ", through specapi serve"
+    if args.request_rate is not None:
+        mode += f", {args.request_rate:g} requests/s (Poisson)"
+    elif args.concurrency is not None and args.concurrency > 1:
+        mode += f", {args.concurrency} at a time"
     runs = asyncio.run(_run_all(args, scenarios, err))
     data = build_report(runs, mode=mode, version=__version__)
-    print_report(data, out)
+    print_report(data, out, table_only=args.table)
     if args.json:
         Path(args.json).write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
         err.print(f"JSON report: {args.json}")
@@ -251,4 +350,8 @@ def run(args: argparse.Namespace) -> int:
     # A run fails on errors and on outputs that differ while claiming to be exact; outputs the engine
     # itself marked approximate are reported, not failed.
     failed = any(any(m.get("claimed_exact", True) for m in s["mismatches"]) or s["errors"] for s in data["scenarios"])
-    return EXIT_FAILED if failed else EXIT_OK
+    missed = [s for s in data["scenarios"] if (s.get("aim") or {}).get("met") is False]
+    if args.check and missed:
+        names = ", ".join(s["name"] for s in missed)
+        print(f"specapi bench --check: {len(missed)} scenario(s) missed the speedup they are expected to reach: {names}", file=sys.stderr)
+    return EXIT_FAILED if failed or (args.check and missed) else EXIT_OK

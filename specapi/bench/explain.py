@@ -118,7 +118,13 @@ def explain(summary: dict[str, Any], *, note: str = "") -> str:
     speedup = summary.get("speedup")
     if speedup is None:
         return _failed_comparison(summary, note)
-    sentences = [f"Speculation was {verdict(speedup)}."]
+    if summary.get("speculated") is False:
+        sentences = [
+            f"No speculation: no measured request ran a round, so both sides were the target generating alone "
+            f"and the ratio ({speedup:.2f}x) is the noise between two runs of the same thing, not a gain."
+        ]
+    else:
+        sentences = [f"Speculation was {verdict(speedup)}."]
     warmed = summary.get("after_warmup")
     if warmed and warmed.get("speedup") is not None:
         money = ""
@@ -256,6 +262,13 @@ def explain(summary: dict[str, Any], *, note: str = "") -> str:
         sentences.append(f"The engine marked some outputs approximate rather than exact: {summary['engine_inexact_reasons'][0]}.")
     if summary["errors"]:
         sentences.append(f"{len(summary['errors'])} request(s) failed: {summary['errors'][0]}")
+    repeated = summary.get("repeated_prompts")
+    if repeated:
+        sentences.append(
+            f"{repeated} of the {spec['requests'] + spec.get('failed', 0)} measured prompts had been sent before in this run (a warm-up or "
+            "a repeat), and the client drafts from what it learnt of earlier requests (the suffix index): those run "
+            "faster than a new prompt would; --fresh-prompts measures them as new."
+        )
     if note:
         sentences.append(note)
     return " ".join(sentences)

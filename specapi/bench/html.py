@@ -6,8 +6,9 @@ the time to first token marked), tokens per round, acceptance by draft position,
 tokens, when the prices are zero) per role; where the client learns from traffic (``agentic``), speedup
 against request number.
 
-Rules the charts follow: one colour rule for speedups everywhere (`report.SPEEDUP_BAND`: green a win,
-red a loss, amber about even, in the table and the chart alike); legends sit below the axes, never on
+Rules the charts follow: one colour rule for speedups everywhere (the scenario's verdict,
+`spread.verdict_class`: green a win, red a loss, amber even, grey no speculation, in the table and the
+chart alike, with a legend swatch for each); legends sit below the axes, never on
 the data; axes are fitted to the data they show; every axis and figure has its unit. Charts are drawn
 with matplotlib's object API (no pyplot state) and embedded as SVG with text kept as text, so the page
 stays small. The arithmetic behind the predictions is in the repository's docs/performance.md.
@@ -22,21 +23,37 @@ from pathlib import Path
 from typing import Any
 
 from matplotlib.figure import Figure
+from matplotlib.patches import Patch
 
 from .blog_html import seed_blog_section
-from .charts import BAD, BASE, DRAFT, EVEN, GOOD, LINE, SPEC, TARGET, figure_html, legend_below, svg
-from .report import SPEEDUP_BAND
+from .charts import BAD, BASE, DRAFT, EVEN, GOOD, LINE, NONE, SPEC, TARGET, figure_html, legend_below, svg
+from .report import SPEEDUP_BAND, median_of
+from .spread import EVEN as EVEN_VERDICT
+from .spread import LOSS, NO_SPECULATION, WIN, verdict_class
 
-__all__ = ["overview_svg", "render_html", "scenario_svg", "learning_svg", "write_html", "speedup_class"]
+__all__ = ["overview_svg", "render_html", "scenario_svg", "learning_svg", "write_html", "speedup_class", "verdict_css"]
 
-_COLOURS = {"good": GOOD, "bad": BAD, "even": EVEN}
+#: CSS class, chart colour and legend words of each verdict.
+_VERDICTS = {
+    WIN: ("good", GOOD, "win (faster than the target alone)"),
+    EVEN_VERDICT: ("even", EVEN, "even (within the noise)"),
+    LOSS: ("bad", BAD, "loss (slower)"),
+    NO_SPECULATION: ("none", NONE, "no speculation (the target alone)"),
+}
 
 
 def speedup_class(value: float | None) -> str:
-    """"good", "bad" or "even" by the one colour rule (the terminal table uses the same band)."""
-    if value is None:
-        return "none"
-    return "good" if value >= SPEEDUP_BAND[1] else ("bad" if value <= SPEEDUP_BAND[0] else "even")
+    """"good", "bad" or "even" for one speedup by the one colour rule (the terminal table uses the same band)."""
+    return verdict_css(verdict_class(value))
+
+
+def verdict_css(verdict: str | None) -> str:
+    """The CSS class of a scenario's verdict: "good", "even", "bad", "none" (no speculation), "" (no figure)."""
+    return _VERDICTS[verdict][0] if verdict in _VERDICTS else ""
+
+
+def _verdict(summary: dict[str, Any]) -> str | None:
+    return summary.get("verdict") or verdict_class(summary.get("speedup"))
 
 
 def overview_svg(report: dict[str, Any]) -> str:
@@ -45,14 +62,20 @@ def overview_svg(report: dict[str, Any]) -> str:
     figure = Figure(figsize=(11, 1.2 + 0.55 * max(1, len(scenarios))), layout="constrained")
     ax = figure.add_subplot()
     names = [s["name"] for s in scenarios][::-1]
-    achieved = [s["speedup"] or 0.0 for s in scenarios][::-1]
-    predicted = [s["predicted_speedup"] for s in scenarios][::-1]
+    achieved = [median_of(s, "speedup", s["speedup"]) or 0.0 for s in scenarios][::-1]
+    predicted = [median_of(s, "predicted_speedup", s["predicted_speedup"]) for s in scenarios][::-1]
     rows = range(len(names))
-    colors = [_COLOURS.get(speedup_class(a), BASE) for a in achieved]
-    ax.barh([r + 0.18 for r in rows], achieved, height=0.36, color=colors, label="achieved (colour: win, even, loss)")
-    ax.barh(
-        [r - 0.18 for r in rows], [p or 0.0 for p in predicted], height=0.36, color="none", edgecolor="#34495e", hatch="//", label="predicted"
-    )
+    verdicts = [_verdict(s) for s in scenarios][::-1]
+    colors = [_VERDICTS[v][1] if v in _VERDICTS else BASE for v in verdicts]
+    ax.barh([r + 0.18 for r in rows], achieved, height=0.36, color=colors)
+    ax.barh([r - 0.18 for r in rows], [p or 0.0 for p in predicted], height=0.36, color="none", edgecolor="#34495e", hatch="//")
+    for r, s in zip(rows, scenarios[::-1]):
+        spread = ((s.get("repeats") or {}).get("figures") or {}).get("speedup")
+        if spread:  # the lowest to the highest run
+            ax.plot([spread["min"], spread["max"]], [r + 0.18, r + 0.18], color="black", linewidth=1.2)
+    # One swatch per verdict, each in its own colour (a single labelled bar would show only its first colour).
+    handles = [Patch(facecolor=colour, label=f"achieved: {words}") for _, colour, words in _VERDICTS.values()]
+    handles.append(Patch(facecolor="none", edgecolor="#34495e", hatch="//", label="predicted"))
     for r, a in zip(rows, achieved):
         ax.text(a, r + 0.18, f" {a:.2f}x", va="center", fontsize=9)
     ax.axvline(1.0, color="black", linewidth=1)
@@ -60,8 +83,9 @@ def overview_svg(report: dict[str, Any]) -> str:
     ax.set_yticks(list(rows), names)
     ax.set_xlabel("speedup over the target alone (time alone / time with speculation)")
     ax.set_ylim(-0.6, len(names) - 0.2)
-    ax.set_xlim(0, max([*achieved, *[p or 0 for p in predicted], 1.0]) * 1.12)
-    legend_below(ax, columns=2)
+    highest = [((s.get("repeats") or {}).get("figures") or {}).get("speedup", {}).get("max", 0.0) for s in scenarios]
+    ax.set_xlim(0, max([*achieved, *highest, *[p or 0 for p in predicted], 1.0]) * 1.12)
+    ax.legend(handles=handles, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3, frameon=False)
     return svg(figure)
 
 
@@ -205,6 +229,8 @@ table { border-collapse: collapse; margin: 1em 0; font-size: 14px; }
 th, td { border-bottom: 1px solid #ddd; padding: 6px 10px; text-align: right; }
 th { background: #f4f6f8; } td:first-child, th:first-child { text-align: left; white-space: nowrap; }
 .good { color: #1e8449; font-weight: bold; } .bad { color: #b03a2e; font-weight: bold; } .even { color: #9a7d0a; font-weight: bold; }
+.none { color: #707b7c; font-style: italic; }
+.swatch { display: inline-block; width: 0.9em; height: 0.9em; vertical-align: -0.1em; margin-right: 0.25em; border-radius: 2px; }
 section { margin-top: 2.5em; border-top: 2px solid #eee; padding-top: 1em; }
 .explanation { background: #f8f9fa; border-left: 4px solid #2e86de; padding: 0.8em 1em; line-height: 1.5; }
 .alarm { border-left-color: #c0392b; background: #fdedec; }
@@ -216,10 +242,36 @@ def _cell(value: Any, spec: str = ".2f", suffix: str = "") -> str:
     return "–" if value is None else f"{value:{spec}}{suffix}"
 
 
-def _speedup_cell(value: float | None) -> str:
+def _speedup_cell(summary: dict[str, Any]) -> str:
+    value = summary["speedup"]
     if value is None:
         return "<td class=bad>failed</td>"
-    return f'<td class="{speedup_class(value)}">{value:.2f}x</td>'
+    verdict = _verdict(summary)
+    spread = ((summary.get("repeats") or {}).get("figures") or {}).get("speedup")
+    shown = f"{spread['median']:.2f}x<br><small>{spread['min']:.2f}–{spread['max']:.2f}</small>" if spread else f"{value:.2f}x"
+    words = {NO_SPECULATION: "no speculation"}.get(verdict or "", verdict or "")
+    return f'<td class="{verdict_css(verdict)}">{shown}<br><small>{escape(words)}</small></td>'
+
+
+def _percentile_rows(report: dict[str, Any]) -> str:
+    rows = []
+    for s in report["scenarios"]:
+        for label, side in (("target alone", "baseline"), ("speculative", "speculative")):
+            found = s[side].get("percentiles") or {}
+            cells = "".join(
+                f"<td>{_cell(None if found.get(kind, {}).get(q) is None else found[kind][q] * 1000, '.1f')}</td>"
+                for kind in ("ttft_s", "itl_s", "tpot_s")
+                for q in ("p50", "p90", "p99")
+            )
+            rows.append(f"<tr><td>{escape(s['name']) if side == 'baseline' else ''}</td><td>{label}</td>{cells}</tr>")
+    return "\n".join(rows)
+
+
+_PERCENTILE_HEADER = (
+    "<tr><th rowspan=2>scenario</th><th rowspan=2>side</th><th colspan=3>time to first token (ms)</th>"
+    "<th colspan=3>inter-token latency (ms, between streamed chunks)</th><th colspan=3>time per output token (ms)</th></tr>"
+    "<tr>" + "<th>p50</th><th>p90</th><th>p99</th>" * 3 + "</tr>"
+)
 
 
 def _summary_rows(report: dict[str, Any]) -> str:
@@ -237,10 +289,12 @@ def _summary_rows(report: dict[str, Any]) -> str:
         rows.append(
             "<tr>"
             f"<td><a href='#{escape(s['name'])}'>{escape(s['name'])}</a></td>"
-            f"<td>{_cell(base['wall_s'], '.3f')}</td><td>{_cell(base['ttft_s'], '.3f')}</td>"
-            f"<td>{_cell(spec['wall_s'], '.3f')}</td><td>{_cell(spec['ttft_s'], '.3f')}</td>"
-            f"{_speedup_cell(s['speedup'])}<td>{_cell(s['predicted_speedup'], '.2f', 'x')}</td><td>{best}</td>"
-            f"<td>{_cell(s['acceptance_rate'], '.0%')}</td>"
+            f"<td>{_cell(median_of(s, 'baseline_wall_s', base['wall_s']), '.3f')}</td>"
+            f"<td>{_cell(median_of(s, 'baseline_ttft_s', base['ttft_s']), '.3f')}</td>"
+            f"<td>{_cell(median_of(s, 'speculative_wall_s', spec['wall_s']), '.3f')}</td>"
+            f"<td>{_cell(median_of(s, 'speculative_ttft_s', spec['ttft_s']), '.3f')}</td>"
+            f"{_speedup_cell(s)}<td>{_cell(median_of(s, 'predicted_speedup', s['predicted_speedup']), '.2f', 'x')}</td><td>{best}</td>"
+            f"<td>{_cell(median_of(s, 'acceptance_rate', s['acceptance_rate']), '.0%')}</td>"
             f"<td>{'never' if s['break_even_acceptance'] is None and prediction else _cell(s['break_even_acceptance'], '.0%')}</td>"
             f"<td>{cost}</td><td>{exact}</td>"
             "</tr>"
@@ -260,6 +314,12 @@ _DOCS = (
     "<a href='docs/algorithm.md'>docs/algorithm.md</a>; what exact means on each verification path: "
     "<a href='docs/verification.md'>docs/verification.md</a> (in the specapi repository)."
 )
+
+
+def _legend() -> str:
+    return ", ".join(
+        f"<span class={css}><span class=swatch style='background:{colour}'></span>{escape(words)}</span>" for css, colour, words in _VERDICTS.values()
+    )
 
 
 def render_html(report: dict[str, Any]) -> str:
@@ -290,13 +350,15 @@ def render_html(report: dict[str, Any]) -> str:
         "<!doctype html><html><head><meta charset='utf-8'><title>specapi bench</title>"
         f"<style>{_CSS}</style></head><body>"
         f"<h1>specapi bench</h1><p class=muted>specapi {escape(report['specapi_version'])}, {escape(report['mode'])}. "
-        "Speedup = time per request with the target alone / time with speculation (above 1: speculation wins); "
-        f"<span class=good>green</span> at {high:.2f}x or more, <span class=bad>red</span> at {low:.2f}x or less, "
-        "<span class=even>amber</span> in between. Times in seconds; acceptance and break-even as the share of draft tokens kept; "
+        "Speedup = time per request with the target alone / time with speculation (above 1: speculation wins). "
+        f"{_legend()}: a win at {high:.2f}x or more, a loss at {low:.2f}x or less, even in between; with repeated runs the "
+        "median is shown over the lowest and highest run, and a win (a loss) needs every run above (below) 1.0x. "
+        "A scenario in which no request speculated is drawn as such, whatever its ratio. Times in seconds; acceptance and break-even as the share of draft tokens kept; "
         "cost ratio = money with speculation / money alone (billed tokens ratio in brackets). "
         "Predicted speedups come from the measured acceptance and call latencies.</p>"
         f"<p class=muted>{_DOCS}</p>"
         f"<table>{_HEADER}{_summary_rows(report)}</table>"
+        f"<table>{_PERCENTILE_HEADER}{_percentile_rows(report)}</table>"
         + figure_html(overview_svg(report), "achieved (solid) and predicted (hatched) speedup per scenario; 1x is the target alone")
         + "".join(sections)
         + "</body></html>\n"

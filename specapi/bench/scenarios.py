@@ -102,7 +102,8 @@ class Scenario:
     the scenario is expected to reach (or stay below, with ``aim_below``), shown next to the result.
     ``learning_requests``: the first measured requests during which the client is still learning from
     traffic (the suffix index warms up); the report gives the speedup after them too (and ``aim``
-    applies to it). ``seed_blog``: also run the blog experiment and the lossy acceptance sweep
+    applies to it). ``request_rate``, ``fresh_prompts`` and ``via`` set the load and the path (see the
+    fields). ``seed_blog``: also run the blog experiment and the lossy acceptance sweep
     (``bench/blog.py``), reported with the scenario.
     """
 
@@ -118,11 +119,23 @@ class Scenario:
     warmup: int = 1
     warmup_max_tokens: int | None = 4
     concurrency: int = 1
+    #: Requests per second, arriving as a Poisson process (seeded); None: `concurrency` at a time, in waves.
+    request_rate: float | None = None
+    #: Each measured speculative request starts with an empty suffix index: nothing learnt from an earlier
+    #: request (a repeated prompt, a warm-up on the same prompt) drafts for it, as for a prompt never seen.
+    fresh_prompts: bool = False
+    #: "client" (`AsyncSpeculativeOpenAI` in the bench's process) or "serve" (`specapi serve`'s app on loopback).
+    via: str = "client"
     aim: float | None = None
     aim_below: bool = False
     note: str = ""
     learning_requests: int = 0
     seed_blog: bool = False
+
+    @property
+    def uses_suffix_index(self) -> bool:
+        """Whether the client drafts from what it learnt of earlier requests (drafter auto or suffix)."""
+        return self.drafter in ("auto", "suffix")
 
     @property
     def draft_length(self) -> int:
@@ -156,6 +169,9 @@ class Scenario:
             "warmup_requests": self.warmup,
             "warmup_max_tokens": self.warmup_max_tokens or self.max_tokens,
             "concurrency": self.concurrency,
+            "request_rate": self.request_rate,
+            "fresh_prompts": self.fresh_prompts,
+            "via": self.via,
         }
         if self.learning_requests:
             settings["learning_requests"] = self.learning_requests

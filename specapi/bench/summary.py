@@ -17,8 +17,10 @@ from ..stats import MODEL_DRAFTER, PIPELINED, RoleUsage, RoundRecord, money
 from . import predict as arithmetic
 from .explain import explain
 from .runner import Calibration, Sample, ScenarioRun
+from .scenarios import BenchRequest
+from .spread import Spread, percentiles, spread_of, verdict_class
 
-__all__ = ["REQUIRED_KEYS", "SIDE_KEYS", "latency_model", "report", "side_summary", "summarize"]
+__all__ = ["REQUIRED_KEYS", "SIDE_KEYS", "latency_model", "latency_percentiles", "merge_repeats", "report", "side_summary", "summarize"]
 
 #: Keys every scenario object carries (other tools rely on them).
 REQUIRED_KEYS = (
@@ -74,8 +76,22 @@ def _usage_dict(usage: RoleUsage) -> dict[str, Any]:
     }
 
 
-def side_summary(samples: Sequence[Sample]) -> dict[str, Any]:
-    """Figures of one side over its successful requests: means per request, totals billed."""
+def latency_percentiles(samples: Sequence[Sample]) -> dict[str, dict[str, float | None]]:
+    """Time to first token over requests, inter-token latency over every gap between text chunks, and
+    time per output token over requests (after the first token): p50, p90 and p99 in seconds."""
+    ok = [s for s in samples if s.error is None]
+    tpot = [(s.wall_s - s.ttft_s) / (s.generated_tokens - 1) for s in ok if s.ttft_s is not None and s.generated_tokens > 1]
+    found = {
+        "ttft_s": percentiles(s.ttft_s for s in ok if s.ttft_s is not None),
+        "itl_s": percentiles(gap for s in ok for gap in s.itl_s),
+        "tpot_s": percentiles(tpot),
+    }
+    return {name: {q: _round(v) for q, v in values.items()} for name, values in found.items()}
+
+
+def side_summary(samples: Sequence[Sample], span_s: float = 0.0) -> dict[str, Any]:
+    """Figures of one side over its successful requests: means per request, percentiles, totals billed;
+    with `span_s` (first request sent to last answered), the throughput."""
     ok = [s for s in samples if s.error is None]
     target = sum((s.target for s in ok), RoleUsage())
     draft = sum((s.draft for s in ok), RoleUsage())
@@ -96,6 +112,9 @@ def side_summary(samples: Sequence[Sample]) -> dict[str, Any]:
         "cost_usd": _money(cost),
         "cost_per_request_usd": _money(cost / len(ok)) if cost is not None and ok else None,
         "by_role": {"target": _usage_dict(target), "draft": _usage_dict(draft)},
+        "percentiles": latency_percentiles(ok),
+        "span_s": _round(span_s) if span_s else None,
+        "throughput_tokens_per_s": round(generated / span_s, 3) if span_s > 0 else None,
     }
 
 
@@ -263,15 +282,19 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 def summarize(run: ScenarioRun) -> dict[str, Any]:
     """The JSON-ready report of one scenario."""
     scenario = run.scenario
-    baseline = side_summary(run.baseline)
-    speculative = side_summary(run.speculative)
+    baseline = side_summary(run.baseline, run.baseline_span_s)
+    speculative = side_summary(run.speculative, run.speculative_span_s)
+    answered = [s for s in run.speculative if s.error is None]
+    through_proxy = any(s.totals is not None for s in answered)
     measured_rounds = [r for s in run.speculative if s.error is None for r in s.rounds]
     warmup_rounds = [r for s in run.warmup if s.error is None for r in s.rounds]
     rounds = measured_rounds or warmup_rounds
     rounds_source = "measured requests" if measured_rounds else ("warm-up requests" if warmup_rounds else "none")
 
-    drafted = sum(r.drafted for r in measured_rounds)
-    acceptance_rate = sum(r.accepted for r in measured_rounds) / drafted if drafted else None
+    drafted = sum(s.drafted_tokens for s in answered)
+    accepted = sum(s.accepted_tokens for s in answered)
+    num_rounds = sum(s.num_rounds for s in answered)
+    acceptance_rate = accepted / drafted if drafted else None
     by_position = _acceptance_by_position(rounds)
     conditional = arithmetic.conditional_acceptance([r.accepted_by_position for r in rounds])
 
@@ -283,11 +306,7 @@ def summarize(run: ScenarioRun) -> dict[str, Any]:
     generated = sum(s.generated_tokens for s in run.speculative if s.error is None)
     from_rounds = sum(r.emitted for r in measured_rounds)
     speculated_share = min(1.0, from_rounds / generated) if generated else 0.0
-    fallbacks = [
-        s.stats.fallback_reason
-        for s in run.speculative
-        if s.error is None and s.stats is not None and not s.stats.rounds and s.stats.fallback_reason
-    ]
+    fallbacks = [s.stats.fallback_reason for s in answered if s.stats is not None and not s.num_rounds and s.stats.fallback_reason]
 
     overheads = [
         (s.wall_s - sum(r.draft_latency_s + r.verify_latency_s for r in s.rounds)) / len(s.rounds)
@@ -307,7 +326,7 @@ def summarize(run: ScenarioRun) -> dict[str, Any]:
         speculating = mixed[0] if mixed is not None else prediction.speedup
         # Tokens the target generated alone (adaptive fallback) go at the target's own speed.
         predicted_speedup = 1.0 / (speculated_share / speculating + (1.0 - speculated_share))
-    elif fitted is not None and not rounds:
+    elif fitted is not None and not rounds and not through_proxy:
         predicted_speedup = 1.0  # nothing speculated: the target alone, through specapi
 
     temperature_zero = scenario.temperature == 0.0
@@ -335,9 +354,9 @@ def summarize(run: ScenarioRun) -> dict[str, Any]:
                 "baseline_ttft_s": _round(base.ttft_s) if base else None,
                 "speculative_ttft_s": _round(spec.ttft_s),
                 "generated_tokens": spec.generated_tokens,
-                "num_rounds": len(spec.rounds),
-                "accepted_tokens": sum(r.accepted for r in spec.rounds),
-                "drafted_tokens": sum(r.drafted for r in spec.rounds),
+                "num_rounds": spec.num_rounds,
+                "accepted_tokens": spec.accepted_tokens,
+                "drafted_tokens": spec.drafted_tokens,
                 "fallback_reason": spec.stats.fallback_reason if spec.stats else None,
                 "verification": spec.stats.verification if spec.stats else None,
                 "identical_output": (base.text == spec.text) if base and base.error is None and spec.error is None else None,
@@ -350,6 +369,7 @@ def summarize(run: ScenarioRun) -> dict[str, Any]:
 
     warmed = _after_learning(run) if scenario.learning_requests else None
     judged = warmed["speedup"] if warmed is not None else speedup
+    speculated = num_rounds > 0
     aim = None
     if scenario.aim is not None:
         met = None if judged is None else (judged < scenario.aim if scenario.aim_below else judged >= scenario.aim)
@@ -366,19 +386,23 @@ def summarize(run: ScenarioRun) -> dict[str, Any]:
         "baseline": baseline,
         "speculative": {
             **speculative,
-            "num_rounds": len(measured_rounds),
+            "num_rounds": num_rounds,
             "drafted_tokens": drafted,
-            "accepted_tokens": sum(r.accepted for r in measured_rounds),
+            "accepted_tokens": accepted,
             "tokens_per_round": _round(from_rounds / len(measured_rounds), 4) if measured_rounds else None,
-            "speculated_share": round(speculated_share, 4),
+            "speculated_share": None if through_proxy else round(speculated_share, 4),
             "pipelined_rounds": sum(1 for r in measured_rounds if _is_pipelined(r)),
             "overhead_per_round_s": _round(statistics.median(overheads)) if overheads else None,
             "lookup_rounds": sum(1 for r in measured_rounds if not _is_model_draft(r)),
-            "verification": sorted({s.stats.verification for s in run.speculative if s.error is None and s.stats is not None and s.stats.rounds}),
+            "verification": sorted({s.stats.verification for s in answered if s.stats is not None and s.num_rounds}),
             "requests_served_by_target_alone": len(fallbacks),
             "fallback_reasons": sorted(set(fallbacks)),
         },
         "speedup": _round(speedup, 4),
+        # "win", "even", "loss" or "no speculation" (see `spread.verdict_class`; with --repeat, from the spread).
+        "verdict": verdict_class(judged, speculated=speculated),
+        "speculated": speculated,
+        "repeated_prompts": _repeated_prompts(run),
         "ttft_speedup": _round(_ratio(baseline["ttft_s"], speculative["ttft_s"]), 4),
         "cost_ratio": _round(cost_ratio, 4),
         "billed_tokens_ratio": _round(
@@ -428,6 +452,24 @@ def summarize(run: ScenarioRun) -> dict[str, Any]:
     return summary
 
 
+def _repeated_prompts(run: ScenarioRun) -> int:
+    """Measured requests whose prompt the speculative client had already seen in this run (a warm-up or
+    an earlier measured request) while it could draft from what it learnt (the suffix index): their
+    speedup says how fast a repeated request is, not a new one. 0 with `fresh_prompts`."""
+    scenario = run.scenario
+    if scenario.fresh_prompts or not scenario.uses_suffix_index:
+        return 0
+    def key(request: BenchRequest) -> str:
+        return request.prompt if request.prompt is not None else repr(request.messages)
+
+    seen = {key(scenario.requests[i % len(scenario.requests)]) for i in range(len(run.warmup))}
+    repeated = 0
+    for request in scenario.requests:
+        repeated += key(request) in seen
+        seen.add(key(request))
+    return repeated
+
+
 def _after_learning(run: ScenarioRun) -> dict[str, Any]:
     """Both sides over the requests after the scenario's `learning_requests` (the client has warmed up)."""
     first = run.scenario.learning_requests
@@ -447,9 +489,96 @@ def _after_learning(run: ScenarioRun) -> dict[str, Any]:
     }
 
 
-def report(runs: Sequence[ScenarioRun], *, mode: str, version: str) -> dict[str, Any]:
-    """The whole bench report: ``{"specapi_version", "mode", "scenarios": [...]}``."""
-    scenarios = [summarize(run) for run in runs]
+#: Figures given as median and spread over repeated runs: (name, path in a scenario's summary).
+REPEATED_FIGURES = (
+    ("speedup", ("speedup",)),
+    ("speedup_after_warmup", ("after_warmup", "speedup")),
+    ("predicted_speedup", ("predicted_speedup",)),
+    ("baseline_wall_s", ("baseline", "wall_s")),
+    ("speculative_wall_s", ("speculative", "wall_s")),
+    ("baseline_ttft_s", ("baseline", "ttft_s")),
+    ("speculative_ttft_s", ("speculative", "ttft_s")),
+    ("baseline_throughput_tokens_per_s", ("baseline", "throughput_tokens_per_s")),
+    ("speculative_throughput_tokens_per_s", ("speculative", "throughput_tokens_per_s")),
+    ("acceptance_rate", ("acceptance_rate",)),
+    ("cost_ratio", ("cost_ratio",)),
+)
+
+
+def _at(summary: dict[str, Any], path: tuple[str, ...]) -> Any:
+    for key in path:
+        if not isinstance(summary, dict):
+            return None
+        summary = summary.get(key)  # type: ignore[assignment]
+    return summary
+
+
+def _judged(summary: dict[str, Any]) -> float | None:
+    warmed = summary.get("after_warmup") or {}
+    return warmed.get("speedup") if warmed.get("speedup") is not None else summary.get("speedup")
+
+
+def merge_repeats(runs: Sequence[ScenarioRun]) -> dict[str, Any]:
+    """One scenario run several times: the run with the median speedup (its figures, charts and explanation),
+    plus ``repeats`` (each figure's median, lowest and highest run), percentiles over every run's requests,
+    the verdict from the spread, the aim judged on the median, and every run's errors and mismatches."""
+    summaries = [summarize(run) for run in runs]
+    if len(summaries) == 1:
+        return summaries[0]
+    judged = [_judged(s) for s in summaries]
+    known = sorted((v, i) for i, v in enumerate(judged) if v is not None)
+    chosen = dict(summaries[known[(len(known) - 1) // 2][1]] if known else summaries[0])
+    figures = {name: spread_of(_at(s, path) for s in summaries) for name, path in REPEATED_FIGURES}
+    judged_spread = spread_of(judged)
+    speculated = any(s["speculated"] for s in summaries)
+    for side in ("baseline", "speculative"):
+        chosen[side] = {**chosen[side], "percentiles": latency_percentiles([x for run in runs for x in getattr(run, side)])}
+    aim = chosen.get("aim")
+    if aim is not None and judged_spread is not None:
+        median = judged_spread.median
+        aim = {**aim, "met": median < aim["speedup"] if aim["below"] else median >= aim["speedup"], "judged_on": "the median of the runs"}
+    chosen.update(
+        verdict=verdict_class(judged_spread, speculated=speculated),
+        speculated=speculated,
+        aim=aim,
+        exact_outputs=all(s["exact_outputs"] for s in summaries),
+        mismatches=[{**m, "run": n + 1} for n, s in enumerate(summaries) for m in s["mismatches"]],
+        errors=[e for s in summaries for e in s["errors"]],
+        repeats={
+            "runs": len(summaries),
+            "chosen_run": summaries.index(next(s for s in summaries if s["speedup"] == chosen["speedup"])) + 1,
+            "figures": {name: spread.to_dict() for name, spread in figures.items() if spread is not None},
+        },
+    )
+    for s in summaries:  # the blog experiment runs once, with the first repetition
+        for key in ("seed_blog", "sweep", "seed_blog_skipped"):
+            if key in s and key not in chosen:
+                chosen[key] = s[key]
+    chosen["explanation"] = _spread_sentence(chosen, judged_spread) + " " + chosen["explanation"]
+    return chosen
+
+
+def _spread_sentence(summary: dict[str, Any], judged: Spread | None) -> str:
+    runs = summary["repeats"]["runs"]
+    if judged is None:
+        return f"Over {runs} runs no speedup could be measured."
+    which = "after warm-up " if summary.get("after_warmup") else ""
+    verdict = {
+        "win": "every run was faster than the target alone",
+        "loss": "every run was slower than the target alone",
+        "even": "the runs do not show a difference from the target alone beyond their spread",
+        "no speculation": "no request speculated, so the ratio compares the target with itself",
+    }[summary["verdict"]]
+    return (
+        f"Over {runs} runs the speedup {which}was {judged.median:.2f}x (median; lowest {judged.low:.2f}x, highest {judged.high:.2f}x): "
+        f"{verdict}. The figures below are the middle run's by speedup (run {summary['repeats']['chosen_run']})."
+    )
+
+
+def report(runs: Sequence[ScenarioRun | Sequence[ScenarioRun]], *, mode: str, version: str) -> dict[str, Any]:
+    """The whole bench report: ``{"specapi_version", "mode", "scenarios": [...]}``; an item of `runs` that is
+    a list holds one scenario's repeated runs (`merge_repeats`)."""
+    scenarios = [merge_repeats(run if isinstance(run, Sequence) else [run]) for run in runs]
     return {
         "specapi_version": version,
         "mode": mode,

@@ -52,7 +52,7 @@ from prometheus_client.multiprocess import MultiProcessCollector, mark_process_d
 
 from ..stats import RoleUsage, SpeculativeStats
 
-__all__ = ["ProxyMetrics", "fallback_category", "CONTENT_TYPE", "MULTIPROCESS_DIR_VARIABLE", "MAX_POSITION_LABEL"]
+__all__ = ["ProxyMetrics", "fallback_category", "reason_label", "CONTENT_TYPE", "MULTIPROCESS_DIR_VARIABLE", "MAX_POSITION_LABEL"]
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 #: prometheus-client's switch to multiprocess mode (read when it is imported).
@@ -80,6 +80,17 @@ def fallback_category(reason: str | None) -> str | None:
         if needle in reason:
             return category
     return "target_only_request"
+
+
+def reason_label(reason: str, limit: int = _MAX_REASON_LENGTH) -> str:
+    """A free-text reason as a label of at most `limit` characters, cut between words (never inside one),
+    with "..." where it was cut."""
+    if len(reason) <= limit:
+        return reason
+    cut = reason[: limit - 3].rstrip()
+    if reason[limit - 3 : limit - 2] not in ("", " ") and " " in cut:
+        cut = cut[: cut.rindex(" ")]
+    return cut.rstrip(" :;,") + "..."
 
 
 def _vllm_position(index: int) -> str:
@@ -221,7 +232,7 @@ class ProxyMetrics:
             self.child(self.verification_refused, self.model, stats.verification_refused).inc()
         reason = getattr(stats, "load_reason", None)  # set by the load-aware policy when it holds speculation back
         if reason:
-            label = str(reason)[:_MAX_REASON_LENGTH]
+            label = reason_label(str(reason))
             if label not in self._reasons and len(self._reasons) >= _MAX_REASONS:
                 label = "other"
             self._reasons.add(label)

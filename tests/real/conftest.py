@@ -258,6 +258,10 @@ def vllm(vllm_python: pathlib.Path, vllm_models: dict[str, pathlib.Path], tmp_pa
     Started together once per session (each compiles its graph for about a minute) and stopped at the end.
     """
     logs = tmp_path_factory.mktemp("vllm")
+    running = vllm_setup.running_servers(logs)
+    if running is not None:
+        yield running
+        return
     specs = []
     for role in ("target", "draft"):
         model = f"tiny-{role}"

@@ -23,7 +23,7 @@ class Server:
     role: str  # "target" or "draft"
     model: str  # the name requests send (the server's alias)
     port: int
-    process: subprocess.Popen[bytes]
+    process: subprocess.Popen[bytes] | None  # None: a server this test run did not start
     log: pathlib.Path
 
     @property

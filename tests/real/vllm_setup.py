@@ -11,6 +11,8 @@ import os
 import pathlib
 import subprocess
 
+from real_helpers import Server, ServerPair
+
 HERE = pathlib.Path(__file__).resolve().parent
 
 #: A vLLM server compiles its model graph before it answers: 50-70 s alone on 2 cores, longer beside
@@ -62,3 +64,38 @@ def serve_env() -> dict[str, str]:
     env["VLLM_NO_USAGE_STATS"] = "1"
     env["DO_NOT_TRACK"] = "1"
     return env
+
+
+def running_servers(logs: pathlib.Path) -> ServerPair | None:
+    """Servers already running, for working on the tests without a minute's start per run:
+    `SPECAPI_VLLM_PORTS=TARGET_PORT,DRAFT_PORT` (started by hand with `serve_argv`, models named
+    tiny-target and tiny-draft). CI never sets it: the fixture starts its own."""
+    ports = os.environ.get("SPECAPI_VLLM_PORTS")
+    if not ports:
+        return None
+    target, draft = (int(port) for port in ports.split(","))
+    return ServerPair(
+        Server("vllm", "target", "tiny-target", target, None, logs / "target.log"),
+        Server("vllm", "draft", "tiny-draft", draft, None, logs / "draft.log"),
+    )
+
+
+if __name__ == "__main__":
+    # Start the pair by hand for `SPECAPI_VLLM_PORTS` (ends with this process: Ctrl-C or kill):
+    #   python tests/real/vllm_setup.py 18001 18002
+    import sys
+    import time
+
+    python = vllm_python()
+    models = vllm_models(python)
+    processes = []
+    for role, port in zip(("target", "draft"), sys.argv[1:3]):
+        argv = [a.replace("{port}", port) for a in serve_argv(python, models[role], f"tiny-{role}")]
+        processes.append(subprocess.Popen(argv, env=serve_env()))
+    print(f"SPECAPI_VLLM_PORTS={sys.argv[1]},{sys.argv[2]}", flush=True)
+    try:
+        while all(p.poll() is None for p in processes):
+            time.sleep(1)
+    finally:
+        for p in processes:
+            p.terminate()
