@@ -200,6 +200,10 @@ class Engine:
                 state.refusal = state.fallback_reason
             return False
         state.request = replace(request, context=replace(request.context, token_ids=ids))
+        if state.prompt_tokens is None:
+            # The server counts the prompt as the ids it runs (a first round of several prompts bills
+            # their sum, not the prompt's own count).
+            state.prompt_tokens = len(ids)
         return True
 
     async def _steps(

@@ -136,5 +136,5 @@ def read_scored_picks(entries: Any, prompt_ids: Any, context: int, k: int) -> li
             raise ValueError(f"position {position} lists {len(best)} tokens of rank 1")
         key, value = best[0]
         text = value.get("decoded_token")
-        picks.append(ScoredPick(id=int(key), text=text if isinstance(text, str) and "\ufffd" not in text else None))
+        picks.append(ScoredPick(id=int(key), text=text if isinstance(text, str) and text and "\ufffd" not in text else None))
     return picks

@@ -92,8 +92,10 @@ def scores_prompt(response: Mapping[str, Any] | None) -> bool:
 
 
 def _data(text: Any) -> bytes | None:
-    """A token's bytes from its rendering; None when the rendering lost them (U+FFFD, token_id:N)."""
-    if not isinstance(text, str) or "\ufffd" in text:
+    """A token's bytes from its rendering; None when the rendering lost them (U+FFFD, token_id:N, or
+    nothing at all: vLLM renders a token that holds part of a character as "", like a special token, and
+    a later step's text from a prompt that ends inside a character is not to be trusted)."""
+    if not isinstance(text, str) or not text or "\ufffd" in text:
         return None
     return token_bytes(text)
 

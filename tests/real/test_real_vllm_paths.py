@@ -104,10 +104,12 @@ def _engine_requests(root: str) -> float:
 
 @pytest.mark.parametrize("chat", [False, True], ids=["completions", "chat"])
 async def test_one_target_request_a_round(vllm: ServerPair, chat: bool) -> None:
-    """Where the draft is checked by one scored prompt (short contexts on vLLM's CPU cache blocks of 128
-    tokens), a round is one request for the server's engine: counted by the server, every target
+    """Where the draft is checked by one scored prompt (short contexts), a round is one request for the
+    server's engine: counted by the server, every target
     request specapi made (the prompt's tokenize call aside) is one engine request, and rounds happened."""
-    prompt = CHATS[0] if chat else COMPLETIONS[0]
+    # A short prompt: its contexts stay under 60 tokens, which one scored prompt checks whatever the
+    # server's block size (16 or more; scoring.choose_scoring), so every round is one engine request.
+    prompt = [{"role": "user", "content": "List three colours."}] if chat else "Tabs\tand spaces  mixed \t"
     request = {"messages" if chat else "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0}
     async with client_for(vllm, **FIXED) as client:
         await _specapi(client, chat, False, request)  # the probe, once per client
