@@ -9,7 +9,7 @@ chunk types, otherwise the SDK's response type with `speculative` statistics.
 from __future__ import annotations
 
 import asyncio
-from typing import assert_type
+from typing_extensions import assert_type  # typing has it from Python 3.11 only
 
 from openai.types import Completion
 from openai.types.chat import ChatCompletionChunk, ChatCompletionMessageParam

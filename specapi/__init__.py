@@ -14,6 +14,7 @@ from ._exceptions import (
     TargetError,
     UnsupportedRequestError,
 )
+from .checks import EndpointStatus
 from .client import AsyncSpeculativeOpenAI
 from .endpoint import Endpoint
 from .stats import RoleUsage, RoundRecord, SpeculativeStats
@@ -28,6 +29,7 @@ __all__ = [
     "SpeculativeOpenAI",
     "Endpoint",
     "SuffixIndex",
+    "EndpointStatus",
     "SpeculativeStats",
     "RoleUsage",
     "RoundRecord",

@@ -31,6 +31,7 @@ from ._http import AiohttpTransport, HTTPTransport, Httpx2Transport, Reply, SSED
 from ._exceptions import EndpointError, MalformedResponseError, endpoint_error
 from .endpoint import Endpoint
 from . import _json as fast_json
+from . import answer_keys
 from .load import LoadCurve
 from .pricing import call_cost
 from .stats import RoleUsage
@@ -121,6 +122,10 @@ class wait_retry_after:
         return ceiling / 2 + self._rng.uniform(0, ceiling / 2)
 
 
+#: The OpenAI paths whose answers show the target alone's fields (`answer_keys`): whether each is chat.
+_ANSWER_PATHS = {"/completions": False, "/chat/completions": True}
+
+
 class Meter:
     """Adds up what one role was asked and billed for during one user request."""
 
@@ -135,6 +140,9 @@ class Meter:
         self.cost_usd: Decimal | None = Decimal(0)
         #: The usage object of the last call that reported one, as the server sent it (every field).
         self.last_usage: Mapping[str, Any] | None = None
+        #: `prompt_tokens_details.cached_tokens` of the first call that reported it (what the server held cached
+        #: of the request's prompt when it first read it).
+        self.first_cached: int | None = None
 
     def record_attempt(self, latency_s: float, *, failed: bool) -> None:
         self.requests += 1
@@ -150,6 +158,8 @@ class Meter:
         completion = int(usage.get("completion_tokens") or 0)
         details = usage.get("prompt_tokens_details") or {}
         cached = int(details.get("cached_tokens") or 0) if isinstance(details, Mapping) else 0
+        if self.first_cached is None and isinstance(details, Mapping) and "cached_tokens" in details:
+            self.first_cached = cached
         self.prompt_tokens += prompt
         self.completion_tokens += completion
         self.cached_tokens += cached
@@ -377,14 +387,18 @@ class RoleClient:
         if not isinstance(result, dict):
             raise self.malformed(f"expected a JSON object, got {type(result).__name__}")
         meter.record_usage(result.get("usage") if "usage" in result or not _is_native(result) else _native_usage([result]))
+        if self.role == "target" and path in _ANSWER_PATHS:
+            key = (self.endpoint.base_url, body.get("model") or self.endpoint.model)
+            answer_keys.learn(key, _ANSWER_PATHS[path], result, logprobs=bool(body.get("logprobs")))
         return result
 
-    async def get(self, path: str, meter: Meter) -> Any:
-        """GET a JSON document (no retries: used to learn what a server is)."""
+    async def get(self, path: str, meter: Meter, *, timeout: float | None = None) -> Any:
+        """GET a JSON document (no retries: used to learn what a server is); `timeout`: seconds, else the endpoint's."""
         wire = self.wire
         started = self.clock()
         try:
-            reply = await wire.transport.send("GET", wire.url(path, None), wire.headers, None, wire.timeout)
+            limit = wire.timeout if timeout is None else timeout_of(timeout)
+            reply = await wire.transport.send("GET", wire.url(path, None), wire.headers, None, limit)
             if not 200 <= reply.status < 300:
                 raise self._status_error(reply)
             result = _parse(reply)
@@ -478,6 +492,8 @@ class RoleClient:
         usage_seen = False
         last: dict[str, Any] | None = None
         done = False
+        answer_path = self.role == "target" and path in _ANSWER_PATHS
+        shape = answer_keys.StreamKeys((self.endpoint.base_url, payload.get("model")), _ANSWER_PATHS[path], logprobs=bool(payload.get("logprobs"))) if answer_path else None
         try:
             async with contextlib.aclosing(_event_lists(reply)) as event_lists:
                 async for events in event_lists:
@@ -494,6 +510,8 @@ class RoleClient:
                             raise
                         if isinstance(chunk, dict):
                             last = chunk
+                            if shape is not None:
+                                shape.add(chunk)
                             if chunk.get("usage"):
                                 usage_seen = True
                                 meter.record_usage(chunk["usage"])
@@ -501,6 +519,8 @@ class RoleClient:
                     if batch:
                         yield batch
             failed = False
+            if shape is not None:
+                shape.done()
             if not usage_seen and last is not None and _is_native(last) and last.get("stop"):
                 usage_seen = True  # llama.cpp's native stream bills in its last chunk
                 meter.record_usage(_native_usage([last]))

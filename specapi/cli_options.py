@@ -10,6 +10,7 @@ same endpoint options (`ENDPOINTS`) and speculation options (`speculation_option
     --num-speculative-tokens SPECAPI_NUM_SPECULATIVE_TOKENS   --policy adaptive|fixed      SPECAPI_POLICY
     --drafter auto|model|lookup  SPECAPI_DRAFTER     --verification auto|PATH|none  SPECAPI_VERIFICATION
     --pipeline/--no-pipeline     SPECAPI_PIPELINE (1/0, true/false)
+    --allow-hosted           SPECAPI_ALLOW_HOSTED: a model without a base URL goes to OpenAI's API (refused without it)
 
 Every subcommand prints its results on stdout and its diagnostics (progress, notes, errors) on stderr.
 Exit codes: 0 success; 1 the work failed (an endpoint failed, or a comparison found a difference);
@@ -30,6 +31,8 @@ __all__ = [
     "fraction",
     "UsageError",
     "ENDPOINTS",
+    "OPENAI_API_URL",
+    "refuse_hosted",
     "speculation_options",
     "acceptance_options",
     "acceptance_values",
@@ -200,10 +203,31 @@ def _endpoint_options(role: str, *, model_help: str) -> tuple[Option, ...]:
     )
 
 
+#: Where the openai SDK sends requests when neither a base URL nor OPENAI_BASE_URL is given.
+OPENAI_API_URL = "https://api.openai.com/v1"
+
 ENDPOINTS: tuple[Option, ...] = (
     *_endpoint_options("target", model_help="the target model: the one whose output you get"),
     *_endpoint_options("draft", model_help="the draft model (cheap, proposes tokens); omit for prompt lookup only"),
+    Option("--allow-hosted", "SPECAPI_ALLOW_HOSTED", boolean, False,
+           f"let a model given without a base URL (and without OPENAI_BASE_URL) go to OpenAI's hosted API ({OPENAI_API_URL}), "
+           "billed to OPENAI_API_KEY (refused without it)"),
 )
+
+
+def refuse_hosted(values: Mapping[str, Any], environ: Mapping[str, str], *, what: str = "") -> None:
+    """Raise `UsageError` if a model resolved from `ENDPOINTS` has no base URL, so that its requests would
+    go to OpenAI's API by default, and `--allow-hosted` was not given. A base URL given through
+    OPENAI_BASE_URL counts as given. `what`: what else would leave the machine (e.g. a prompts file)."""
+    if values.get("allow_hosted") or environ.get("OPENAI_BASE_URL"):
+        return
+    for role in ("target", "draft"):
+        if values.get(f"{role}_model") and not values.get(f"{role}_base_url"):
+            raise UsageError(
+                f"--{role}-model {values[f'{role}_model']} without --{role}-base-url (or SPECAPI_{role.upper()}_BASE_URL): "
+                f"the {role}'s requests{what} would go to OpenAI's API ({OPENAI_API_URL}) and be billed to OPENAI_API_KEY; "
+                f"give the server's URL, e.g. --{role}-base-url http://localhost:8000/v1, or --allow-hosted to measure OpenAI itself"
+            )
 
 
 def speculation_options(*, default_text: str | None = None, **defaults: Any) -> tuple[Option, ...]:

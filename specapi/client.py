@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Literal, Optional, overload
 
+import httpx2
 import openai
 from openai._types import NotGiven, Omit, not_given, omit
 from openai.lib._parsing import ResponseFormatT
@@ -32,7 +33,8 @@ from typing_extensions import Unpack
 
 from ._calls import Clock, Meter, Sleep
 from ._exceptions import ConfigurationError
-from .call_options import deadline, request_options, seconds
+from .checks import DEFAULT_CHECK_TIMEOUT, EndpointStatus, check_endpoint
+from .call_options import deadline, request_options, seconds, with_sdk_options
 from .context import Context
 from .dialects.logprobs import caller_logprobs
 from .dialects.openai_params import ChatCompletionCreateParams, ChatCompletionParseParams, CompletionCreateParams, declared
@@ -55,6 +57,7 @@ from .validation import (
     bad_request,
     given_arguments,
     request_fields,
+    sendable,
     stops,
     stream_options,
     unverifiable,
@@ -97,6 +100,11 @@ class AsyncSpeculativeOpenAI(openai.AsyncOpenAI):
             `logprob_gap`); paths that show no target distribution (fan-out, Predicted Outputs,
             prefix match) decide exactly and say so in `speculative.acceptance_note`.
         sleep, clock: injectable for tests and the simulator.
+        timeout, max_retries, default_headers: the openai SDK client's own options, applied to both
+            endpoints: `timeout` (seconds, an `httpx2.Timeout`, or None for none) is the default of every
+            call, as `with_options(timeout=)` sets it (it bounds each upstream request and the whole call);
+            `max_retries` replaces each endpoint's; `default_headers` go with every upstream request
+            (an endpoint's own `headers` win where both name a header).
 
     It is an `openai.AsyncOpenAI` (libraries that check the type accept it: instructor, LiteLLM,
     LangChain's `root_async_client`): `completions` and `chat.completions` speculate; the SDK's other
@@ -121,11 +129,17 @@ class AsyncSpeculativeOpenAI(openai.AsyncOpenAI):
         typical_delta: float = 0.3,
         sleep: Sleep = asyncio.sleep,
         clock: Clock = time.perf_counter,
+        timeout: float | httpx2.Timeout | None | NotGiven = not_given,
+        max_retries: int | NotGiven = not_given,
+        default_headers: Mapping[str, str] | None = None,
     ) -> None:
         if not isinstance(target, Endpoint):
             raise ConfigurationError("target must be an Endpoint")
         if draft is not None and not isinstance(draft, Endpoint):
             raise ConfigurationError("draft must be an Endpoint or None")
+        sdk_options: dict[str, Any] = {"timeout": timeout, "max_retries": max_retries, "default_headers": default_headers}
+        target = with_sdk_options(target, **sdk_options)  # checks them, before any request
+        draft = with_sdk_options(draft, **sdk_options) if draft is not None else None
         self._runtime = Runtime(
             target=target,
             draft=draft,
@@ -138,6 +152,7 @@ class AsyncSpeculativeOpenAI(openai.AsyncOpenAI):
             suffix_index=suffix_index,
             acceptance=acceptance_rule(acceptance, acceptance_threshold, typical_epsilon, typical_delta),
         )
+        self._runtime.request_timeout = timeout
         self._owns_connections = True
         self._specapi_options = {
             "target": target,
@@ -197,6 +212,7 @@ class AsyncSpeculativeOpenAI(openai.AsyncOpenAI):
             base_url=sdk.base_url,
             timeout=self.target.timeout if isinstance(timeout, NotGiven) else timeout,
             max_retries=self.target.max_retries,
+            default_headers=dict(self.target.headers) if self.target.headers else None,
             http_client=sdk._client,
         )
 
@@ -235,6 +251,7 @@ class AsyncSpeculativeOpenAI(openai.AsyncOpenAI):
             if copy._runtime.draft is not None and self._runtime.draft is not None:
                 copy._runtime.draft.share_connections(self._runtime.draft)
             copy._runtime.paths.capabilities = self._runtime.paths.capabilities
+            copy._runtime.warnings = self._runtime.warnings  # a failure logged once, whichever copy met it
         copy._runtime.request_timeout = timeout if not isinstance(timeout, NotGiven) else self._runtime.request_timeout
         return copy
 
@@ -250,6 +267,15 @@ class AsyncSpeculativeOpenAI(openai.AsyncOpenAI):
         if raw:
             return await resource.with_raw_response.create(**params)
         return await resource.create(**params)
+
+    async def check_endpoints(self, *, timeout: float = DEFAULT_CHECK_TIMEOUT) -> tuple[EndpointStatus, ...]:
+        """Whether each endpoint answers and serves its model (`specapi.checks`): one `EndpointStatus`
+        per role, the target's first, each with the problem if there is one. Worth calling at start-up:
+        a draft that does not answer (a mistyped model, a server down) otherwise shows only as answers
+        written by the target alone, and one logged warning."""
+        roles = [role for role in (self._runtime.target, self._runtime.draft) if role is not None]
+        problems = await asyncio.gather(*(check_endpoint(role, timeout=timeout) for role in roles))
+        return tuple(EndpointStatus(role.role, role.endpoint.label, problem) for role, problem in zip(roles, problems))
 
     async def _warm(self) -> None:
         """What a long-running server does before its first request (see `Runtime.warm`)."""
@@ -307,6 +333,7 @@ class _Resource:
         """Check the call's options and bound it by its timeout; `_served` does the rest."""
         with bad_request():
             kwargs, options = request_options(params, self._runtime.request_timeout)
+            sendable(kwargs)
             limit = seconds(options.get("timeout"))
             return await deadline(self._served(kwargs, options), limit, self._runtime.target)
 
@@ -355,6 +382,11 @@ class AsyncCompletions(_Resource):
             if isinstance(prompt, list) and prompt:
                 return await self._alone("/completions", with_limit({"prompt": prompt, "model": model, **kwargs}, "max_tokens", limit), "a list prompt (batch or token ids) is served by the target alone", options)
             raise ConfigurationError(f"prompt must be a string, got {type(prompt).__name__}")
+        asked = kwargs.get("logprobs")
+        if isinstance(asked, int) and not isinstance(asked, bool) and asked < 0:
+            # vLLM reads -1 as every token's logprobs; other servers refuse it: the target's to answer.
+            reason = "logprobs below 0 (vLLM's -1: every token's) is served by the target alone"
+            return await self._alone("/completions", with_limit({"prompt": prompt, "model": model, **kwargs}, "max_tokens", limit), reason, options)
         speculated = dict(kwargs)  # the caller's logprobs are the engine's to ask for (Context.logprobs)
         logprobs = caller_logprobs(False, speculated)
         reason = unverifiable(speculated, COMPLETION_ARGS)

@@ -19,6 +19,7 @@ from typing import Any
 
 from ._calls import Clock, Meter, RoleClient
 from ._exceptions import DraftError, EndpointError, MalformedResponseError
+from .degraded import FallbackWarnings
 from .acceptance import Emitted, RoundDecision, decide_round
 from .alignment import token_bytes
 from .context import Context
@@ -61,7 +62,10 @@ class Engine:
         seeded_drafter: Drafter | None = None,
         seeded_policy: DraftLengthPolicy | None = None,
         relay_alone: bool = False,
+        warnings: FallbackWarnings | None = None,
     ) -> None:
+        #: Where a fallback for a failing role is logged (once per endpoint and failure).
+        self.warnings = warnings if warnings is not None else FallbackWarnings()
         #: A stream the target writes alone from its first token is handed to the caller as an
         #: `AloneStream` event (the proxy relays its chunks), and the request settled once it has ended.
         self.relay_alone = relay_alone
@@ -198,6 +202,10 @@ class Engine:
                 self.paths.refuse(state.request.context.is_chat, state.fallback_reason, definite=False)
             else:
                 state.refusal = state.fallback_reason
+            return False
+        if not ids:
+            # An empty prompt is no token-id prompt a server takes: the target alone reads the caller's text.
+            state.fallback_reason = "the prompt has no tokens to send as ids: the target alone generates"
             return False
         state.request = replace(request, context=replace(request.context, token_ids=ids))
         if state.prompt_tokens is None:
@@ -382,6 +390,7 @@ class Engine:
             finish_reason=finish_reason, stats=stats, prompt_tokens=state.prompt_tokens, completion_tokens=produced,
             usage=state.plain_usage if alone and isinstance(state.plain_usage, Mapping) else None,
             stream_usage=caps is not None and caps.stream_usage_unasked and not state.request.context.is_chat, logprobs=logprobs,
+            prompt_cached_tokens=state.target_meter.first_cached,
         )
 
     async def _draft(self, context: Context, k: int, state: RequestState) -> Draft | None:
@@ -401,6 +410,7 @@ class Engine:
             return await state.drafter.draft(context, k, meter, state.seed())
         except (DraftError, MalformedResponseError) as exc:
             state.fallback_reason = f"draft failed, continued with the target alone: {exc}"
+            self.warnings.failed(exc)
             return None
 
     async def _verify(self, context: Context, draft: Draft, state: RequestState) -> Verification | None:
@@ -411,6 +421,7 @@ class Engine:
             verification = await state.verifier.verify(context, draft.tokens, state.target_meter, seeds, state.top_k, draft_meter=state.draft_meter)
         except MalformedResponseError as exc:
             state.fallback_reason = f"target response could not be verified against, continued with the target alone: {exc}"
+            self.warnings.failed(exc)
             self.paths.refuse(state.request.context.is_chat, state.fallback_reason, definite=False)
             return None
         except EndpointError as exc:

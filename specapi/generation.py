@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from . import answer_keys
 from ._exceptions import ConfigurationError
 from .context import Context
 from .engine import Engine
@@ -48,12 +50,15 @@ async def respond(
     if choices > 1:  # the proxy's handover relays one target stream as the whole answer: not one choice of several
         for speculation in speculations:
             speculation.engine.relay_alone = False
+    # The target alone's fields, once the target has answered (a new client's first request probes it first).
+    keys = functools.partial(answer_keys.template, (runtime.target.endpoint.base_url, model), chat, stream)
     if stream:
         chunks = chat_chunks if chat else completion_chunks
-        return SpeculativeStream(chunks(interleaved(speculations), model, include_usage, choices), parse_chat_chunk if chat else parse_completion)
+        return SpeculativeStream(chunks(interleaved(speculations), model, include_usage, choices, keys), parse_chat_chunk if chat else parse_completion)
     # Each choice its own run, at once: they share the prompt, which the target's prefix cache holds for all.
     answers = await asyncio.gather(*(speculation.collect() for speculation in speculations))
-    return build(runtime.target, chat, completion_data(chat, model, answers), combined_stats([finished.stats for _, finished in answers]))
+    data = answer_keys.fill(completion_data(chat, model, answers), keys(), cached_tokens=answers[0][1].prompt_cached_tokens)
+    return build(runtime.target, chat, data, combined_stats([finished.stats for _, finished in answers]))
 
 
 def choice_count(n: Any) -> int:

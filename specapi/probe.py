@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
+
+import openai
 
 from ._calls import Meter, RoleClient, is_transient
 from ._exceptions import EndpointError, MalformedResponseError
@@ -198,10 +201,32 @@ async def _probe(client: RoleClient, meter: Meter, defaults_task: asyncio.Future
     # answers: asked at once, the first request of a cold client waits for the longer half (two or
     # three round trips), not for both one after the other (six).
     completions, chat = _Found(), _Found()
-    await _all(_probe_completions(ask, completions, client.endpoint.max_logprobs), _probe_chat(ask, chat))
+    await _all(_probe_completions(ask, completions, client.endpoint.max_logprobs), _probe_chat(ask, chat), _probe_streams(client, meter))
     found = _Found({**completions.values, **chat.values}, completions.notes + chat.notes)
     await _probe_server(client, meter, found, await defaults_task)
     return Capabilities(notes=tuple(found.notes), **found.values)
+
+
+async def _probe_streams(client: RoleClient, meter: Meter) -> None:
+    """One token streamed from each endpoint: what the server's chunks carry beyond specapi's own fields
+    (`answer_keys`), so that the streams specapi assembles carry them too. Refusals say nothing here."""
+
+    async def stream(path: str, body: dict[str, Any]) -> None:
+        body = {**body, "stream_options": {"include_usage": True}}  # billed like every other call
+        try:
+            async with contextlib.aclosing(client.stream(path, body, meter)) as chunks:
+                async for _ in chunks:
+                    pass
+        except EndpointError as exc:
+            if exc.__cause__ is not None and is_transient(exc.__cause__) or exc.status_code is None or exc.status_code >= 500:
+                raise
+        except ValueError:  # an unreadable chunk: the calls that matter find it out and say so
+            pass
+
+    await _all(
+        stream(*completion_request(_PROBE_PROMPT, 1, fixed_sampling(0))),
+        stream(*chat_request([{"role": "user", "content": "a b c d e"}], 1, fixed_sampling(0))),
+    )
 
 
 async def _probe_completions(ask: Ask, found: _Found, max_logprobs: int) -> None:
@@ -430,11 +455,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _hint(exc: EndpointError) -> str:
+    cause = exc.__cause__
+    if isinstance(cause, openai.APITimeoutError):
+        return " (no answer in time: is the server overloaded, or --base-url the address of another service?)"
+    if isinstance(cause, openai.APIConnectionError):
+        return ": is the server running, and is --base-url right (scheme, host, port, and the /v1 path)?"
     if exc.status_code in (401, 403):
         return " (the key was refused: check --api-key or SPECAPI_PROBE_API_KEY)"
     if exc.status_code == 404:
         return " (check --model, and that --base-url ends where /completions is served, usually /v1)"
     return ""
+
+
+def _connection_failure(exc: EndpointError) -> str:
+    """What the transport saw (connection refused, a name that does not resolve, ...), else the SDK's class."""
+    root: BaseException | None = exc.__cause__
+    while root is not None and root.__cause__ is not None:
+        root = root.__cause__
+    text = str(root) if root is not None and not isinstance(root, openai.APIError) else ""
+    return text or type(exc.__cause__).__name__
 
 
 async def _why_unusable(client: RoleClient, meter: Meter) -> str:
@@ -476,7 +515,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         caps, problem = asyncio.run(probe_and_close())
     except EndpointError as exc:
-        print(f"specapi probe: {exc}{_hint(exc)}", file=sys.stderr)
+        unreachable = isinstance(exc.__cause__, openai.APIConnectionError) and not isinstance(exc.__cause__, openai.APITimeoutError)
+        shown = f"{endpoint.base_url} is not reachable ({_connection_failure(exc)})" if unreachable else str(exc)
+        print(f"specapi probe: {shown}{_hint(exc)}", file=sys.stderr)
         return EXIT_FAILED
     if problem is not None:
         print(f"specapi probe: {endpoint.label} serves neither completions nor chat: {problem}", file=sys.stderr)

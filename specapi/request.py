@@ -57,6 +57,8 @@ class Finished:
     stream_usage: bool = False
     #: The caller's logprobs (the `logprobs` object of the choice; of a stream, that of the tokens not yet out).
     logprobs: Any = None
+    #: The prompt tokens the target reported cached on the request's first call that reported it.
+    prompt_cached_tokens: int | None = None
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from .cli_options import (
-    ENDPOINTS, EXIT_FAILED, EXIT_OK, EXIT_USAGE, Option, UsageError, acceptance_options, acceptance_values, add_options, boolean, resolve,
+    ENDPOINTS, EXIT_FAILED, EXIT_OK, EXIT_USAGE, Option, UsageError, acceptance_options, acceptance_values, add_options, boolean, refuse_hosted, resolve,
     speculation_options,
 )
 
@@ -92,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         values = resolve(args, OPTIONS, os.environ)
+        refuse_hosted(values, os.environ)
         if values["drafter"] == "model" and not values["draft_model"] and values["target_model"]:
             raise UsageError("--drafter model needs --draft-model")
         result = asyncio.run(_generate(args.prompt, values))

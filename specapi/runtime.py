@@ -19,6 +19,7 @@ from openai._types import not_given
 from ._calls import Clock, Meter, RoleClient, Sleep
 from ._exceptions import ConfigurationError
 from .context import Context
+from .degraded import FallbackWarnings
 from .drafters import CombinedDrafter, Drafter, LookupDrafter, ModelDrafter, PredictionDrafter
 from .endpoint import Endpoint
 from .engine import Engine
@@ -80,6 +81,8 @@ class Runtime:
         # `model=` on a call names another model on the target's server: its own client view and
         # path memory, sharing the connection pool.
         self._by_model: OrderedDict[str, tuple[RoleClient, PathResolver]] = OrderedDict()
+        #: The fallbacks for a failing role already logged (`degraded.py`); copies of the client share it.
+        self.warnings = FallbackWarnings()
 
     def warm(self) -> None:
         """Load now what the first requests would otherwise load on the event loop, stalling every
@@ -164,6 +167,7 @@ class Runtime:
             seeded_drafter=seeded_drafter,
             seeded_policy=self.policy if seeded_drafter is not None else None,
             relay_alone=self.relay_alone,
+            warnings=self.warnings,
         )
 
 

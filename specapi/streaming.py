@@ -15,6 +15,8 @@ from typing import Any, Generic, TypeVar
 from openai.types import Completion
 from openai.types.chat import ChatCompletionChunk
 
+from . import answer_keys
+from .answer_keys import AnswerKeys
 from .request import Finished, Piece
 from .responses import combined_stats, response_id, usage
 from .stats import SpeculativeStats
@@ -91,15 +93,23 @@ class _StreamResponse:
         await self._close()
 
 
-def _chunker(chat: bool, model: str) -> Callable[..., dict[str, Any]]:
+def _chunker(chat: bool, model: str, keys: AnswerKeys | None = None) -> Callable[..., dict[str, Any]]:
     """What makes the chunks of one new response: a choice's own fields, its finish reason, its index and
-    its tokens' logprobs in, a chunk out."""
+    its tokens' logprobs in, a chunk out (with the target alone's top-level scalars and choice fields)."""
     ident, created = response_id(chat), int(time.time())
     kind = "chat.completion.chunk" if chat else "text_completion"
+    top = dict(keys.top) if keys is not None else {}
+    own = dict(keys.choice) if keys is not None else {}
+    bare = keys is not None and "logprobs" in keys.absent  # the target's chunks have no `logprobs` unasked
 
     def chunk(fields: dict[str, Any], finish: str | None, index: int = 0, logprobs: Any = None) -> dict[str, Any]:
-        choice = {"index": index, **fields, "logprobs": logprobs, "finish_reason": finish}
-        return {"id": ident, "object": kind, "created": created, "model": model, "choices": [choice]}
+        if bare and logprobs is None:
+            choice = {"index": index, **fields, "finish_reason": finish}
+        else:
+            choice = {"index": index, **fields, "logprobs": logprobs, "finish_reason": finish}
+        if own:
+            choice.update({name: [] if value == [] else value for name, value in own.items()})
+        return {"id": ident, "object": kind, "created": created, "model": model, "choices": [choice], **top}
 
     return chunk
 
@@ -107,10 +117,15 @@ def _chunker(chat: bool, model: str) -> Callable[..., dict[str, Any]]:
 Events = AsyncIterator[tuple[int, Piece | Finished]]
 
 
-async def _chunks(events: Events, chat: bool, model: str, include_usage: bool, choices: int) -> AsyncIterator[dict[str, Any]]:
+async def _chunks(
+    events: Events, chat: bool, model: str, include_usage: bool, choices: int, keys: Callable[[], AnswerKeys | None] = lambda: None
+) -> AsyncIterator[dict[str, Any]]:
     """The chunks of `choices` interleaved choices (each event tagged with its choice's index): each
-    choice's text as it comes, its finish reason, then the usage and the statistics once all have ended."""
-    chunker = _chunker(chat, model)
+    choice's text as it comes, its finish reason, then the usage and the statistics once all have ended.
+    `keys`: the target alone's fields beyond specapi's own (`answer_keys`), asked once the first event is
+    out (by then the target has answered)."""
+    chunker: Callable[..., dict[str, Any]] | None = None
+    known: AnswerKeys | None = None
     started: set[int] = set()  # chat: the choices whose first delta (with the role) is out
     finished: dict[int, Finished] = {}
 
@@ -125,6 +140,9 @@ async def _chunks(events: Events, chat: bool, model: str, include_usage: bool, c
 
     try:
         async for index, event in events:
+            if chunker is None:
+                known = keys()
+                chunker = _chunker(chat, model, known)
             if isinstance(event, Piece):
                 yield chunker(fields(index, event.text), None, index, event.logprobs)
                 continue
@@ -142,18 +160,19 @@ async def _chunks(events: Events, chat: bool, model: str, include_usage: bool, c
                 last = {**chunker(fields(index, None), None), "choices": [], "usage": usage(*ended)}
             elif event.stream_usage:
                 last["usage"] = usage(*ended)  # as the target alone's stream ends (see Capabilities.stream_usage_unasked)
+            answer_keys.fill_chunk(last, known, cached_tokens=ended[0].prompt_cached_tokens)
             last["_speculative"] = combined_stats([f.stats for f in ended])
             yield last
     finally:
         await events.aclose()  # type: ignore[attr-defined]
 
 
-def completion_chunks(events: Events, model: str, include_usage: bool, choices: int = 1) -> AsyncIterator[dict[str, Any]]:
-    return _chunks(events, False, model, include_usage, choices)
+def completion_chunks(events: Events, model: str, include_usage: bool, choices: int = 1, keys: Callable[[], AnswerKeys | None] = lambda: None) -> AsyncIterator[dict[str, Any]]:
+    return _chunks(events, False, model, include_usage, choices, keys)
 
 
-def chat_chunks(events: Events, model: str, include_usage: bool, choices: int = 1) -> AsyncIterator[dict[str, Any]]:
-    return _chunks(events, True, model, include_usage, choices)
+def chat_chunks(events: Events, model: str, include_usage: bool, choices: int = 1, keys: Callable[[], AnswerKeys | None] = lambda: None) -> AsyncIterator[dict[str, Any]]:
+    return _chunks(events, True, model, include_usage, choices, keys)
 
 
 def parse_completion(data: dict[str, Any]) -> Completion:

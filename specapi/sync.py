@@ -24,6 +24,7 @@ from openai.types import Completion, Model
 from openai.types.chat import ChatCompletionChunk, completion_create_params
 from typing_extensions import Unpack
 
+from .checks import DEFAULT_CHECK_TIMEOUT, EndpointStatus
 from .client import AsyncSpeculativeOpenAI
 from .dialects.openai_params import ChatCompletionCreateParams, ChatCompletionParseParams, CompletionCreateParams, declared
 from .raw import RawResponse, StreamedHeaders
@@ -101,7 +102,8 @@ class SpeculativeOpenAI(openai.OpenAI):
         self._sdk_ready = True
         source = self._async
         openai.OpenAI.__init__(
-            self, api_key=source.api_key, base_url=source.base_url, timeout=source.timeout, max_retries=source.max_retries, http_client=http_client
+            self, api_key=source.api_key, base_url=source.base_url, timeout=source.timeout, max_retries=source.max_retries,
+            default_headers=dict(source.target.headers) if source.target.headers else None, http_client=http_client,
         )
 
     # The speculating resources in place of the SDK's (same names, same call shapes).
@@ -152,6 +154,10 @@ class SpeculativeOpenAI(openai.OpenAI):
         if raw:
             return resource.with_raw_response.create(**params)
         return resource.create(**params)
+
+    def check_endpoints(self, *, timeout: float = DEFAULT_CHECK_TIMEOUT) -> tuple[EndpointStatus, ...]:
+        """Whether each endpoint answers and serves its model (see `AsyncSpeculativeOpenAI.check_endpoints`)."""
+        return self._loop.run(self._async.check_endpoints(timeout=timeout))
 
     def close(self) -> None:
         if self._loop._loop is not None:

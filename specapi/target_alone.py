@@ -205,14 +205,15 @@ def can_stream(state: RequestState, context: Context) -> bool:
 
 async def target_call(
     target: RoleClient, clock: Clock, state: RequestState, context: Context, max_tokens: int | None, seed: int | None, *,
-    streamed: bool, count_tokens: bool = False, whole_runs: bool = False,
+    streamed: bool, count_tokens: bool = False, whole_runs: bool = False, last: bool = True,
 ) -> PlainStep:
     """One target-alone call; `streamed` asks it as a stream and collects it, so that the text is
-    rendered as a streaming caller would receive it."""
+    rendered as a streaming caller would receive it. `last`: no text follows the step's (the caller's
+    limit ends it), so it ends as the server renders it, inside a character or not."""
     stop = list(state.request.stop) or None
     verifier = state.verifier
     if verifier is not None and verifier.sends_token_ids and context.token_ids is not None:
-        step: PlainStep = await verifier.plain(context, max_tokens, state.target_meter, seed, stop, streamed=streamed)
+        step: PlainStep = await verifier.plain(context, max_tokens, state.target_meter, seed, stop, streamed=streamed, whole_characters=not last)
         return step
     if not streamed or not can_stream(state, context) or context.logprobs is not None:
         return await plain_step(
@@ -261,7 +262,8 @@ async def plain(target: RoleClient, clock: Clock, state: RequestState, context: 
         # is cut back to whole token runs (`_whole_runs`).
         whole_runs = state.whole_runs and context.is_chat and not last
         step = await target_call(
-            target, clock, state, context, step_tokens, seed, streamed=state.request.stream and last, count_tokens=counting, whole_runs=whole_runs
+            target, clock, state, context, step_tokens, seed, streamed=state.request.stream and last, count_tokens=counting, whole_runs=whole_runs,
+            last=last,
         )
         state.plain_calls += 1
         state.plain_usage = state.target_meter.last_usage
@@ -302,7 +304,7 @@ def _step_tokens(step: PlainStep, step_tokens: int | None, remaining: int | None
         data = step.data if step.data is not None else step.text.encode("utf-8")
         new.append(Emitted(token=step.text, data=data, count=max(count, 1), ids=step.ids))
         count = 0  # counted with the text
-    window_end = step.finish_reason == "length" and step_tokens is not None and 0 < (step.completion_tokens or 0) < step_tokens
+    window_end = step.finish_reason == "length" and step_tokens is not None and 0 < (step.completion_tokens or 0) + step.held_back < step_tokens
     if step.finish_reason != "length" or step_tokens is None or window_end:
         # A step of no text that ended still generated its end-of-text token, when its server says so;
         # one that stopped short of its limit with "length" met the end of the context window.

@@ -416,7 +416,8 @@ class TokenIdVerifier(VerifierBase):
         )
 
     async def plain(
-        self, context: Context, max_tokens: int | None, meter: Meter, seed: int | None, stop: list[str] | None, *, streamed: bool = False
+        self, context: Context, max_tokens: int | None, meter: Meter, seed: int | None, stop: list[str] | None, *, streamed: bool = False,
+        whole_characters: bool = False,
     ) -> PlainStep:
         """The target alone continues the context's ids (the engine's plain steps on this path);
         `streamed` renders the text as a stream would (a streaming caller's last step)."""
@@ -427,7 +428,8 @@ class TokenIdVerifier(VerifierBase):
             max_tokens = max(1, self.context_window - len(context.token_ids))
         started = self.client.clock()
         generated = await self.dialect.generate(
-            self.client, context.token_ids, sampling_fields(context, seed), max_tokens, stop, meter, options=context.options, stream=streamed
+            self.client, context.token_ids, sampling_fields(context, seed), max_tokens, stop, meter, options=context.options, stream=streamed,
+            whole_characters=whole_characters,
         )
         return PlainStep(
             text=generated.data.decode("utf-8", errors="replace"),
@@ -437,6 +439,7 @@ class TokenIdVerifier(VerifierBase):
             latency_s=self.client.clock() - started,
             data=generated.data,
             ids=generated.ids,
+            held_back=generated.held_back,
         )
 
 

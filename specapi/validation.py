@@ -8,6 +8,7 @@ through `InvalidRequestError`).
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -33,6 +34,7 @@ __all__ = [
     "validated_max_tokens",
     "validated_sampling",
     "validated_seed",
+    "sendable",
     "with_limit",
 ]
 
@@ -74,6 +76,50 @@ def bad_request() -> Iterator[None]:
         raise
     except ConfigurationError as exc:
         raise InvalidRequestError(str(exc)) from None
+
+
+def _lone_surrogate(text: str) -> int | None:
+    """Where `text` holds a lone surrogate (a half of a UTF-16 pair, which no UTF-8 text can carry), or None."""
+    if text.isascii():
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return exc.start
+    return None
+
+
+def _unsendable(value: Any, path: str, depth: int = 0) -> str | None:
+    """Why no JSON body can carry the first value under `value` (keys included) that it cannot: a string
+    with a lone surrogate, or a float that is NaN or infinite; None when every one can."""
+    if isinstance(value, str):
+        at = _lone_surrogate(value)
+        return None if at is None else f"{path} holds a lone surrogate ({ascii(value[at])}) at character {at}: text must be valid Unicode (a surrogate escape in JSON must be one of a high-low pair)"
+    if isinstance(value, float):
+        return None if math.isfinite(value) else f"{path} must be a finite number, got {value!r} (JSON has no NaN or Infinity)"
+    if depth > 64:  # deeper arguments are refused by their own checks, or sent as they are
+        return None
+    if isinstance(value, Mapping):
+        for key, item in value.items():
+            found = _unsendable(key, f"{path} key", depth + 1) or _unsendable(item, f"{path}.{key}", depth + 1)
+            if found is not None:
+                return found
+    elif isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            found = _unsendable(item, f"{path}[{index}]", depth + 1)
+            if found is not None:
+                return found
+    return None
+
+
+def sendable(kwargs: Mapping[str, Any]) -> None:
+    """Refuse what no request body can carry, naming the argument: a lone surrogate (`"\\ud800"`: JSON may
+    escape one, but it is no character, UTF-8 cannot encode it and tokenizers refuse it), or NaN and
+    infinite numbers (JSON has none)."""
+    for name, value in kwargs.items():
+        why = _unsendable(value, name)
+        if why is not None:
+            raise ConfigurationError(why)
 
 
 def check_number(name: str, value: Any, low: float, high: float, *, low_open: bool = False) -> float:
@@ -163,7 +209,10 @@ def with_limit(body: dict[str, Any], name: str, limit: int | None) -> dict[str, 
 
 def stream_options(kwargs: Mapping[str, Any]) -> tuple[bool, bool]:
     """Whether the caller asked for a stream, and for usage in it."""
-    stream = bool(kwargs.get("stream"))
+    stream = kwargs.get("stream")
+    if stream is not None and not isinstance(stream, bool):
+        raise ConfigurationError(f"stream must be a boolean, got {stream!r}")
+    stream = bool(stream)
     options = kwargs.get("stream_options") or {}
     if not isinstance(options, Mapping):
         raise ConfigurationError(f"stream_options must be an object, got {options!r}")

@@ -73,6 +73,9 @@ class PlainStep:
     #: With the caller's logprobs asked: the target's scored tokens, and its `logprobs` object as sent.
     scored: tuple[ScoredToken, ...] | None = None
     logprobs: Any = None
+    #: Tokens the call generated but the step leaves out (an unfinished character at its token budget,
+    #: drawn again by the next step): with `completion_tokens`, what the budget allowed.
+    held_back: int = 0
 
 
 class Verifier(Protocol):
@@ -103,8 +106,11 @@ class Verifier(Protocol):
         ...
 
     async def plain(
-        self, context: Context, max_tokens: int | None, meter: Meter, seed: int | None, stop: list[str] | None, *, streamed: bool = False
+        self, context: Context, max_tokens: int | None, meter: Meter, seed: int | None, stop: list[str] | None, *, streamed: bool = False,
+        whole_characters: bool = False,
     ) -> PlainStep:
+        """The target alone continues the context's ids; `whole_characters`: a step the text goes on from,
+        which leaves out an unfinished last character's tokens where the server shows no bytes for them."""
         ...
 
 
@@ -124,7 +130,8 @@ class VerifierBase:
         return None
 
     async def plain(
-        self, context: Context, max_tokens: int | None, meter: Meter, seed: int | None, stop: list[str] | None, *, streamed: bool = False
+        self, context: Context, max_tokens: int | None, meter: Meter, seed: int | None, stop: list[str] | None, *, streamed: bool = False,
+        whole_characters: bool = False,
     ) -> Any:
         raise NotImplementedError(f"{type(self).__name__} sends text, not token ids")
 

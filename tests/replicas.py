@@ -16,6 +16,9 @@ import httpx2
 import pytest
 
 READY_TIMEOUT_S = 30.0
+#: After SIGTERM, how long a process that failed to start gets before SIGKILL (`specapi serve` may wait out
+#: its shutdown timeout and more on SIGTERM; one that never started has nothing to finish).
+ABANDON_WAIT_S = 2.0
 
 
 def free_port() -> int:
@@ -83,9 +86,11 @@ class RedisServer:
 class Replicas:
     """`specapi serve` processes (started together, waited for together) in front of `target_url`."""
 
-    def __init__(self, target_url: str, count: int, *, share: str | None, extra: Sequence[str] = ()) -> None:
+    def __init__(
+        self, target_url: str, count: int, *, share: str | None, extra: Sequence[str] = (), ports: Sequence[int] | None = None
+    ) -> None:
         self.target_url = target_url
-        self.ports = [free_port() for _ in range(count)]
+        self.ports = list(ports) if ports is not None else [free_port() for _ in range(count)]
         env = {**os.environ, "SPECAPI_LOG_LEVEL": "warning"}
         for name in ("SPECAPI_PEERS_DIR", "PROMETHEUS_MULTIPROC_DIR"):
             env.pop(name, None)
@@ -103,8 +108,17 @@ class Replicas:
     def url(self, index: int) -> str:
         return f"http://127.0.0.1:{self.ports[index]}"
 
-    def wait_ready(self) -> Replicas:
-        deadline = time.monotonic() + READY_TIMEOUT_S
+    def wait_ready(self, timeout_s: float = READY_TIMEOUT_S) -> Replicas:
+        """Each process answering 200 on /ready within `timeout_s`; else every one is stopped (none is left
+        running) and the first failure raised, with the stderr of a process that exited."""
+        try:
+            self._wait_ready(time.monotonic() + timeout_s)
+        except BaseException:
+            self.abandon()
+            raise
+        return self
+
+    def _wait_ready(self, deadline: float) -> None:
         for index, process in enumerate(self.processes):
             while True:
                 assert process.poll() is None, process.communicate()[1]
@@ -115,7 +129,23 @@ class Replicas:
                     pass
                 assert time.monotonic() < deadline, "specapi serve did not become ready"
                 time.sleep(0.05)
-        return self
+
+    def abandon(self) -> None:
+        """SIGTERM to each process still running, SIGKILL to any alive `ABANDON_WAIT_S` later; then reap them all."""
+        running = [p for p in self.processes if p.poll() is None]
+        for process in running:
+            process.terminate()
+        deadline = time.monotonic() + ABANDON_WAIT_S
+        for process in running:
+            try:
+                process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                process.kill()
+        for process in self.processes:
+            if process.stderr is not None and not process.stderr.closed:
+                process.communicate()  # reaps it and closes its stderr pipe
+            else:
+                process.wait()
 
     def stop(self) -> list[str]:
         """SIGTERM to each, then their stderr."""

@@ -22,10 +22,10 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "foundation: records, arithmetic, errors, options",
         (
             "_exceptions", "_http", "_json", "alignment", "sampling", "lossy", "load", "stats", "types", "endpoint",
-            "pricing", "cli_options", "acceptance", "context",
+            "pricing", "cli_options", "acceptance", "context", "answer_keys",
         ),
     ),
-    ("transport: one role's HTTP calls", ("_calls", "models")),
+    ("transport: one role's HTTP calls, what it reports when it fails", ("_calls", "models", "degraded")),
     ("dialects: how each server family is asked and answered", ("dialects", "dialects.*")),
     (
         "parts: verifiers, drafters, policies, paths, the probe",
@@ -37,7 +37,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     (
         "surface: the SDK-shaped clients",
         (
-            "raw", "streaming", "structured", "call_options", "validation", "responses", "passthrough", "sdk_post", "runtime",
+            "raw", "streaming", "structured", "call_options", "validation", "responses", "passthrough", "sdk_post", "runtime", "checks",
             "generation", "client", "sync", "specapi",
         ),
     ),

@@ -214,3 +214,16 @@ def test_draft_costs_come_from_rounds_when_the_draft_length_varies():
     model = summarize(run)["latency_model"]
     assert model["draft_fixed_s"] == pytest.approx(0.006) and model["draft_per_token_s"] == pytest.approx(0.003)
     assert "least squares" in model["sources"]["draft"]
+
+
+def test_cost_is_free_only_when_every_request_was_served_for_nothing():
+    from specapi.bench.report import _cost, is_free
+
+    served = {"requests": 8, "failed": 0, "cost_usd": "0"}
+    scenario = {"cost_ratio": None, "baseline": served, "speculative": served}
+    assert is_free(scenario) and _cost(scenario) == "free"  # a local server
+    failed = {"requests": 0, "failed": 8, "cost_usd": "0"}
+    for baseline, speculative in ((failed, failed), (served, failed), (failed, served), ({**served, "failed": 1}, served)):
+        broken = {"cost_ratio": None, "baseline": baseline, "speculative": speculative}
+        assert not is_free(broken) and _cost(broken) == "–"
+    assert _cost({**scenario, "baseline": {**served, "cost_usd": None}}) == "–"  # unknown prices: unknown

@@ -101,6 +101,47 @@ def test_bench_against_an_unreachable_endpoint_says_the_comparison_failed(capsys
     out = capsys.readouterr().out
     assert "The comparison failed: no request succeeded" in out
     assert "was could not" not in out and "Cost:" not in out
+    assert "free" not in out  # nothing was served: that costs nothing, but it is no price
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["bench", "--target-model", "gpt-4o-mini"], ["run", "--target-model", "gpt-4o-mini", "hi"],
+     ["bench", "--target-base-url", "http://127.0.0.1:9/v1", "--target-model", "m", "--draft-model", "d"]],
+    ids=["bench", "run", "bench-draft"],
+)
+def test_a_model_without_a_base_url_is_refused_rather_than_sent_to_openai(monkeypatch, capsys, argv):
+    for name in ("OPENAI_BASE_URL", "SPECAPI_TARGET_BASE_URL", "SPECAPI_DRAFT_BASE_URL", "SPECAPI_ALLOW_HOSTED"):
+        monkeypatch.delenv(name, raising=False)
+    assert cli_logic(argv) == 2
+    err = capsys.readouterr().err
+    role = "draft" if "--draft-model" in argv else "target"
+    assert f"without --{role}-base-url (or SPECAPI_{role.upper()}_BASE_URL): the {role}'s requests would go to OpenAI's API" in err
+    assert "(https://api.openai.com/v1)" in err and "--allow-hosted" in err
+
+
+def test_the_hosted_api_is_used_when_asked_for():
+    from specapi.cli_options import UsageError, refuse_hosted
+
+    values = {"target_model": "gpt-4o-mini", "target_base_url": None, "draft_model": None, "draft_base_url": None}
+    with pytest.raises(UsageError):
+        refuse_hosted(values, {})
+    refuse_hosted({**values, "allow_hosted": True}, {})
+    refuse_hosted(values, {"OPENAI_BASE_URL": "https://api.openai.com/v1"})  # named: a choice, not a default
+    refuse_hosted({**values, "target_base_url": "http://localhost:8000/v1"}, {})
+
+
+def test_probe_on_a_dead_port_says_the_url_is_not_reachable_and_what_to_check(capsys):
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}/v1"
+    assert cli_logic(["probe", "--base-url", url, "--model", "m"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"specapi probe: {url} is not reachable (")
+    assert "is the server running, and is --base-url right (scheme, host, port, and the /v1 path)?" in err
+    assert "Connection error." not in err
 
 
 def test_bench_speculation_options_reach_the_scenario(tmp_path, capsys):

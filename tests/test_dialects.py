@@ -112,6 +112,40 @@ async def test_llamacpp_generate_at_the_limit_inside_a_character_renders_it_as_t
     assert generated.data == answer["content"].encode() and len(generated.ids or ()) == 4
 
 
+#: Recorded from llama-server (b1-0c1e570, the tiny target, `n_probs: 1`): greedy steps on ids whose last token,
+#: [143, 227, 129], ends one character and begins the next ("こ" is e3 81 93, "と" e3 81 a8).
+_STARTS_INSIDE = {
+    "content": "\ufffdとて", "tokens": [403, 545, 166], "stop_type": "limit", "tokens_predicted": 3, "tokens_evaluated": 5,
+    "completion_probabilities": [{"id": 166, "token": "\ufffdとて", "bytes": [147, 227, 129, 168, 227, 129, 166], "logprob": -0.78, "top_logprobs": []}],
+}
+_ENDS_INSIDE = {
+    "content": "\ufffdとて\ufffd", "tokens": [403, 545, 166, 395], "stop_type": "limit", "tokens_predicted": 4, "tokens_evaluated": 5,
+    "completion_probabilities": [{"id": 166, "token": "\ufffdとて", "bytes": [147, 227, 129, 168, 227, 129, 166], "logprob": -0.78, "top_logprobs": []}],
+}
+
+
+async def test_llamacpp_generate_from_inside_a_character_gives_the_bytes_that_finish_it() -> None:
+    # `content` shows the first byte (0x93, finishing "こ") as U+FFFD; the listed run has it.
+    client, meter = role()
+    with respx.mock(base_url=ROOT) as router:
+        route = router.post("/completion").respond(200, json=_STARTS_INSIDE)
+        generated = await LlamaCppDialect().generate(client, [257, 341, 563, 536, 366], {"temperature": 0}, 3, None, meter, options={})
+    assert sent(route)["n_probs"] == 1
+    assert generated.data == bytes([147]) + "とて".encode() and generated.ids == (403, 545, 166) and generated.held_back == 0
+
+
+async def test_llamacpp_generate_that_text_goes_on_from_leaves_out_an_unfinished_last_character() -> None:
+    client, meter = role()
+    with respx.mock(base_url=ROOT) as router:
+        router.post("/completion").respond(200, json=_ENDS_INSIDE)
+        going_on = await LlamaCppDialect().generate(client, [366], {"temperature": 0}, 4, None, meter, options={}, whole_characters=True)
+        last = await LlamaCppDialect().generate(client, [366], {"temperature": 0}, 4, None, meter, options={})
+    assert going_on.data == bytes([147]) + "とて".encode() and going_on.ids == (403, 545, 166)
+    assert (going_on.completion_tokens, going_on.held_back, going_on.finish_reason) == (3, 1, "length")
+    # The caller's limit ends the text: the server's rendering is the answer, U+FFFD and all.
+    assert last.data.endswith("\ufffd".encode()) and last.ids == (403, 545, 166, 395) and last.held_back == 0
+
+
 async def test_llamacpp_streamed_generate_collects_the_streams_text_and_bill() -> None:
     client, meter = role()
     chunks = [
@@ -152,6 +186,7 @@ async def test_vllm_token_id_batch_is_one_request_with_ids_back() -> None:
     assert body["model"] == "m"
     assert [p.id for p in picks] == [100, 101]
     assert [p.data for p in picks] == [c["text"].encode() for c in answer["choices"]]
+    assert [p.prompt_tokens for p in picks] == [None, None]  # no prompt_token_ids in this answer: unknown
 
 
 async def test_vllm_generate_and_tokenize() -> None:
@@ -424,3 +459,28 @@ def test_generation_with_a_prediction_sends_it_as_predicted_outputs_and_an_empty
     assert path == "/chat/completions"
     assert ordered(body)[-1] == ("prediction", {"type": "content", "content": "def 函数():"})
     assert "prediction" not in generation_request(chat(temperature=0.0), 32, None, None, prediction="")[1]
+
+
+async def test_vllm_pick_of_a_token_inside_a_character_has_unknown_bytes() -> None:
+    """vLLM renders a generated token that holds part of a character as "" and holds its bytes back from
+    the text (seen on the real server): the pick's bytes are unknown, not empty."""
+    client, meter = role()
+    answer = recorded("vllm", "completions_token_ids")
+    choice = answer["choices"][0]
+    choice.update(text="", token_ids=[3635], logprobs={"text_offset": [0], "token_logprobs": [-0.5], "tokens": [""], "top_logprobs": [{"": -0.5}]})
+    with respx.mock(base_url=ROOT + "/v1") as router:
+        router.post("/completions").respond(200, json=answer)
+        (pick,) = await VllmDialect().next_tokens(client, [[755, 16178]], {"temperature": 0}, meter, options={})
+    assert pick.id == 3635 and pick.data is None and not pick.end
+
+
+async def test_vllm_pick_of_a_special_token_writes_nothing() -> None:
+    """A special token other than the end (generated mid-text) is listed by its name but left out of the
+    text by vLLM (skip_special_tokens, seen on the real server): the pick writes nothing."""
+    client, meter = role()
+    answer = recorded("vllm", "completions_token_ids")
+    answer["choices"][0].update(text="", token_ids=[0], logprobs={"text_offset": [0], "token_logprobs": [-0.5], "tokens": ["<|endoftext|>"], "top_logprobs": [{"<|endoftext|>": -0.5}]})
+    with respx.mock(base_url=ROOT + "/v1") as router:
+        router.post("/completions").respond(200, json=answer)
+        (pick,) = await VllmDialect().next_tokens(client, [[755, 16178]], {"temperature": 0}, meter, options={})
+    assert pick.id == 0 and pick.data == b"" and not pick.end

@@ -17,6 +17,7 @@ DOCUMENTED = {
     "SpeculativeOpenAI",
     "Endpoint",
     "SuffixIndex",
+    "EndpointStatus",
     # statistics
     "SpeculativeStats",
     "RoleUsage",

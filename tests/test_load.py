@@ -583,7 +583,8 @@ async def test_under_load_a_first_round_lets_the_stream_decided_right_after_it_g
 
         texts = await asyncio.gather(*(one(p) for p in prompts))
     calls = [c for c in provider.calls if c.method == "POST"]
-    streams = [i for i, c in enumerate(calls) if c.model == "sim-target" and (c.body or {}).get("stream")]
+    # The requests' own streams (the client's probe streams a token of its own first).
+    streams = [i for i, c in enumerate(calls) if c.model == "sim-target" and (c.body or {}).get("stream") and (c.body or {}).get("prompt") in prompts]
     first_draft: dict[str, int] = {}
     for i, c in enumerate(calls):
         if c.model == "sim-draft":

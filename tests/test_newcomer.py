@@ -1,6 +1,6 @@
 """A newcomer's first steps, as the README writes them: the first screen, the bench command, the quick start
 run as a script; and no word about how the project is made in anything a user reads (the README,
-docs/, each command's --help)."""
+docs/, each command's --help, benchmarks/README.md, the examples)."""
 
 from __future__ import annotations
 
@@ -112,8 +112,17 @@ def _help_texts() -> dict[str, str]:
 def _user_facing() -> dict[str, str]:
     pages = {"README.md": README}
     pages.update({f"docs/{p.name}": p.read_text(encoding="utf-8") for p in sorted((ROOT / "docs").glob("*.md"))})
+    pages["benchmarks/README.md"] = (ROOT / "benchmarks" / "README.md").read_text(encoding="utf-8")
+    pages.update({f"examples/{p.name}": p.read_text(encoding="utf-8") for p in sorted((ROOT / "examples").glob("*.py"))})
     pages.update(_help_texts())
     return pages
+
+
+def test_the_benchmarks_page_and_every_example_are_checked():
+    pages = _user_facing()
+    assert "benchmarks/README.md" in pages
+    examples = {f"examples/{p.name}" for p in (ROOT / "examples").glob("*.py")}
+    assert examples and examples <= set(pages)
 
 
 def test_every_subcommand_s_help_is_checked():

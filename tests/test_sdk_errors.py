@@ -129,6 +129,9 @@ def test_the_sync_client_raises_the_same_classes():
         ({"stop": [""]}, "stop"),
         ({"stream_options": {"include_usage": True}}, "stream_options"),
         ({"timeout": -2}, "timeout"),
+        ({"temperature": float("nan")}, "temperature"),  # JSON has no NaN: never sent
+        ({"stream": "yes"}, "stream"),  # a truthy string is no stream (the target alone refuses it too)
+        ({"extra_body": {"min_p": float("inf")}}, "extra_body"),
     ],
 )
 async def test_bad_arguments_are_a_bad_request_and_a_configuration_error_before_any_request(arguments, param):
@@ -142,3 +145,35 @@ async def test_bad_arguments_are_a_bad_request_and_a_configuration_error_before_
     assert isinstance(err, ConfigurationError) and isinstance(err, ValueError) and isinstance(err, specapi.InvalidRequestError)
     assert err.status_code == 400 and err.param == param and err.type == "invalid_request_error"
     assert sent == []  # nothing was sent
+
+
+@pytest.mark.parametrize("chat", [False, True], ids=["completions", "chat"])
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+@pytest.mark.parametrize("verification", ["auto", "none"])
+async def test_a_lone_surrogate_is_a_bad_request_naming_the_argument_before_any_request(chat, stream, verification):
+    # "\ud800" is valid JSON but no character: UTF-8 cannot carry it, so no server can be sent it.
+    sent: list[dict] = []
+    async with _client(_failing(500, sent), verification=verification) as client:
+        with pytest.raises(openai.BadRequestError) as info:
+            if chat:
+                await client.chat.completions.create(messages=[{"role": "user", "content": "ok"}, {"role": "user", "content": "\ud800x"}], max_tokens=4, stream=stream)
+            else:
+                await client.completions.create(prompt="\ud800x", max_tokens=4, stream=stream)
+    err = info.value
+    assert isinstance(err, specapi.InvalidRequestError) and err.status_code == 400
+    assert err.param == ("messages" if chat else "prompt")
+    assert ("messages[1].content" if chat else "prompt") in err.message and "surrogate" in err.message
+    assert sent == []
+
+
+async def test_a_lone_surrogate_anywhere_in_the_arguments_is_refused():
+    # In a Python string even a high-low pair is two lone surrogates (only JSON's escapes join them).
+    sent: list[dict] = []
+    async with _client(_failing(500, sent)) as client:
+        for arguments in ({"stop": ["ok", "\udc00"]}, {"extra_body": {"grammar": "a\udfff"}}, {"logit_bias": {"\ud801": 1}}, {"prompt": "\ud83d\ude00"}):
+            with pytest.raises(openai.BadRequestError, match="surrogate"):
+                await client.completions.create(**{"prompt": "hello", **arguments}, max_tokens=4)
+        assert sent == []
+        with pytest.raises(openai.InternalServerError):  # the emoji itself is sent, and the 500 is the target's
+            await client.completions.create(prompt="\U0001f600", max_tokens=4)
+    assert any(body.get("prompt") == "\U0001f600" for body in sent)

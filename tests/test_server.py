@@ -61,6 +61,13 @@ def assert_openai_error(response: httpx2.Response, status: int, *, param: str | 
     return error
 
 
+def assert_no_addresses(response: httpx2.Response, srv: ToyServer) -> None:
+    """Nothing the client got names where the upstreams are."""
+    exposed = response.text + json.dumps(dict(response.headers))
+    host_port = srv.base_url.split("://", 1)[1].split("/", 1)[0]
+    assert host_port not in exposed, exposed
+
+
 def assert_no_secrets(response: httpx2.Response) -> None:
     exposed = response.text + json.dumps(dict(response.headers))
     assert UPSTREAM_KEY not in exposed and PROXY_KEY not in exposed
@@ -230,6 +237,30 @@ def test_invalid_requests_get_400_with_openai_error_shape(http, path, content, p
     assert error["param"] == param
 
 
+@pytest.mark.parametrize(
+    ("path", "content", "param"),
+    [
+        ("/v1/completions", b'{"prompt": "\\ud800x", "max_tokens": 5}', "prompt"),
+        ("/v1/completions", b'{"prompt": "ab", "max_tokens": 5, "stream": true, "stop": ["\\udc00"]}', "stop"),
+        ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "\\ud800x"}], "max_tokens": 5}', "messages"),
+        ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "ab"}], "max_tokens": 5, "top_k": "\\ud800"}', "top_k"),
+    ],
+)
+def test_a_lone_surrogate_gets_400_naming_the_field_and_nothing_goes_upstream(http, upstream, path, content, param):
+    before = len(upstream.log)
+    error = assert_openai_error(http.post(path, content=content, headers={"content-type": "application/json"}), 400, param=param)
+    assert "surrogate" in error["message"] and error["type"] == "invalid_request_error"
+    assert len(upstream.log) == before
+    assert http.post("/v1/completions", json={"prompt": "ab", "max_tokens": 2}).status_code == 200  # still serving
+
+
+def test_a_surrogate_pair_in_json_is_one_character_and_goes_upstream(http, upstream):
+    before = len(upstream.log)
+    response = http.post("/v1/completions", content=b'{"prompt": "ab\\ud83d\\ude00", "max_tokens": 2}', headers={"content-type": "application/json"})
+    assert response.status_code in (200, 400) and "surrogate" not in response.text  # the toy's tokenizer may refuse the emoji
+    assert len(upstream.log) > before and any(record.body.get("prompt") == "ab\U0001f600" for record in upstream.log[before:])
+
+
 def test_sdk_raises_bad_request_for_invalid_arguments(sdk):
     with pytest.raises(openai.BadRequestError) as info:
         sdk.chat.completions.create(model="target", messages=[{"role": "user", "content": "ab"}], temperature=3)
@@ -242,9 +273,12 @@ def test_unknown_model_gets_404(sdk):
     assert info.value.code == "model_not_found" and "target" in info.value.message
 
 
-def test_unknown_routes_and_methods_get_openai_shaped_errors(http):
-    assert_openai_error(http.get("/v1/embeddings"), 404, code="not_found")
-    assert_openai_error(http.get("/v1/completions"), 405, code="method_not_allowed")
+def test_routes_and_methods_the_proxy_does_not_serve_get_the_targets_own_answer(http, upstream):
+    """Passed to the target unchanged (`tests/test_server_forward.py` has one test per route)."""
+    for method, path in (("GET", "/v1/embeddings"), ("GET", "/v1/completions")):
+        direct = httpx2.request(method, upstream.base_url + path.removeprefix("/v1"), headers={"authorization": f"Bearer {UPSTREAM_KEY}"})
+        proxied = http.request(method, path)
+        assert direct.status_code >= 400 and (proxied.status_code, proxied.json()) == (direct.status_code, direct.json())
 
 
 def test_middleware_added_to_the_app_wraps_the_generation_routes_too(upstream):
@@ -297,10 +331,41 @@ def test_target_failure_gives_502_naming_the_target_never_partial_text():
         )
         error = assert_openai_error(response, 502, code="target_endpoint_error")
         assert error["type"] == "upstream_error"
-        assert error["role"] == "target" and error["endpoint"] == f"target @ {srv.base_url}"
-        assert "target" in error["message"] and srv.base_url in error["message"] and "500" in error["message"]
+        assert error["role"] == "target" and "endpoint" not in error
+        assert error["message"] == "The target endpoint failed (HTTP 500)."
         assert "choices" not in response.json()
+        assert_no_addresses(response, srv)
         assert_no_secrets(response)
+
+
+def test_upstream_errors_are_exposed_only_when_asked():
+    with proxy_pair(expose_upstream_errors=True) as (srv, proxy), httpx2.Client(base_url=proxy.url, timeout=30) as client:
+        srv.fail_next(100, status=500, model="target")
+        response = client.post(
+            "/v1/completions", json={"model": "target", "prompt": "ab", "max_tokens": 10, "temperature": 0},
+            headers={"authorization": f"Bearer {PROXY_KEY}"},
+        )
+    error = assert_openai_error(response, 502, code="target_endpoint_error")
+    assert error["role"] == "target" and error["endpoint"] == f"target @ {srv.base_url}"
+    assert "target" in error["message"] and srv.base_url in error["message"] and "500" in error["message"]
+    assert_no_secrets(response)
+
+
+def test_no_upstream_address_reaches_clients_in_errors_statistics_or_readiness(caplog):
+    # The draft fails (absorbed: the answer is the target's, its reason in the statistics and headers);
+    # then the target does (an error naming the role); /ready then reports the target down.
+    with proxy_pair() as (srv, proxy), httpx2.Client(base_url=proxy.url, timeout=30, headers={"authorization": f"Bearer {PROXY_KEY}"}) as client:
+        srv.fail_next(100, status=503, model="draft")
+        absorbed = client.post("/v1/completions", json={"prompt": "ab", "max_tokens": 6, "temperature": 0})
+        assert absorbed.status_code == 200, absorbed.text
+        assert_no_addresses(absorbed, srv)
+        srv.fail_next(100, status=503, model="target")
+        with caplog.at_level("INFO", logger="specapi.server"):
+            failed = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "ab"}], "max_tokens": 6, "stream": True})
+        assert failed.status_code == 502 and failed.json()["error"]["role"] == "target"
+        assert_no_addresses(failed, srv)
+        assert srv.base_url in caplog.text  # the log has what the client was not told
+        assert_no_addresses(client.get("/ready"), srv)
 
 
 def test_target_failure_through_the_sdk_raises_an_api_error():
@@ -351,7 +416,7 @@ def test_unreachable_target_is_a_502_naming_it():
         with running_proxy(srv, target=target) as proxy, httpx2.Client(base_url=proxy.url, timeout=30) as client:
             response = client.post("/v1/completions", json={"prompt": "ab", "max_tokens": 5}, headers={"authorization": f"Bearer {PROXY_KEY}"})
     error = assert_openai_error(response, 502, code="target_endpoint_error")
-    assert base_url in error["message"]
+    assert error["message"] == "The target endpoint could not be reached, or broke off its answer." and base_url not in response.text
 
 
 # ----------------------------------------------------------------------------- other routes, metrics, curl

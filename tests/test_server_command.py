@@ -200,3 +200,84 @@ def test_specapi_simulate_on_a_busy_port_exits_1_before_building_its_models(monk
         port = busy.getsockname()[1]
         assert cli_logic(["simulate", "--port", str(port)]) == 1
     assert f"specapi simulate: cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- the start-up check
+
+
+@pytest.fixture(scope="module")
+def simulated_upstream():
+    from specapi.server import BackgroundServer
+    from specapi.sim import SimProvider
+    from specapi.sim import create_app as create_sim_app
+
+    with BackgroundServer(create_sim_app(SimProvider(capabilities="vllm", latency="instant", seed=0)), shutdown_timeout=1) as server:
+        yield server.url + "/v1"
+
+
+def _closed_port_url() -> str:
+    return f"http://127.0.0.1:{_free_port()}/v1"  # bound for a moment, then closed: connections are refused
+
+
+@pytest.mark.parametrize(
+    ("target", "draft", "expected"),
+    [
+        ("sim", ("sim", "sim-draft-typo"), "specapi serve: draft endpoint sim-draft-typo @ {sim}: the model 'sim-draft-typo' is not served there (HTTP 404"),
+        ("sim", ("dead", "sim-draft"), "specapi serve: draft endpoint sim-draft @ {dead} is unreachable"),
+        ("dead", ("sim", "sim-draft"), "specapi serve: target endpoint sim-target @ {dead} is unreachable"),
+    ],
+    ids=["wrong-draft-model", "dead-draft", "dead-target"],
+)
+def test_serve_refuses_to_start_when_an_endpoint_fails_its_check(monkeypatch, capsys, simulated_upstream, target, draft, expected):
+    import specapi.server.command as command
+
+    monkeypatch.setattr(command, "serve", lambda *args: pytest.fail("the proxy started although an endpoint failed its check"))
+    urls = {"sim": simulated_upstream, "dead": _closed_port_url()}
+    argv = ["serve", "--target-base-url", urls[target], "--target-model", "sim-target",
+            "--draft-base-url", urls[draft[0]], "--draft-model", draft[1], "--port", "0", "--max-retries", "0"]
+    assert cli_logic(argv) == 1
+    err = capsys.readouterr().err
+    assert expected.format(**urls) in err, err
+    assert "not started: correct the settings above, or start with --allow-degraded" in err
+
+
+@pytest.mark.usefixtures("curl_installed")
+def test_serve_with_allow_degraded_serves_with_the_target_alone_and_says_so(simulated_upstream):
+    port = _free_port()
+    argv = ["serve", "--target-base-url", simulated_upstream, "--target-model", "sim-target", "--draft-base-url", simulated_upstream,
+            "--draft-model", "sim-draft-typo", "--port", str(port), "--allow-degraded", "--shutdown-timeout", "5", "--policy", "fixed", "--drafter", "model"]
+    env = {**os.environ, "SPECAPI_LOG_LEVEL": "warning"}
+    process = subprocess.Popen([sys.executable, "-c", "from specapi.cli import cli; cli()", *argv], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            assert process.poll() is None, process.communicate()
+            try:
+                ready = httpx2.get(url + "/ready")
+                if ready.json().get("status") != "starting":
+                    break
+            except httpx2.TransportError:
+                pass
+            assert time.monotonic() < deadline, "specapi serve did not come up"
+            time.sleep(0.05)
+        assert ready.status_code == 200 and ready.json()["status"] == "degraded"
+        roles = ready.json()["roles"]
+        assert roles["target"] == {"status": "ok"} and roles["draft"]["status"] == "failing"
+        assert "the model 'sim-draft-typo' is not served there" in roles["draft"]["reason"]
+        body = {"model": "sim-target", "prompt": "def fibonacci(n):", "max_tokens": 8, "temperature": 0}
+        for _ in range(3):
+            reply = httpx2.post(url + "/v1/completions", json=body, timeout=30)
+            assert reply.status_code == 200 and reply.headers["x-specapi-fallback-reason"].startswith("draft failed")
+        metrics = httpx2.get(url + "/metrics").text
+    finally:
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=20)
+    assert process.returncode == 0
+    assert "specapi serve: draft endpoint sim-draft-typo @ " in stderr and "starting anyway (--allow-degraded)" in stderr
+    # Said when the check behind /ready finds it, and once by the library for all the requests' failures.
+    assert stderr.count("logged once per endpoint and failure") == 1, stderr
+    assert stderr.count("the proxy serves with the target alone (no speculation from the draft)") == 1, stderr
+    from test_server_support import metric
+
+    assert metric(metrics, "specapi_fallbacks_total", reason="draft_failed") == 3

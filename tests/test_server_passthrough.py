@@ -189,7 +189,7 @@ def test_an_upstream_400_is_its_own_error_object(setup, path, body):
     response = http.post("/v1" + path, json=body)
     assert response.status_code == 400, response.text
     error = response.json()["error"]
-    assert error.pop("role") == "target" and error.pop("endpoint").startswith("target @ ")
+    assert error.pop("role") == "target" and "endpoint" not in error  # the upstream's address stays inside
     assert error == direct.json()["error"]  # message, type, param, code and the vendor's field, unchanged
 
 
@@ -218,5 +218,5 @@ def test_the_simulators_refusal_of_tools_reaches_the_caller_as_it_sent_it():
             response = http.post("/v1/chat/completions", json={**body, "model": target.model})
     assert response.status_code == 400
     error = response.json()["error"]
-    assert error.pop("role") == "target" and error.pop("endpoint")
+    assert error.pop("role") == "target" and "endpoint" not in error
     assert error == expected.json()["error"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import socket
 import time
 from collections.abc import Iterator
 
@@ -54,11 +55,14 @@ def test_ready_flips_when_the_target_goes_down_and_comes_back():
         proxy = BackgroundServer(create_app(proxy_config(port, readiness_interval=0.05)), shutdown_timeout=1).start()
         try:
             with httpx2.Client(base_url=proxy.url, timeout=10) as client:
-                assert wait_for(client, 200).json() == {"status": "ready"}
-                target.stop()  # the simulated target goes away
+                assert wait_for(client, 200).json() == {"status": "ready", "roles": {"target": {"status": "ok"}, "draft": {"status": "ok"}}}
+                target.stop()  # the simulated target (and draft: one server) goes away
                 down = wait_for(client, 503)
                 assert down.status_code == 503 and down.json()["status"] == "unready"
-                assert "unreachable" in down.json()["reason"]
+                assert down.json()["reason"].startswith("target endpoint") and "unreachable" in down.json()["reason"]
+                assert str(port) not in down.text  # the target's address stays inside
+                roles = down.json()["roles"]
+                assert roles["target"]["status"] == "failing" and roles["target"]["reason"] == down.json()["reason"]
                 assert client.get("/health").status_code == 200  # liveness does not depend on the target
                 assert metric(client.get("/metrics").text, "specapi_ready") == 0
                 with simulated_target(port):  # and comes back on the same port
@@ -229,3 +233,41 @@ async def test_a_target_that_does_not_answer_at_startup_does_not_hold_the_proxy_
         assert metric(text, "specapi_upstream_failed_requests_total", role="target") >= 1
     finally:
         server.close()
+
+
+@pytest.mark.parametrize("failure", ["wrong-model", "dead-endpoint"])
+def test_ready_reports_a_failing_draft_and_the_proxy_serves_with_the_target_alone(failure, caplog):
+    """A draft that does not answer leaves the proxy ready ("degraded"): its answers are the target's.
+    `/ready` names the draft's problem, by its role (its address stays inside); the log says it once, with the address."""
+    import logging
+
+    caplog.set_level(logging.INFO, logger="specapi")
+    with simulated_target() as target:
+        if failure == "wrong-model":
+            draft = Endpoint(model="sim-draft-typo", base_url=f"http://127.0.0.1:{target.port}/v1", api_key="sk-sim", max_retries=0, timeout=5.0)
+            expected = "draft endpoint sim-draft-typo @ http://127.0.0.1:{port}/v1: the model 'sim-draft-typo' is not served there"
+            public = "draft endpoint: the model 'sim-draft-typo' is not served there"
+        else:
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", 0))
+                dead = sock.getsockname()[1]
+            draft = Endpoint(model="sim-draft", base_url=f"http://127.0.0.1:{dead}/v1", max_retries=0, timeout=5.0)
+            expected = "draft endpoint sim-draft @ http://127.0.0.1:{port}/v1 is unreachable".replace("{port}", str(dead))
+            public = "draft endpoint is unreachable"
+        expected = expected.replace("{port}", str(target.port))
+        config = proxy_config(target.port, draft=draft, readiness_interval=0.05, client_options={"policy": "fixed", "sleep": no_sleep, "drafter": "model"})
+        with BackgroundServer(create_app(config), shutdown_timeout=1) as proxy, \
+                httpx2.Client(base_url=proxy.url, timeout=10) as client, \
+                openai.OpenAI(base_url=proxy.url + "/v1", api_key=PROXY_KEY, max_retries=0) as sdk:
+            ready = wait_for(client, 200)
+            while ready.json()["status"] == "starting":
+                ready = wait_for(client, 200)
+            assert ready.json()["status"] == "degraded" and ready.json()["roles"]["target"] == {"status": "ok"}
+            draft_state = ready.json()["roles"]["draft"]
+            assert draft_state["status"] == "failing" and draft_state["reason"].startswith(public), draft_state
+            assert str(target.port) not in ready.text and "127.0.0.1" not in ready.text
+            answer = sdk.completions.create(model="sim-target", prompt="def f(x):", max_tokens=6, temperature=0)
+            assert not answer.speculative["speculated"] and answer.speculative["fallback_reason"].startswith("draft failed")
+            time.sleep(0.3)  # a few more checks: the state is said once, not at every check
+    said = [r.getMessage() for r in caplog.records if r.name == "specapi.server" and "the proxy serves with the target alone" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith(expected)

@@ -19,6 +19,7 @@ from specapi.server.config import ServerConfig
 from specapi.server.disconnect import ClientDisconnected, run_unless_disconnected
 from specapi.server.errors import ProxyError, error_from_exception, guess_param, redact
 from specapi.server.headers import header_value, stats_headers
+from specapi.policy import LOAD_TARGET_ALONE
 from specapi.server.metrics import ProxyMetrics, fallback_category
 from specapi.server.sse import DONE_EVENT, encode_event
 
@@ -107,8 +108,11 @@ def test_endpoint_errors_map_to_statuses_and_name_the_role(status, expected, kin
     error = error_from_exception(_target_error(status), secrets=["sk-target-secret"])
     body = error.body()["error"]
     assert (error.status, body["type"], body["role"]) == (expected, kind, "target")
-    assert "sk-target-secret" not in json.dumps(body) and "u:p@" not in json.dumps(body)
-    assert body["endpoint"] == "big @ http://***@t/v1"
+    assert "endpoint" not in body and "t/v1" not in json.dumps(body) and "no (key" not in body["message"]
+    assert body["message"].startswith("The target endpoint ")
+    exposed = error_from_exception(_target_error(status), secrets=["sk-target-secret"], expose=True).body()["error"]
+    assert "sk-target-secret" not in json.dumps(exposed) and "u:p@" not in json.dumps(exposed)
+    assert exposed["endpoint"] == "big @ http://***@t/v1" and "HTTP" in exposed["message"]
 
 
 def test_refused_upstream_credentials_are_the_proxys_problem():
@@ -188,6 +192,11 @@ def test_stats_headers():
     [(None, None), ("draft failed, continued with the target alone: x", "draft_failed"),
      ("target refused the verification request, continued", "verification_refused"),
      ("target response could not be verified against, continued", "unverifiable_response"),
+     ("the target would not tokenize the prompt, continued with the target alone: x", "tokenize_refused"),
+     ("adaptive policy: speculation predicted slower than the target alone", "policy_off"),
+     ("adaptive policy: " + LOAD_TARGET_ALONE, "under_load"),
+     ("the draft-length policy turned speculation off", "policy_off"),
+     ("verification='none': the target alone", "verification_off"),
      ("n > 1 is served by the target alone", "target_only_request")],
 )
 def test_fallback_categories(reason, category):

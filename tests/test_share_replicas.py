@@ -6,13 +6,16 @@ another; tenants stay apart; Redis killed mid-run fails no request and changes n
 from __future__ import annotations
 
 import asyncio
+import pathlib
+import signal
+import socket
 import time
 from collections.abc import Callable, Iterator
 
 import httpx2
 import pytest
 
-from replicas import RedisServer, Replicas, metric
+from replicas import RedisServer, Replicas, free_port, metric
 from simclient import target_alone
 from simserver import ServerThread
 from specapi.sim import SimProvider, create_app
@@ -145,12 +148,13 @@ def test_redis_killed_fails_no_request_and_sharing_resumes_when_it_returns(repli
     assert all(r["choices"][0]["text"] == expected(provider, p) and r["speculative"]["exact"] for p, r in outcomes)
     for index in range(3):
         ready = httpx2.get(replicas.url(index) + "/ready", timeout=5)
-        assert ready.status_code == 200 and ready.json() == {"status": "ready", "sharing": "degraded"}
+        assert ready.status_code == 200 and (ready.json()["status"], ready.json()["sharing"]) == ("ready", "degraded")
         assert metric(metrics(replicas, index), 'specapi_requests_total{route="/v1/completions",status="200"}') >= 3
 
     redis.start()  # empty: what was shared before is gone, as after a real outage
     settle(lambda: all(metric(metrics(replicas, i), "specapi_share_degraded") == 0 for i in range(3)))
-    assert httpx2.get(replicas.url(2) + "/ready", timeout=5).json() == {"status": "ready", "sharing": "ok"}
+    ready = httpx2.get(replicas.url(2) + "/ready", timeout=5).json()
+    assert (ready["status"], ready["sharing"]) == ("ready", "ok")
     prompt = "After the outage: 新しい会話 🎉 starts with"
     before = received(replicas, 2)
     taught = complete(replicas, 1, prompt, "tenant-a")
@@ -170,3 +174,43 @@ def test_the_stream_in_redis_stays_capped(replicas, redis):
     settle(lambda: published() >= before + 12)
     # MAXLEN ~: Redis trims whole nodes of the stream (5 entries each here), never keeps them all.
     assert redis.integer("XLEN", "specapi:suffix") <= MAX_ENTRIES + 5 < published() - before
+
+
+def _serving_on(ports: list[int]) -> list[int]:
+    """Pids of any process (a child, or one it started) whose command line serves on one of `ports`."""
+    wanted = {f"--port\0{port}\0" for port in ports}
+    found = []
+    for entry in pathlib.Path("/proc").iterdir():
+        try:
+            cmdline = (entry / "cmdline").read_bytes().decode(errors="replace")
+        except OSError:  # not a process, or gone meanwhile
+            continue
+        if any(w in cmdline + "\0" for w in wanted):
+            found.append(int(entry.name))
+    return found
+
+
+def test_a_failed_start_leaves_no_replica_running(provider: SimProvider):
+    """One replica cannot bind its port (taken), the other starts and is ready: the failure stops it too."""
+    with ServerThread(create_app(provider)) as sim, socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        ports = [free_port(), taken.getsockname()[1]]
+        started = Replicas(sim.root + "/v1", 2, share=None, ports=ports)
+        with pytest.raises(AssertionError):
+            started.wait_ready()
+        first, second = started.processes
+        assert second.returncode is not None and second.returncode > 0  # it exited by itself: its port was taken
+        # The first was up (it became ready before the second was looked at), and was stopped: SIGTERM (a
+        # clean exit, or the signal's code) or SIGKILL after the wait.
+        assert first.returncode in (0, -signal.SIGTERM, -signal.SIGKILL), first.returncode
+        assert _serving_on(ports) == []
+
+
+def test_a_start_that_times_out_leaves_no_replica_running(provider: SimProvider):
+    with ServerThread(create_app(provider)) as sim:
+        started = Replicas(sim.root + "/v1", 2, share=None)
+        with pytest.raises(AssertionError, match="did not become ready"):
+            started.wait_ready(timeout_s=0.0)
+        assert all(p.returncode is not None for p in started.processes)
+        assert _serving_on(started.ports) == []

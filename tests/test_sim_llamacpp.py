@@ -301,3 +301,14 @@ async def test_a_stream_ending_inside_a_character_sends_only_the_result(provider
 async def test_a_stream_of_several_prompts_is_refused(provider):
     response = await provider.handle("POST", "/completion", {"prompt": ["a", "b"], "stream": True})
     assert response.status == 400
+
+
+@pytest.mark.parametrize("body", [b'{"prompt": "\\ud800x", "max_tokens": 2}', b'{"prompt": "\xff\xfe", "max_tokens": 2}', b'{"prompt": '])
+async def test_a_body_llama_servers_json_parser_refuses_is_its_500_and_vllms_400(body: bytes) -> None:
+    # Observed on llama-server b1-0c1e570: a lone surrogate escape, bytes that are not UTF-8, broken JSON: 500 "parse error".
+    llamacpp = SimProvider(capabilities="llamacpp", latency="instant")
+    answer = await llamacpp.handle("POST", "/v1/completions", body)
+    assert answer.status == 500 and "parse_error" in answer.json["error"]["message"] and answer.json["error"]["type"] == "server_error"
+    vllm = SimProvider(capabilities="vllm", latency="instant")
+    assert (await vllm.handle("POST", "/v1/completions", body)).status == 400
+    assert (await vllm.handle("POST", "/v1/completions", b'{"model": "sim-target", "prompt": "\\ud83d\\ude00", "max_tokens": 1}')).status == 200

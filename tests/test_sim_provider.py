@@ -176,7 +176,8 @@ async def test_models_endpoint(provider):
         ("/v1/completions", {"model": "sim-target", "prompt": "x", "max_tokens": 0}, 400, "max_tokens"),
         ("/v1/completions", {"model": "sim-target", "prompt": "x", "logprobs": 21}, 400, "logprobs"),
         ("/v1/completions", {"model": "sim-target", "prompt": [1, 10**7]}, 400, "prompt"),
-        ("/v1/completions", {"model": "sim-target", "prompt": "x", "max_tokens": 9000}, 400, "messages"),
+        ("/v1/completions", {"model": "sim-target", "prompt": [1] * 9000, "max_tokens": 1}, 400, "input_tokens"),
+        ("/v1/completions", {"model": "sim-target", "prompt": [1] * 8192, "max_tokens": 1}, 400, "max_tokens"),
         ("/v1/completions", {"model": "sim-target", "prompt": "x", "stream_options": {"include_usage": True}},
          400, "stream_options"),
         ("/v1/chat/completions", {"model": "sim-target", "messages": []}, 400, "messages"),
@@ -193,6 +194,16 @@ async def test_errors_are_openai_shaped(provider, path, body, status, param):
     assert set(error) == {"message", "type", "param", "code"}
     assert error["param"] == param
     assert provider.calls.last.status == status
+
+
+async def test_max_tokens_past_the_context_end_is_cut_there_as_vllm_does(provider):
+    """vLLM cuts a `max_tokens` past the window at the window (tests/real/test_real_vllm_facts.py); OpenAI refuses it."""
+    body = {"model": "sim-target", "prompt": [1] * 8180, "max_tokens": 50, "temperature": 0}
+    got, payload = await post(provider, "/v1/completions", body)
+    assert got == 200 and payload["usage"]["completion_tokens"] <= 12
+    assert payload["choices"][0]["finish_reason"] == "length" or payload["usage"]["completion_tokens"] < 12
+    refused, error = await post(SimProvider(capabilities="openai", latency="instant"), "/v1/completions", body)
+    assert refused == 400 and error["error"]["code"] == "context_length_exceeded"
 
 
 async def test_unknown_path_and_bad_json(provider):

@@ -13,7 +13,7 @@ import pytest
 
 from shapes import assert_same_shape, fixture
 from simserver import ServerThread
-from specapi.sim import LATENCY_PROFILES, SimProvider, create_app, decode_text, encode_text, render_chat, request_timing
+from specapi.sim import EOS_TOKEN_ID, LATENCY_PROFILES, SimProvider, create_app, decode_text, encode_text, render_chat, request_timing, token_str
 
 DATA_KEYED = frozenset({"top_logprobs", "prompt_logprobs"})
 MODEL = "sim-target"
@@ -41,7 +41,10 @@ def provider() -> SimProvider:
     "chat_token_ids", "tokenize", "detokenize", "version",
 ])  # fmt: skip
 async def test_answers_have_vllms_shape(provider, name):
-    documented = fixture("vllm", name)
+    documented = fixture("vllm", f"recorded/{name}")
+    usage = documented["response"].get("usage")
+    if usage is not None:  # the simulator is a server started with --enable-prompt-tokens-details (cached tokens billed)
+        usage["prompt_tokens_details"] = {"cached_tokens": 0}
     request = documented["request"]
     body = {**request["body"], "model": MODEL} if request["body"] else None
     answer = await post(provider, request["path"], body, request["method"])
@@ -188,4 +191,54 @@ async def test_a_streamed_batch_gives_each_prompts_text_under_its_index(provider
         for choice in event["choices"]:
             texts[choice["index"]] = texts.get(choice["index"], "") + choice["text"]
     assert texts == {c["index"]: c["text"] for c in whole["choices"]}
-    assert events[-1]["usage"] == whole["usage"]
+    # the plain answer also lists completion_tokens_details (null), as vLLM does; the stream's last chunk does not
+    assert events[-1]["usage"] == {k: v for k, v in whole["usage"].items() if k != "completion_tokens_details"}
+
+
+async def test_echo_with_logprobs_also_answers_the_prompts_scores_as_prompt_logprobs(provider):
+    """As the real server does (tests/real/test_real_vllm_facts.py): echo + logprobs: k fills the choice's
+    `prompt_logprobs` as `prompt_logprobs: k` would."""
+    body = {"model": MODEL, "prompt": "def add(a, b):\n", "max_tokens": 2, "temperature": 0}
+    echoed = (await post(provider, "/v1/completions", {**body, "echo": True, "logprobs": 2}))["choices"][0]
+    asked = (await post(provider, "/v1/completions", {**body, "prompt_logprobs": 2}))["choices"][0]
+    assert echoed["prompt_logprobs"] == asked["prompt_logprobs"] and echoed["prompt_logprobs"][0] is None
+
+
+async def test_scoring_the_prompt_and_more_sequences_cost_what_the_profile_says():
+    timing = dataclasses.replace(LATENCY_PROFILES["lan"].target, jitter=0.0, prompt_logprobs_s=0.01, prompt_logprob_token_s=0.001,
+                                 tpot_per_sequence_s=0.002, cache_block_tokens=0)
+    provider = SimProvider(capabilities="vllm", latency=LATENCY_PROFILES["lan"].with_overrides(**{MODEL: timing}), seed=2)
+    prompt = encode_text("def read_lines(path):\n")
+    plain = await provider.handle("POST", "/v1/completions", {"model": MODEL, "prompt": prompt, "max_tokens": 1, "temperature": 0})
+    scored = await provider.handle("POST", "/v1/completions", {"model": MODEL, "prompt": prompt, "max_tokens": 1, "temperature": 0, "prompt_logprobs": 1})
+    assert plain.status == scored.status == 200
+    calls = provider.calls[-2:]
+    assert calls[1].timing.total_s - calls[0].timing.total_s == pytest.approx(0.01 + 0.001 * len(prompt))
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 6, "temperature": 1.0, "seed": 1, "ignore_eos": True}
+    one = await provider.handle("POST", "/v1/completions", body)
+    four = await provider.handle("POST", "/v1/completions", {**body, "n": 4})
+    first, second = provider.calls[-2:]
+    steps = len(first.timing.gaps_s)
+    assert one.status == four.status == 200 and steps == len(second.timing.gaps_s) > 0
+    assert second.timing.total_s - first.timing.total_s == pytest.approx(3 * 0.002 * steps)
+
+
+async def test_a_generation_ended_by_the_end_token_lists_it_in_its_logprobs(provider):
+    """As real vLLM does (tests/real/test_real_vllm_facts.py): the end-of-text token stays in the logprobs and
+    the bill (not in the text), plain and streamed, completions and chat; other profiles do not list it."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 400, "temperature": 0, "logprobs": True}
+    chat = await post(provider, "/v1/chat/completions", body)
+    choice = chat["choices"][0]
+    assert choice["finish_reason"] == "stop", "the simulated reply did not end by itself"
+    items = choice["logprobs"]["content"]
+    assert items[-1]["token"] == token_str(EOS_TOKEN_ID) and len(items) == chat["usage"]["completion_tokens"]
+    assert token_str(EOS_TOKEN_ID) not in choice["message"]["content"]
+    response = await provider.handle("POST", "/v1/chat/completions", {**body, "stream": True})
+    raw = b"".join([chunk async for chunk in response.stream])
+    events = [json.loads(line[6:]) for line in raw.decode().split("\n\n") if line.startswith("data: {")]
+    streamed = [item for e in events for c in e["choices"] for item in ((c.get("logprobs") or {}).get("content") or [])]
+    assert [i["token"] for i in streamed] == [i["token"] for i in items]
+    completion = await post(provider, "/v1/completions", {"model": MODEL, "prompt": render_chat(body["messages"]), "max_tokens": 400, "temperature": 0, "logprobs": 1})
+    assert completion["choices"][0]["logprobs"]["tokens"][-1] == token_str(EOS_TOKEN_ID)
+    plain = await SimProvider(capabilities="openai", latency="instant", seed=1).handle("POST", "/v1/chat/completions", body)
+    assert plain.json["choices"][0]["logprobs"]["content"][-1]["token"] != token_str(EOS_TOKEN_ID)

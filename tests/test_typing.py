@@ -1,5 +1,6 @@
 """Static types: `mypy` accepts `examples/` (which calls `create` with the SDK's parameters and checks the
-return types with `assert_type`), and refuses a misspelt parameter or a stream taken for a response."""
+return types with `assert_type`) as Python 3.10 code (the oldest the project supports: nothing from a newer
+`typing`), and refuses a misspelt parameter or a stream taken for a response."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 WRONG = '''
-from typing import assert_type
+from typing_extensions import assert_type
 from specapi import AsyncSpeculativeOpenAI, SpeculativeCompletion, SpeculativeOpenAI
 
 
@@ -27,7 +28,7 @@ def test_mypy_accepts_the_examples_and_refuses_wrong_calls(tmp_path, request):
     wrong.write_text(WRONG, encoding="utf-8")
     cache = request.config.cache.mkdir("mypy") if getattr(request.config, "cache", None) else tmp_path / "mypy-cache"
     command = [sys.executable, "-m", "mypy", "--follow-imports=silent", "--cache-dir", str(cache), "--no-error-summary",
-               "--hide-error-context", str(ROOT / "examples"), str(wrong)]
+               "--hide-error-context", "--python-version", "3.10", str(ROOT / "examples"), str(wrong)]
     result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
     lines = [line for line in result.stdout.splitlines() if ": error:" in line]
     assert not [line for line in lines if line.startswith("examples")], result.stdout

@@ -7,7 +7,8 @@ prompts). Either way it prints a table and an explanation per scenario (``--tabl
 and writes ``--json`` and ``--html`` reports. ``--repeat N`` runs each scenario N times and gives each
 figure as its median and spread; ``--request-rate`` and ``--concurrency`` set the load, ``--via serve``
 measures `specapi serve` instead of the client, ``--fresh-prompts`` keeps repeated prompts from being
-drafted from what the client learnt of them. Progress goes to stderr: a bar on a terminal, one line per
+drafted from what the client learnt of them, ``--draft-lengths 2,4,6`` sweeps the draft length (each
+scenario at each fixed length and with the default policy, in one table). Progress goes to stderr: a bar on a terminal, one line per
 step otherwise.
 
 The exit code is 1 when an output differed from the target alone's at temperature 0 or a request
@@ -27,8 +28,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..cli_options import ENDPOINTS, EXIT_FAILED, EXIT_OK, EXIT_USAGE, Option, UsageError, add_options, boolean, positive_int, resolve, speculation_options
+from ..cli_options import ENDPOINTS, EXIT_FAILED, EXIT_OK, EXIT_USAGE, Option, UsageError, add_options, boolean, positive_int, refuse_hosted, resolve, speculation_options
 from .scenarios import DEFAULT_SCENARIOS, SCENARIO_GROUPS, SCENARIOS, Scenario, get_scenarios, load_prompts, quick, with_requests
+from .sweep import expand, parse_lengths
 
 __all__ = ["add_arguments", "run", "build_scenarios"]
 
@@ -46,9 +48,6 @@ def _rate(text: str) -> float:
         raise ValueError("must be > 0 (requests per second)")
     return value
 
-
-#: Where requests go when no base URL is given (the openai SDK's default).
-OPENAI_API = "https://api.openai.com/v1"
 
 _SCENARIO_DEFAULT = "the scenario's"
 SIMULATOR: tuple[Option, ...] = (
@@ -77,6 +76,9 @@ RUNS: tuple[Option, ...] = (
     Option("--via", "SPECAPI_BENCH_VIA", str, "client", "measure the client in this process, or the proxy (specapi serve's app on a loopback port)",
            choices=("client", "serve")),
     Option("--check", "SPECAPI_BENCH_CHECK", boolean, False, "exit 1 when a scenario misses the speedup it is expected to reach"),
+    Option("--draft-lengths", "SPECAPI_BENCH_DRAFT_LENGTHS", parse_lengths, None,
+           "a sweep, e.g. 2,4,6: each scenario at each fixed draft length and with the default policy, each against "
+           "the target alone, in one table (not with --policy or --num-speculative-tokens)", default_text="none"),
 )
 OUTPUT: tuple[Option, ...] = (
     Option("--table", "SPECAPI_BENCH_TABLE", boolean, False, "print the tables only (no explanation per scenario)"),
@@ -161,14 +163,24 @@ def _changed_settings(before: Scenario, after: Scenario) -> list[tuple[str, Any]
 
 
 def build_scenarios(args: argparse.Namespace) -> list[Scenario]:
-    """The scenarios to run, with the command line's overrides applied."""
+    """The scenarios to run, with the command line's overrides applied (and with ``--draft-lengths``,
+    each scenario's variants of the sweep in its place)."""
     args = _resolved(args)
+    if args.draft_lengths and (args.policy is not None or args.num_speculative_tokens is not None):
+        raise ValueError("--draft-lengths sets the policy and the draft length of each run: leave out --policy and --num-speculative-tokens")
+    scenarios = _built(args)
+    if args.draft_lengths:
+        scenarios = [variant for scenario in scenarios for variant in expand(scenario, args.draft_lengths)]
+    return scenarios
+
+
+def _built(args: argparse.Namespace) -> list[Scenario]:
     for name in ("max_tokens", "num_speculative_tokens", "requests", "concurrency"):
         _positive(name.replace("_", "-"), getattr(args, name))
     if args.temperature is not None and not 0.0 <= args.temperature <= 2.0:
         raise ValueError(f"--temperature must be in [0, 2], got {args.temperature}")
     if args.target_model:
-        _refuse_default_openai(args)
+        refuse_hosted(vars(args), os.environ, what=f" (the prompts of {args.prompts})" if args.prompts else "")
         base = get_scenarios((args.scenario or ["lan-code"])[0])[0]
         requests = load_prompts(args.prompts) if args.prompts else base.requests
         scenario = Scenario(
@@ -195,21 +207,6 @@ def build_scenarios(args: argparse.Namespace) -> list[Scenario]:
     if args.quick:
         scenarios = [quick(s) for s in scenarios]
     return [_overridden(s, args) for s in scenarios]
-
-
-def _refuse_default_openai(args: argparse.Namespace) -> None:
-    """With no base URL a role goes to OpenAI's API (billed, and the prompts leave the machine): only when
-    asked for by name."""
-    if os.environ.get("OPENAI_BASE_URL"):
-        return
-    for role in ("target", "draft"):
-        if getattr(args, f"{role}_model") and not getattr(args, f"{role}_base_url"):
-            raise UsageError(
-                f"no --{role}-base-url (or SPECAPI_{role.upper()}_BASE_URL): the {role}'s requests"
-                + (f" (the prompts of {args.prompts})" if args.prompts else "")
-                + f" would go to OpenAI's API and be billed; give the server's URL, e.g. --{role}-base-url http://localhost:8000/v1, "
-                f"or --{role}-base-url {OPENAI_API} to measure OpenAI itself"
-            )
 
 
 def _endpoints(args: argparse.Namespace, scenario: Scenario, repetition: int = 0):  # type: ignore[no-untyped-def]
@@ -332,6 +329,8 @@ def run(args: argparse.Namespace) -> int:
     mode = "endpoints" if args.target_model else ("simulator, quick" if args.quick else "simulator")
     if args.via == "serve":
         mode += ", through specapi serve"
+    if args.draft_lengths:
+        mode += ", draft lengths " + ", ".join(map(str, args.draft_lengths))
     if args.request_rate is not None:
         mode += f", {args.request_rate:g} requests/s (Poisson)"
     elif args.concurrency is not None and args.concurrency > 1:

@@ -27,7 +27,7 @@ from matplotlib.patches import Patch
 
 from .blog_html import seed_blog_section
 from .charts import BAD, BASE, DRAFT, EVEN, GOOD, LINE, NONE, SPEC, TARGET, figure_html, legend_below, svg
-from .report import SPEEDUP_BAND, median_of
+from .report import SPEEDUP_BAND, is_free, median_of
 from .spread import EVEN as EVEN_VERDICT
 from .spread import LOSS, NO_SPECULATION, WIN, verdict_class
 
@@ -285,7 +285,7 @@ def _summary_rows(report: dict[str, Any]) -> str:
             exact = "<span class=good>yes</span>" if s["exact_outputs"] else "<span class=bad>NO</span>"
         best = "–" if s["best_draft_length"] is None else f"{s['best_draft_length']} ({prediction.get('best_speedup', 0):.2f}x)"
         tokens = _cell(s.get("billed_tokens_ratio"), ".1f", "x")
-        cost = f"{_cell(s['cost_ratio'], '.2f', 'x')} ({tokens})" if s["cost_ratio"] is not None else f"free ({tokens})"
+        cost = f"{_cell(s['cost_ratio'], '.2f', 'x')} ({tokens})" if s["cost_ratio"] is not None else f"{'free' if is_free(s) else '–'} ({tokens})"
         rows.append(
             "<tr>"
             f"<td><a href='#{escape(s['name'])}'>{escape(s['name'])}</a></td>"

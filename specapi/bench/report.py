@@ -12,7 +12,7 @@ from rich.text import Text
 
 from .spread import BAND, EVEN, LOSS, NO_SPECULATION, WIN
 
-__all__ = ["print_report", "summary_table", "percentile_table", "median_of", "SPEEDUP_BAND", "VERDICT_STYLES"]
+__all__ = ["print_report", "summary_table", "percentile_table", "sweep_table", "median_of", "is_free", "SPEEDUP_BAND", "VERDICT_STYLES"]
 
 #: The one colour rule, here and in the HTML report: a speedup at or above the upper bound is a win
 #: (green), at or below the lower bound a loss (red), in between even (amber); with repeated runs a win
@@ -47,12 +47,20 @@ def median_of(s: dict[str, Any], name: str, value: Any) -> Any:
     return spread["median"] if spread else value
 
 
+def is_free(s: dict[str, Any]) -> bool:
+    """A scenario whose requests all succeeded on both sides and cost nothing (a local server): "free".
+    Failed requests cost nothing because nothing was served: that is no price."""
+    sides = (s["baseline"], s["speculative"])
+    return (
+        all(side.get("failed", 0) == 0 and side.get("requests", 0) > 0 for side in sides)
+        and all(side["cost_usd"] is not None and Decimal(side["cost_usd"]) == 0 for side in sides)
+    )
+
+
 def _cost(s: dict[str, Any]) -> str:
     if s["cost_ratio"] is not None:
         return f"{s['cost_ratio']:.2f}x"
-    if s["baseline"]["cost_usd"] is not None and Decimal(s["baseline"]["cost_usd"]) == 0:
-        return "free"
-    return "–"
+    return "free" if is_free(s) else "–"
 
 
 def summary_table(report: dict[str, Any]) -> Table:
@@ -123,10 +131,41 @@ def percentile_table(report: dict[str, Any]) -> Table:
     return table
 
 
+def sweep_table(report: dict[str, Any]) -> Table:
+    """The sweep of draft lengths (`sweep.sweep_summary`): per scenario the target alone's seconds per
+    request, then a row per setting (the default policy, each fixed draft length) with its seconds per
+    request, speedup against the target alone in the same run, acceptance, tokens per round and
+    exactness. The fastest fixed length is marked with *."""
+    table = Table(
+        title="draft lengths (each against the target alone in the same run)", header_style="bold", box=box.SIMPLE_HEAD,
+        pad_edge=False, collapse_padding=True, caption="* the fastest fixed draft length",
+    )
+    table.add_column("scenario", no_wrap=True)
+    table.add_column("setting", no_wrap=True)
+    table.add_column("s/req", justify="right", no_wrap=True)
+    table.add_column("speedup", justify="right", no_wrap=True)
+    table.add_column("accept-\nance", justify="right", no_wrap=True)
+    table.add_column("tokens/\nround", justify="right", no_wrap=True)
+    table.add_column("exact", justify="center", no_wrap=True)
+    for sweep in report.get("draft_length_sweep") or ():
+        table.add_row(sweep["scenario"], "target alone", _fmt(sweep["target_alone_wall_s"], ".3f"), "1.00x", "", "", "")
+        for row in sweep["rows"]:
+            best = row["draft_length"] is not None and row["draft_length"] == sweep["best_draft_length"]
+            speedup = Text(_fmt(row["speedup"], ".2f", "x"), style=VERDICT_STYLES.get(row["verdict"] or "", ""))
+            exact = Text("yes", style="green") if row["exact_outputs"] else Text("NO", style="bold red")
+            table.add_row(
+                "", row["setting"] + (" *" if best else ""), _fmt(row["wall_s"], ".3f"), speedup,
+                _fmt(row["acceptance_rate"], ".0%"), _fmt(row["tokens_per_round"], ".2f"), exact,
+            )
+    return table
+
+
 def print_report(report: dict[str, Any], console: Console | None = None, *, table_only: bool = False) -> None:
     """The tables, then (unless `table_only`) one paragraph per scenario."""
     console = console or Console()
     console.print(summary_table(report))
+    if report.get("draft_length_sweep"):
+        console.print(sweep_table(report))
     console.print(percentile_table(report))
     if table_only:
         return

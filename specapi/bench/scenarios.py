@@ -131,6 +131,9 @@ class Scenario:
     note: str = ""
     learning_requests: int = 0
     seed_blog: bool = False
+    #: In a sweep of draft lengths (`bench/sweep.py`): the scenario swept and this variant's setting
+    #: (a draft length, or None for the default policy).
+    sweep: tuple[str, int | None] | None = None
 
     @property
     def uses_suffix_index(self) -> bool:

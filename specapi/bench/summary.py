@@ -19,6 +19,7 @@ from .explain import explain
 from .runner import Calibration, Sample, ScenarioRun
 from .scenarios import BenchRequest
 from .spread import Spread, percentiles, spread_of, verdict_class
+from .sweep import sweep_summary
 
 __all__ = ["REQUIRED_KEYS", "SIDE_KEYS", "latency_model", "latency_percentiles", "merge_repeats", "report", "side_summary", "summarize"]
 
@@ -381,6 +382,7 @@ def summarize(run: ScenarioRun) -> dict[str, Any]:
         "name": scenario.name,
         "description": scenario.description,
         "settings": scenario.settings(),
+        "variant": {"scenario": scenario.sweep[0], "draft_length": scenario.sweep[1]} if scenario.sweep else None,
         "target": run.target_label,
         "draft": run.draft_label,
         "baseline": baseline,
@@ -577,12 +579,17 @@ def _spread_sentence(summary: dict[str, Any], judged: Spread | None) -> str:
 
 def report(runs: Sequence[ScenarioRun | Sequence[ScenarioRun]], *, mode: str, version: str) -> dict[str, Any]:
     """The whole bench report: ``{"specapi_version", "mode", "scenarios": [...]}``; an item of `runs` that is
-    a list holds one scenario's repeated runs (`merge_repeats`)."""
+    a list holds one scenario's repeated runs (`merge_repeats`). With a sweep of draft lengths, also
+    ``draft_length_sweep`` (`sweep.sweep_summary`)."""
     scenarios = [merge_repeats(run if isinstance(run, Sequence) else [run]) for run in runs]
-    return {
+    data = {
         "specapi_version": version,
         "mode": mode,
         "baseline_method": "the target alone through the openai SDK, streamed, timed by the same code as the speculative side",
         "prediction_tolerance": PREDICTION_TOLERANCE,
         "scenarios": scenarios,
     }
+    swept = sweep_summary(scenarios)
+    if swept:
+        data["draft_length_sweep"] = swept
+    return data

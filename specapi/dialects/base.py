@@ -43,6 +43,8 @@ class Generated:
     finish_reason: str
     prompt_tokens: int | None
     completion_tokens: int
+    #: Generated tokens left out of `ids`, `data` and `completion_tokens` (see `PlainStep.held_back`).
+    held_back: int = 0
 
 
 @dataclass(frozen=True)
@@ -87,6 +89,7 @@ class NativeDialect(Protocol):
         *,
         options: Mapping[str, Any],
         stream: bool = False,
+        whole_characters: bool = False,
     ) -> Generated:
         """The target alone continues `ids`; `stream` renders the text as the server streams it."""
         ...

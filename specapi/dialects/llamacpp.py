@@ -114,6 +114,7 @@ class LlamaCppDialect:
         *,
         options: Mapping[str, Any],
         stream: bool = False,
+        whole_characters: bool = False,
     ) -> Generated:
         body: dict[str, Any] = {**native_fields(fields), "prompt": list(ids), "return_tokens": True, "cache_prompt": True}
         body["n_predict"] = -1 if max_tokens is None else max_tokens
@@ -121,10 +122,13 @@ class LlamaCppDialect:
             body["stop"] = list(stop)
         if stream:
             return await self._streamed(client, body, meter, options)
+        # The bytes of what it generates (`_generated`): `content` renders a step that starts inside a
+        # character (the context's last token began it) with U+FFFD for the bytes that finish it.
+        body.setdefault("n_probs", 1)
         response = await client.post(server_root(client) + "/completion", body, meter, options=options, array_ok=True)
         with reading(client, "/completion"):
             result = response[0] if isinstance(response, list) else response
-            return _generated(result)
+            return _generated(result, max_tokens if whole_characters else None)
 
 
     async def _streamed(self, client: RoleClient, body: dict[str, Any], meter: Meter, options: Mapping[str, Any]) -> Generated:
@@ -185,11 +189,18 @@ def _pick(result: Mapping[str, Any]) -> Pick:
     return Pick(id=int(tokens[0]), data=data, prompt_tokens=prompt_tokens)
 
 
-def _generated(result: Mapping[str, Any]) -> Generated:
+def _generated(result: Mapping[str, Any], max_tokens: int | None = None) -> Generated:
     """The generated tokens and their text. The text is `content`, the server's own rendering (what its
-    OpenAI endpoints return; U+FFFD where it ends inside a character): `completion_probabilities` cannot
-    give the bytes, since it merges the tokens of a character split over several into one entry, and
-    leaves out every token of a run of characters that each straddle a token boundary."""
+    OpenAI endpoints return; U+FFFD where it ends inside a character), but for two ends of a step that
+    a longer text goes on from, where `content` shows U+FFFD for bytes `completion_probabilities` holds
+    (one entry per run of tokens that ends on a whole character, with the run's bytes):
+
+    - a step that starts inside a character (the context's last token began it): its first bytes;
+    - a step cut by its token budget (`max_tokens`, given where text follows the step) inside a
+      character: the tokens of the unfinished run are left out (the next step draws them again, now
+      that the context ends on a whole character), so that no U+FFFD stands for bytes the next step's
+      text would finish. Where the caller's limit ends the text, the server's rendering is the answer.
+    """
     tokens = [int(t) for t in result.get("tokens") or []]
     stop_type = result.get("stop_type")
     if stop_type == "eos" and tokens:
@@ -200,13 +211,39 @@ def _generated(result: Mapping[str, Any]) -> Generated:
     finish = "stop" if stop_type in ("eos", "word") else "length"
     prompt_tokens = result.get("tokens_evaluated")
     predicted = result.get("tokens_predicted")
+    completion_tokens = len(tokens) if count(predicted) is None else predicted
+    data = content.encode("utf-8")
+    runs = result.get("completion_probabilities")
+    held_back = 0
+    if isinstance(runs, list) and runs and (content.startswith("\ufffd") or (content.endswith("\ufffd") and finish == "length" and len(tokens) == max_tokens)):
+        listed, covered = _listed_runs(runs, tokens)
+        shown = listed.decode("utf-8", errors="replace")
+        if content.startswith(shown) and covered:
+            data = listed + content[len(shown) :].encode("utf-8")
+            if content.endswith("\ufffd") and finish == "length" and len(tokens) == max_tokens and covered < len(tokens):
+                held_back = len(tokens) - covered  # the unfinished run, drawn again by the next step
+                data, tokens, completion_tokens = listed, tokens[:covered], covered
     return Generated(
-        ids=tuple(tokens),
-        data=content.encode("utf-8"),
-        finish_reason=finish,
-        prompt_tokens=count(prompt_tokens),
-        completion_tokens=len(tokens) if count(predicted) is None else predicted,
+        ids=tuple(tokens), data=data, finish_reason=finish, prompt_tokens=count(prompt_tokens), completion_tokens=completion_tokens,
+        held_back=held_back,
     )
+
+
+def _listed_runs(runs: Any, tokens: Sequence[int]) -> tuple[bytes, int]:
+    """The bytes of the runs `completion_probabilities` lists, and how many of `tokens` they cover (each
+    run's entry carries its last token's id); (b"", 0) where the entries do not line up with the tokens."""
+    if not isinstance(runs, list):
+        return b"", 0
+    listed, at = bytearray(), 0
+    for run in runs:
+        if not isinstance(run, Mapping) or not isinstance(run.get("bytes"), list):
+            return b"", 0
+        try:
+            at = tokens.index(int(run["id"]), at) + 1
+        except (KeyError, ValueError, TypeError):
+            return b"", 0
+        listed += bytes(run["bytes"])
+    return bytes(listed), at
 
 
 async def _one_token_each(

@@ -96,6 +96,7 @@ class SglangDialect:
         *,
         options: Mapping[str, Any],
         stream: bool = False,
+        whole_characters: bool = False,
     ) -> Generated:
         body = self._body([ids], fields, max_tokens)
         if stop:

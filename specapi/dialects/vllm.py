@@ -164,7 +164,9 @@ class VllmDialect:
                 raise ValueError(f"{len(choices)} choices for {len(prompts)} prompts")
             usage = response.get("usage") or {}
             single = usage.get("prompt_tokens") if len(prompts) == 1 else None
-            return [_pick(choice, count(single)) for choice in choices]
+            # Each choice's prompt_token_ids (return_token_ids) say what its prompt was billed: a batch's
+            # usage sums them all.
+            return [_pick(choice, count(single) if single is not None else _prompt_count(choice)) for choice in choices]
 
     async def ids_draft(
         self, client: RoleClient, ids: Sequence[int], k: int, fields: Mapping[str, Any], alternatives: int, meter: Meter, *, options: Mapping[str, Any]
@@ -209,6 +211,7 @@ class VllmDialect:
         *,
         options: Mapping[str, Any],
         stream: bool = False,
+        whole_characters: bool = False,
     ) -> Generated:
         body: dict[str, Any] = {**fields, "prompt": list(ids), "return_token_ids": True}
         if max_tokens is not None:
@@ -232,6 +235,11 @@ class VllmDialect:
                 prompt_tokens=count(usage.get("prompt_tokens")),
                 completion_tokens=len(token_ids) if count(completion) is None else completion,
             )
+
+
+def _prompt_count(choice: Mapping[str, Any]) -> int | None:
+    ids = choice.get("prompt_token_ids")
+    return len(ids) if isinstance(ids, list) else None
 
 
 def _token_id(rendered: Any) -> int:
@@ -262,6 +270,8 @@ def _pick(choice: Mapping[str, Any], prompt_tokens: int | None) -> Pick:
         raise ValueError(f"expected one generated token id, got {token_ids!r}")
     tokens = (choice.get("logprobs") or {}).get("tokens") or []
     data = _data(tokens[0]) if tokens else None
+    if data and text == "":
+        data = b""  # a special token other than the end (e.g. a BOS): listed by its name, left out of the text
     if data is None and text:
         data = rendered_bytes(text)
     return Pick(id=int(token_ids[0]), data=data, prompt_tokens=prompt_tokens)

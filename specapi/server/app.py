@@ -3,8 +3,11 @@
     POST /v1/completions, POST /v1/chat/completions   JSON, or SSE with `"stream": true`
     GET  /v1/models, /v1/models/{id}                  the target model, then the others its server lists (`served.py`)
     GET  /health                                      liveness (no authentication, no upstream call)
-    GET  /ready                                       readiness: 503 while the target is unreachable (`readiness.py`)
+    GET  /ready                                       readiness: 503 while the target is unreachable; each role's
+                                                      state ("degraded" while the draft fails) (`readiness.py`)
     GET  /metrics                                     Prometheus text format (no authentication)
+    any other route, any method                       passed to the target unchanged (`forward.py`): /v1/embeddings,
+                                                      /v1/responses, vLLM's /tokenize, ... (streams relayed as they come)
 
 Responses are the openai SDK's own objects dumped as they were built (`exclude_unset`, so explicit
 `null`s stay and nothing is invented), plus `"speculative": stats.to_dict()` at the top level (in the
@@ -35,19 +38,21 @@ from starlette.types import Receive, Scope, Send
 
 from .._exceptions import EndpointError, MalformedResponseError
 from ..client import AsyncSpeculativeOpenAI
-from .._calls import Meter
+from .._calls import Meter, RoleClient
+from ..checks import EndpointChecker
 from ..stats import SpeculativeStats
 from ..suffix import SuffixIndex
 from ..streaming import SpeculativeStream
 from .arguments import CHAT_FIELDS, COMPLETION_FIELDS, chat_arguments, completion_arguments, parse_json_object, read_body
 from .config import ServerConfig
 from .disconnect import ClientDisconnected, run_unless_disconnected
-from .errors import ProxyError, error_from_exception, redact
+from .errors import ProxyError, error_from_exception, hide_addresses, redact
+from .forward import forward
 from .headers import stats_headers
 from .metrics import CONTENT_TYPE, ProxyMetrics
 from .peers import Peers
 from ..share import RedisShare
-from .readiness import Readiness, target_check
+from .readiness import CHECK_TIMEOUT, Readiness
 from .relay import TargetStream, handed_over_stream, relayed_stream, stream_path
 from .served import ServedModels
 from .sse import DONE_EVENT, EventStreamResponse, encode_event
@@ -61,6 +66,10 @@ CLIENT_CLOSED_REQUEST = 499
 
 #: How long startup waits for the target's probe before serving anyway (the probe goes on meanwhile).
 STARTUP_PROBE_WAIT_S = 5.0
+
+#: The route label of every request passed to the target unchanged (one label: the paths are the clients').
+FORWARDED_ROUTE = "passthrough"
+_ALL_METHODS = ["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"]
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
@@ -94,8 +103,13 @@ class _Proxy:
         self.metrics = ProxyMetrics(model=config.target.model)
         self.metrics.ready.set(0)
         self.secrets = config.secrets
-        #: `redact` with this proxy's secrets, remembered: the same few reasons go out with every response.
-        self.scrub: Callable[[str], str] = functools.lru_cache(maxsize=256)(lambda text: redact(text, self.secrets))
+        #: Where the upstreams are, by role: hidden from clients unless `expose_upstream_errors`.
+        self.addresses = {} if config.expose_upstream_errors else config.addresses
+        #: `redact` with this proxy's secrets (and the upstreams' addresses hidden), remembered: the same few
+        #: reasons go out with every response.
+        self.scrub: Callable[[str], str] = functools.lru_cache(maxsize=256)(
+            lambda text: hide_addresses(redact(text, self.secrets), self.addresses)
+        )
         self.readiness: Readiness | None = None
         #: The other processes serving this port, told what this one's suffix indexes learn (`peers.py`).
         self.peers: Peers | None = None
@@ -165,13 +179,7 @@ class _Proxy:
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
-        release: Callable[[], Awaitable[None]] | None = None
-        check = self.config.readiness_check
-        if check is None:
-            check, release = target_check(self.config.target)
-        self.readiness = Readiness(
-            check, interval=self.config.readiness_interval, on_change=lambda ready: self.metrics.ready.set(int(ready))
-        )
+        self.readiness = self._readiness()
         watcher = asyncio.ensure_future(self.readiness.run())
         await self.client._warm()  # not in the middle of the first requests' streams
         if self.config.peers_dir is not None:
@@ -213,8 +221,6 @@ class _Proxy:
             watcher.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await watcher
-            if release is not None:
-                await release()
             self.readiness = None
             if self.peers is not None:
                 self.peers.close()
@@ -227,6 +233,32 @@ class _Proxy:
             client, self._client = self._client, None
             if client is not None:
                 await client.close()
+
+    def _readiness(self) -> Readiness:
+        """The checks behind `/ready`: the target's (or the configured one), and the draft's if there is one.
+        Their one-token requests (a model the server does not list) are billed in `/metrics`."""
+        runtime = self.client._runtime
+
+        def checker(role: RoleClient) -> EndpointChecker:
+            return EndpointChecker(role, timeout=CHECK_TIMEOUT, on_usage=lambda usage: self.metrics.upstream(role.role, usage))
+
+        check = self.config.readiness_check or checker(runtime.target)
+        others = {"draft": checker(runtime.draft)} if runtime.draft is not None else {}
+        return Readiness(
+            check, interval=self.config.readiness_interval, others=others,
+            on_change=lambda ready: self.metrics.ready.set(int(ready)), on_role=self._role_changed,
+        )
+
+    def _role_changed(self, role: str, problem: str | None) -> None:
+        """Said once per change in the log: a role that fails, and one that answers again."""
+        if problem is None:
+            logger.info("the %s endpoint answers again", role)
+        elif role == "target":
+            logger.warning("%s; /ready answers 503 until it answers", redact(problem, self.secrets))  # the log has the addresses
+        else:
+            logger.warning(
+                "%s; the proxy serves with the target alone (no speculation from the %s) until it answers", redact(problem, self.secrets), role
+            )
 
     def _watch_failure(self, exc: BaseException) -> None:
         """A target failure that may mean the target is gone (no answer, a timeout, a 5xx): check readiness now."""
@@ -332,12 +364,19 @@ class _Proxy:
         self.metrics.observe(route, stats)
         return JSONResponse(data, headers={**stats_headers(stats, self.scrub), "x-request-id": request_id})
 
+    def _error(self, exc: BaseException, params: frozenset[str] | set[str] = frozenset()) -> ProxyError:
+        return error_from_exception(
+            exc, secrets=self.secrets, params=params, expose=self.config.expose_upstream_errors, addresses=self.addresses
+        )
+
     def _fail(self, route: str, exc: BaseException, request_id: str, params: frozenset[str] | set[str]) -> JSONResponse:
         self._watch_failure(exc)
-        error = error_from_exception(exc, secrets=self.secrets, params=params)
+        error = self._error(exc, params)
         if error.status >= 500:
             log = logger.exception if error.status == 500 else logger.warning
-            log("request %s on %s failed: %s", request_id, route, self.scrub(str(exc)), exc_info=error.status == 500)
+            log("request %s on %s failed: %s", request_id, route, redact(str(exc), self.secrets), exc_info=error.status == 500)
+        elif isinstance(exc, EndpointError):  # the upstream's address and message, which the client was not told
+            logger.info("request %s on %s: %s", request_id, route, redact(str(exc), self.secrets))
         self.metrics.request(route, error.status)
         return _error_response(error, request_id)
 
@@ -452,8 +491,8 @@ class _Proxy:
     def _stream_error(self, route: str, exc: Exception, request_id: str) -> bytes:
         """A failure after the headers: the error travels as an event (the SDK raises it)."""
         self._watch_failure(exc)
-        error = error_from_exception(exc, secrets=self.secrets)
-        logger.warning("stream %s on %s failed: %s", request_id, route, self.scrub(str(exc)))
+        error = self._error(exc)
+        logger.warning("stream %s on %s failed: %s", request_id, route, redact(str(exc), self.secrets))
         self.metrics.child(self.metrics.stream_errors, route).inc()
         return encode_event(error.body())
 
@@ -491,14 +530,32 @@ class _Proxy:
         readiness = self.readiness
         if readiness is None:
             return JSONResponse({"status": "starting"}, status_code=503)
+        roles = {
+            role: {"status": "ok"} if problem is None else {"status": "failing", "reason": self.scrub(problem)}
+            for role, problem in readiness.roles.items()
+        }
         if readiness.ready:
             # Sharing is best effort: degraded, the replica serves as well, only without the others' learning.
             sharing = {} if self.share is None else {"sharing": "degraded" if self.share.degraded else "ok"}
-            return JSONResponse({"status": "ready", **sharing})
-        return JSONResponse({"status": "unready", "reason": self.scrub(readiness.reason or "")}, status_code=503)
+            return JSONResponse({"status": "degraded" if readiness.degraded else "ready", "roles": roles, **sharing})
+        return JSONResponse({"status": "unready", "reason": self.scrub(readiness.reason or ""), "roles": roles}, status_code=503)
 
     async def metrics_page(self, request: Request) -> Response:
         return Response(self.metrics.render(), media_type=CONTENT_TYPE)
+
+    async def passed_on(self, request: Request) -> Response:
+        """A route the proxy does not speculate: the target's answer, unchanged (`forward.py`)."""
+        request_id = self._request_id(request)
+        try:
+            self._authenticate(request)
+            body = await read_body(request, self.config.max_request_bytes)
+            response = await forward(
+                self.client._runtime.target, request.method, request.url.path, request.url.query, request.headers.items(), body
+            )
+        except Exception as exc:
+            return self._fail(FORWARDED_ROUTE, exc, request_id, frozenset())
+        self.metrics.request(FORWARDED_ROUTE, response.status_code)
+        return response
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
@@ -546,6 +603,7 @@ def create_app(config: ServerConfig) -> Starlette:
         Route("/health", proxy.health, methods=["GET"]),
         Route("/ready", proxy.ready, methods=["GET"]),
         Route("/metrics", proxy.metrics_page, methods=["GET"]),
+        Route("/{path:path}", proxy.passed_on, methods=_ALL_METHODS),
     ]
     generation = {"/v1/completions": proxy.completions, "/v1/chat/completions": proxy.chat_completions}
     app = _ProxyApp(generation=generation, routes=routes, lifespan=proxy.lifespan, exception_handlers={HTTPException: _http_error})

@@ -13,7 +13,9 @@ from typing import Any
 
 from starlette.requests import Request
 
+from .._exceptions import ConfigurationError
 from ..dialects.openai import CHAT_FIELDS, COMPLETION_FIELDS
+from ..validation import sendable
 from .errors import ProxyError
 
 __all__ = ["read_body", "parse_json_object", "completion_arguments", "chat_arguments", "COMPLETION_FIELDS", "CHAT_FIELDS"]
@@ -65,6 +67,11 @@ def _arguments(
 ) -> dict[str, Any]:
     if body.get(required) is None:
         raise ProxyError(400, f"Missing required parameter: '{required}'.", param=required, code="missing_required_parameter")
+    for name, value in body.items():
+        try:
+            sendable({name: value})
+        except ConfigurationError as exc:  # before the relay too, which sends the body without `create`
+            raise ProxyError(400, str(exc), param=name, code="invalid_value") from None
     requested = body.get("model")
     if requested is not None and requested != model and requested not in served:
         names = ", ".join(f"`{name}`" for name in [model, *(s for s in served if s != model)])

@@ -23,13 +23,20 @@ worker, and each drains its in-flight requests for up to `--shutdown-timeout` se
 The draft endpoint is optional with `--drafter lookup` (prompt lookup drafts from the request itself)
 or `--verification none`.
 
+Before it serves, it checks both endpoints: each must answer and serve its model (`specapi.checks`). A
+problem (a dead port, a refused key, a mistyped model) is printed naming the role, and the proxy does not
+start, unless `--allow-degraded`: then it serves with what answers (without the draft, the target alone),
+and `/ready` reports each role.
+
 Exit codes: 0 after a clean shutdown, 1 if the server could not start (the port is bound first: a busy
-one fails at once, before the client is built or the target probed), 2 for missing or invalid settings.
+one fails at once, before the client is built or the target probed; then an endpoint that fails the
+start-up check), 2 for missing or invalid settings.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import shutil
@@ -51,6 +58,7 @@ from ..cli_options import (
     ENDPOINTS, EXIT_FAILED, Option, UsageError, acceptance_options, acceptance_values, add_options, boolean, listening_socket, resolve,
     speculation_options,
 )
+from ..checks import EndpointStatus
 from ..endpoint import Endpoint
 from .app import build_client, create_app
 from .config import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_TOKENS_LIMIT, SUFFIX_SCOPES, ServerConfig
@@ -111,6 +119,9 @@ OPTIONS: tuple[Option, ...] = (
     *acceptance_options(),
     Option("--allow-lossy-acceptance", "SPECAPI_ALLOW_LOSSY_ACCEPTANCE", boolean, False,
            "let --acceptance threshold|typical serve output that is not the target's (refused without it)"),
+    Option("--expose-upstream-errors", "SPECAPI_EXPOSE_UPSTREAM_ERRORS", boolean, False,
+           "send clients the upstream's address and raw message when it fails (by default they see the role "
+           "only, and the details go to the log)"),
     Option(
         "--suffix-scope",
         "SPECAPI_SUFFIX_SCOPE",
@@ -133,6 +144,9 @@ OPTIONS: tuple[Option, ...] = (
            "a Redis URL (redis://host:6379/0) through which replicas share what they learn (needs redis-py: pip install 'specapi[share]')",
            secret=True),
     Option("--share-max-entries", "SPECAPI_SHARE_MAX_ENTRIES", int, 10_000, "cap of the shared Redis stream, in entries (about)"),
+    Option("--allow-degraded", "SPECAPI_ALLOW_DEGRADED", boolean, False,
+           "start even if an endpoint fails the start-up check (not reachable, key refused, model not served): "
+           "serve with what answers (without the draft, the target alone); /ready reports each role"),
     Option("--log-level", "SPECAPI_LOG_LEVEL", str.lower, "info", "uvicorn log level", choices=("critical", "error", "warning", "info", "debug", "trace")),
 )
 
@@ -151,6 +165,7 @@ class Settings:
     shutdown_timeout: float
     log_level: str
     workers: int = 1
+    allow_degraded: bool = False
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -190,12 +205,13 @@ def resolve_settings(args: argparse.Namespace, environ: Mapping[str, str]) -> Se
             readiness_interval=values["ready_interval"],
             share_url=values["share"] or None,
             share_max_entries=values["share_max_entries"],
+            expose_upstream_errors=values["expose_upstream_errors"],
         )
     except ConfigurationError as exc:
         raise SettingsError(str(exc)) from exc
     return Settings(
         config=config, host=values["host"], port=values["port"], shutdown_timeout=values["shutdown_timeout"],
-        log_level=values["log_level"], workers=values["workers"],
+        log_level=values["log_level"], workers=values["workers"], allow_degraded=values["allow_degraded"],
     )
 
 
@@ -317,6 +333,31 @@ def run(args: argparse.Namespace) -> int:
         sock.close()
         print(f"specapi serve: {exc}", file=sys.stderr)
         return 2
+    if not _endpoints_answer(settings):
+        sock.close()
+        return EXIT_FAILED
     if settings.workers > 1:
         return serve_workers(settings, args, sock)
     return serve(settings, app, sock)
+
+
+def _endpoints_answer(settings: Settings) -> bool:
+    """The start-up check: each problem printed; False if there is one and `--allow-degraded` is not set."""
+    problems = [status.problem for status in asyncio.run(_check(settings.config)) if status.problem is not None]
+    for problem in problems:
+        print(f"specapi serve: {redact(problem, settings.config.secrets)}", file=sys.stderr)
+    if not problems:
+        return True
+    if settings.allow_degraded:
+        print("specapi serve: starting anyway (--allow-degraded): serving with what answers; /ready reports each role", file=sys.stderr)
+        return True
+    print("specapi serve: not started: correct the settings above, or start with --allow-degraded to serve with what answers", file=sys.stderr)
+    return False
+
+
+async def _check(config: ServerConfig) -> tuple[EndpointStatus, ...]:
+    client = build_client(config)
+    try:
+        return await client.check_endpoints()
+    finally:
+        await client.close()

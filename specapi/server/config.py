@@ -72,6 +72,9 @@ class ServerConfig:
             one): each process tells the others, through a socket there, every sequence its suffix
             indexes learn, so that a prompt one worker answered is known to all (`peers.py`). The
             processes must share `suffix_scope`. None (default): this process learns alone.
+        expose_upstream_errors: False (default): what clients see of an upstream's failure (error bodies,
+            statistics' reasons, headers, `/ready`) names its role only ("the target endpoint failed (HTTP
+            503)"); its address and raw message go to the proxy's log. True: they go to clients too.
     """
 
     target: Endpoint
@@ -92,6 +95,7 @@ class ServerConfig:
     peers_dir: str | None = None
     share_url: str | None = None
     share_max_entries: int = 10_000
+    expose_upstream_errors: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.target, Endpoint):
@@ -127,6 +131,23 @@ class ServerConfig:
                 "start the proxy with --allow-lossy-acceptance (allow_lossy_acceptance=True) to serve it"
             )
         object.__setattr__(self, "client_options", MappingProxyType(dict(self.client_options)))
+
+    @property
+    def addresses(self) -> dict[str, str]:
+        """Where the upstreams are (each endpoint's label, base URL and host:port), by role: kept out of
+        what clients see unless `expose_upstream_errors`."""
+        found: dict[str, str] = {}
+        for role, endpoint in (("draft", self.draft), ("target", self.target)):  # a shared server: the target's name
+            if endpoint is None:
+                continue
+            for address in (endpoint.label, endpoint.base_url):
+                if address:
+                    found[address] = role
+                    found[address.rstrip("/")] = role
+            netloc = urllib.parse.urlsplit(endpoint.base_url or "").netloc.rpartition("@")[2]
+            if netloc:
+                found[netloc] = role
+        return found
 
     @property
     def secrets(self) -> tuple[str, ...]:

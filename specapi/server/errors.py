@@ -10,9 +10,14 @@ onto HTTP statuses:
     any other EndpointError (5xx, 401, dropped)   502 upstream_error
     anything else                                 500 server_error (details only in the proxy's log)
 
-Endpoint errors name the role ("draft"/"target") and the endpoint as extra fields `role` and `endpoint`
-(and in the message, except where the upstream's own error object is passed on: a refused request is
-the caller's error, and reads as the target alone would have answered it). Every message passes through `redact`, so keys and URL credentials never leave.
+Endpoint errors name the role ("draft"/"target") as an extra field `role`, and say what failed in words
+of the role alone ("The target endpoint failed (HTTP 503)."): the upstream's address and its raw
+message go to the proxy's log, not to its clients, whose callers need not know the deployment's hosts
+and ports. Where the upstream's own error object is passed on (a refused request is the caller's error,
+and reads as the target alone would have answered it) its message stays, with the upstreams' addresses
+hidden. `expose=True` (`specapi serve --expose-upstream-errors`) sends the endpoint (an extra field
+`endpoint`) and the upstream's message too. Every message passes through `redact`, so keys and URL
+credentials never leave.
 """
 
 from __future__ import annotations
@@ -23,9 +28,9 @@ from typing import Any
 
 import openai
 
-from .._exceptions import ConfigurationError, EndpointError, UnsupportedRequestError
+from .._exceptions import ConfigurationError, EndpointError, MalformedResponseError, UnsupportedRequestError
 
-__all__ = ["ProxyError", "error_from_exception", "redact", "guess_param", "PASSED_THROUGH_STATUSES"]
+__all__ = ["ProxyError", "error_from_exception", "redact", "hide_addresses", "guess_param", "PASSED_THROUGH_STATUSES"]
 
 #: Upstream statuses that describe the client's request (not the proxy's setup): passed through as they are.
 PASSED_THROUGH_STATUSES = frozenset({400, 413, 422, 429})
@@ -42,6 +47,17 @@ def redact(text: str, secrets: Iterable[str] = ()) -> str:
         text = text.replace(secret, "***")
     text = _URL_CREDENTIALS.sub(r"\g<scheme>***@", text)
     return _URL_QUERY.sub(r"\g<url>?***", text)
+
+
+def hide_addresses(text: str, addresses: Mapping[str, str]) -> str:
+    """`text` without the upstreams' addresses: `addresses` maps each (an endpoint's label, base URL,
+    host:port) to its role; "target endpoint <label>" becomes "target endpoint", any other mention "<target>"."""
+    for address, role in sorted(addresses.items(), key=lambda item: len(item[0]), reverse=True):
+        if address and address in text:
+            text = text.replace(f"{role} endpoint {address}", f"{role} endpoint")
+            # Whole words only: a host named "sim" is not hidden inside "simulator".
+            text = re.sub(rf"(?<![\w.-]){re.escape(address)}(?![\w-])", f"<{role}>", text)
+    return text
 
 
 def guess_param(message: str, names: Iterable[str]) -> str | None:
@@ -103,15 +119,40 @@ def _upstream_error(exc: EndpointError) -> dict[str, Any] | None:
     return error if isinstance(error.get("message"), str) and error["message"] else None
 
 
-def _endpoint_error(exc: EndpointError, secrets: Iterable[str]) -> ProxyError:
-    message = redact(str(exc), secrets)
-    extra = {"role": exc.role, "endpoint": redact(exc.endpoint, secrets)}
+def _in_words(exc: EndpointError) -> str:
+    """What failed, naming the role alone (no address, no upstream message)."""
+    the = f"The {exc.role} endpoint"
+    status = exc.status_code
+    if isinstance(exc, MalformedResponseError):
+        return f"{the} sent an answer the proxy cannot use."
+    if status == 429:
+        return f"{the} is rate limited (HTTP 429)."
+    if status in PASSED_THROUGH_STATUSES:
+        return f"{the} refused the request (HTTP {status})."
+    if isinstance(exc.__cause__, openai.APITimeoutError):
+        return f"{the} timed out."
+    if status is not None:
+        return f"{the} failed (HTTP {status})."
+    if isinstance(exc.__cause__, openai.APIConnectionError) or "stream broke" in str(exc):
+        return f"{the} could not be reached, or broke off its answer."
+    return f"{the} failed."
+
+
+def _endpoint_error(exc: EndpointError, secrets: Iterable[str], *, expose: bool, addresses: Mapping[str, str]) -> ProxyError:
+    def clean(text: str) -> str:
+        text = redact(text, secrets)
+        return text if expose else hide_addresses(text, addresses)
+
+    message = clean(str(exc)) if expose else _in_words(exc)
+    extra: dict[str, Any] = {"role": exc.role}
+    if expose:
+        extra["endpoint"] = redact(exc.endpoint, secrets)
     status = exc.status_code
     upstream = _upstream_error(exc) if status in _CALLERS_ERRORS else None
     if upstream is not None:
         fields = {name: upstream.get(name) for name in ("type", "param", "code")}
         others = {name: value for name, value in upstream.items() if name not in ("message", "type", "param", "code")}
-        return ProxyError(status, redact(upstream["message"], secrets), **fields, extra={**others, **extra})
+        return ProxyError(status, clean(upstream["message"]), **fields, extra={**others, **extra})
     if status in PASSED_THROUGH_STATUSES:
         kind = "rate_limit_error" if status == 429 else "invalid_request_error"
         code = "rate_limit_exceeded" if status == 429 else f"{exc.role}_rejected_request"
@@ -123,13 +164,23 @@ def _endpoint_error(exc: EndpointError, secrets: Iterable[str]) -> ProxyError:
     return ProxyError(502, message, type="upstream_error", code=f"{exc.role}_endpoint_error", extra=extra)
 
 
-def error_from_exception(exc: BaseException, *, secrets: Iterable[str] = (), params: Iterable[str] = ()) -> ProxyError:
-    """The error response for `exc`; `params` are the request's parameter names (to fill in `param`)."""
+def error_from_exception(
+    exc: BaseException,
+    *,
+    secrets: Iterable[str] = (),
+    params: Iterable[str] = (),
+    expose: bool = False,
+    addresses: Mapping[str, str] | None = None,
+) -> ProxyError:
+    """The error response for `exc`; `params` are the request's parameter names (to fill in `param`);
+    `expose`: an upstream's failure names its endpoint and gives its message; else the role alone, and
+    `addresses` (address -> role, see `hide_addresses`) are hidden in what an upstream's error object says."""
     if isinstance(exc, ProxyError):
         return exc
     if isinstance(exc, EndpointError):
-        return _endpoint_error(exc, secrets)
+        return _endpoint_error(exc, secrets, expose=expose, addresses=addresses or {})
     if isinstance(exc, (ConfigurationError, UnsupportedRequestError)):
         message = redact(str(exc), secrets)
+        message = message if expose else hide_addresses(message, addresses or {})
         return ProxyError(400, message, param=guess_param(message, params), code="invalid_request")
     return ProxyError(500, "The proxy failed to handle the request; see its log.", type="server_error", code="internal_error")

@@ -12,7 +12,11 @@
     specapi_drafted_tokens_by_position_total{position}, specapi_accepted_tokens_by_position_total{position}
                                                     acceptance by draft position (0-based; accepted / drafted)
     specapi_upstream_requests_total{role}, specapi_upstream_tokens_total{role,kind}, specapi_cost_usd_total{role}
-    specapi_fallbacks_total{reason}                 requests (partly) served by the target alone, by category
+    specapi_fallbacks_total{reason}                 requests (partly) served by the target alone, by category:
+                                                    draft_failed, unverifiable_response, verification_refused,
+                                                    tokenize_refused, policy_off (the policy predicted no gain),
+                                                    under_load, verification_off, target_only_request (what the
+                                                    request asks for cannot be verified: tools, n > 1, ...)
     specapi_speculation_reduced_total{model_name,reason}
                                                     requests whose draft length the load-aware policy lowered
                                                     or whose speculation it stopped, by the policy's reason
@@ -65,10 +69,16 @@ _MAX_REASON_LENGTH = 64
 #: Distinct load reasons kept as labels; later new ones count as "other".
 _MAX_REASONS = 32
 
+#: The fallback categories, by the words that start (or are in) the engine's reasons; first match wins.
 _FALLBACK_CATEGORIES = (
     ("draft failed", "draft_failed"),
     ("could not be verified", "unverifiable_response"),
     ("refused the verification", "verification_refused"),
+    ("would not tokenize", "tokenize_refused"),
+    ("under load", "under_load"),
+    ("adaptive policy:", "policy_off"),
+    ("draft-length policy", "policy_off"),
+    ("verification='none'", "verification_off"),
 )
 
 

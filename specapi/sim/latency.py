@@ -6,7 +6,8 @@ per further output token (tokens accepted from a Predicted Output are processed 
 Jitter multiplies every part by ``1 + jitter * u`` with ``u`` uniform in [-1, 1] from a seeded generator.
 
 A ``LatencyProfile`` names the timing and prices of the two tiers of models (target and draft); the
-built-in ones are in ``LATENCY_PROFILES`` (``"lan"``, ``"hosted"``, ``"instant"``). Prices are ``Decimal``
+built-in ones are in ``LATENCY_PROFILES`` (``"lan"``, ``"hosted"``, ``"vllm-cpu"``: a tiny model on a real
+vLLM on 2 CPU cores, ``"instant"``). Prices are ``Decimal``
 USD per million tokens.
 
 ``PrefixCache`` remembers which token prefixes a provider has already processed, in blocks as servers do
@@ -86,6 +87,14 @@ class ModelTiming:
     requests_per_s: float | None = None
     max_concurrency: int | None = None
     pricing: Pricing = field(default_factory=Pricing)
+    #: A request that scores its prompt (prompt logprobs, echo with logprobs): this much more, plus
+    #: ``prompt_logprob_token_s`` per scored token (vLLM computes and detokenizes the top list of each).
+    prompt_logprobs_s: float = 0.0
+    prompt_logprob_token_s: float = 0.0
+    #: Each decoding step costs this much more per sequence beyond the first (``n`` choices, several prompts).
+    tpot_per_sequence_s: float = 0.0
+    #: A request holding several prompts costs this much more per prompt beyond the first.
+    batch_prompt_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -144,6 +153,8 @@ def batch_timing(
     cached_tokens: Sequence[int],
     completion_tokens: int = 0,
     predicted: Sequence[bool] = (),
+    scored_tokens: int = 0,
+    sequences: int = 1,
 ) -> RequestTiming:
     """Timing of one request holding several prompts (vLLM's and SGLang's prompt lists, llama-server's
     multi-prompt ``/completion``), without jitter.
@@ -152,12 +163,18 @@ def batch_timing(
     of every prompt's uncached tokens (prefill is compute-bound, so tokens add up whatever prompt they
     belong to), then as many decoding steps as the longest generation needs, each ``tpot_s`` (a decoding
     step is memory-bound: a few sequences more cost about the same as one). With one prompt this is
-    ``request_timing``.
+    ``request_timing``. ``scored_tokens``: prompt tokens scored (prompt logprobs), which cost
+    ``prompt_logprobs_s`` and ``prompt_logprob_token_s`` each; ``sequences``: sequences decoding together
+    (every prompt's ``n`` choices), each beyond the first adding ``tpot_per_sequence_s`` to every step.
     """
     uncached = sum(max(0, p - c) for p, c in zip(prompt_tokens, cached_tokens, strict=True))
-    return request_timing(
+    plain = request_timing(
         timing, prompt_tokens=uncached, cached_tokens=0, completion_tokens=completion_tokens, predicted=predicted
     )
+    extra = (timing.prompt_logprobs_s + scored_tokens * timing.prompt_logprob_token_s) if scored_tokens else 0.0
+    extra += max(0, len(prompt_tokens) - 1) * timing.batch_prompt_s
+    per_step = max(0, sequences - 1) * timing.tpot_per_sequence_s
+    return RequestTiming(plain.first_token_s + extra, tuple(gap + per_step for gap in plain.gaps_s))
 
 
 def _prefill_s(timing: ModelTiming, tokens: int) -> float:
@@ -200,6 +217,15 @@ class LatencyProfile:
 _GPT_4O = Pricing(input=Decimal("2.50"), output=Decimal("10.00"), cached_input=Decimal("1.25"))
 _GPT_4O_MINI = Pricing(input=Decimal("0.15"), output=Decimal("0.60"), cached_input=Decimal("0.075"))
 
+#: A tiny model on a real vLLM (vllm-cpu 0.32.0, 2 cores), as `benchmarks/vllm_costs.py` measured it: a
+#: 1-token request 5.2 ms, a decode step 1.3 ms, prefill 0.0125 ms a token, prompt logprobs 0.08 ms a scored
+#: token, a 128-token KV block, 1.3 ms more per prompt of a batch, 0.16 ms more per step per further sequence.
+#: tests/test_sim_calibration.py checks the ratios it gives against the measured ones.
+_VLLM_CPU = ModelTiming(
+    rtt_s=0.0002, ttft_base_s=0.0050, prefill_tokens_per_s=80_000.0, tpot_s=0.0013, jitter=0.0, cache_block_tokens=128,
+    prompt_logprob_token_s=0.00008, tpot_per_sequence_s=0.00016, batch_prompt_s=0.0013,
+)
+
 LATENCY_PROFILES: Mapping[str, LatencyProfile] = {
     profile.name: profile
     for profile in (
@@ -235,6 +261,7 @@ LATENCY_PROFILES: Mapping[str, LatencyProfile] = {
                 pricing=_GPT_4O_MINI,
             ),
         ),
+        LatencyProfile(name="vllm-cpu", target=_VLLM_CPU, draft=_VLLM_CPU),
         LatencyProfile(name="instant", target=ModelTiming(), draft=ModelTiming()),
     )
 }

@@ -78,14 +78,23 @@ def retry_after_headers(seconds: float) -> dict[str, str]:
     return {"retry-after": str(max(1, math.ceil(seconds))), "retry-after-ms": str(int(seconds * 1000))}
 
 
-def parse_json(raw: bytes | str) -> Any:
-    """The JSON value of a request body (``None`` when empty)."""
+def parse_json(raw: bytes | str, *, dialect: str = "openai") -> Any:
+    """The JSON value of a request body (``None`` when empty).
+
+    A body that is not JSON, not UTF-8, or escapes a lone surrogate (``"\\ud800"``, which no UTF-8
+    text can hold) is refused: a 400, except by llama-server, whose JSON parser's errors come back as
+    500s (observed: ``[json.exception.parse_error.101] ... surrogate U+D800..U+DBFF must be followed by
+    U+DC00..U+DFFF``)."""
     if not raw:
         return None
     try:
-        return json.loads(raw)
-    except ValueError:
-        raise ApiError(400, "We could not parse the JSON body of your request.") from None
+        value = json.loads(raw)
+        json.dumps(value, ensure_ascii=False).encode("utf-8")  # a lone surrogate cannot be encoded
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError and UnicodeEncodeError are ValueErrors
+        if dialect == "llamacpp":
+            raise ApiError(500, f"[json.exception.parse_error.101] parse error: {exc}", type="server_error") from None
+        raise ApiError(400, f"We could not parse the JSON body of your request ({exc}).") from None
+    return value
 
 
 def reject_unknown_fields(body: Mapping[str, Any], known: frozenset[str]) -> None:
@@ -128,8 +137,8 @@ def read_number(body: Mapping[str, Any], name: str, default: float, *, minimum: 
     value = body.get(name)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ApiError(400, f"{name} must be a number", param=name)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (isinstance(value, float) and not math.isfinite(value)):
+        raise ApiError(400, f"{name} must be a number", param=name)  # an int of any size is a number (and finite)
     if not minimum <= value <= maximum:
         raise ApiError(400, f"{name} must be between {minimum} and {maximum}, got {value}.", param=name)
     return float(value)

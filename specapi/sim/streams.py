@@ -58,12 +58,12 @@ def sse(payload: Any) -> bytes:
     return b"data: " + json.dumps(payload).encode() + b"\n\n"
 
 
-def shown_tokens(gen: Generation) -> list[TokenRecord]:
-    """Generated tokens as logprobs list them: end-of-text is billed but not shown."""
-    return [r for r in gen.tokens if r.token_id != EOS_TOKEN_ID]
+def shown_tokens(gen: Generation, *, with_end: bool = False) -> list[TokenRecord]:
+    """Generated tokens as logprobs list them: end-of-text is billed, and shown only `with_end` (vLLM)."""
+    return [r for r in gen.tokens if with_end or r.token_id != EOS_TOKEN_ID]
 
 
-def _pieces(gen: Generation) -> list[tuple[TokenRecord | None, str, int, int]]:
+def _pieces(gen: Generation, with_end: bool = False) -> list[tuple[TokenRecord | None, str, int, int]]:
     """Per generated token: its record (``None`` for end-of-text), its share of the final text, its offset
     and the tokens it bills. A generation without tokens gives one empty piece billing nothing."""
     offsets = text_offsets(gen.token_ids)
@@ -71,16 +71,16 @@ def _pieces(gen: Generation) -> list[tuple[TokenRecord | None, str, int, int]]:
     ends = offsets[1:] + [limit]
     pieces: list[tuple[TokenRecord | None, str, int, int]] = []
     for record, start, end in zip(gen.tokens, offsets, ends):
-        shown = None if record.token_id == EOS_TOKEN_ID else record
+        shown = None if record.token_id == EOS_TOKEN_ID and not with_end else record
         pieces.append((shown, gen.text[min(start, limit) : min(max(end, start), limit)], start, 1))
     if not pieces:
         pieces.append((None, gen.text, 0, 0))
     return pieces
 
 
-def _interleave(choices: Sequence[Generation]) -> list[tuple[int, int, tuple[TokenRecord | None, str, int, int]]]:
+def _interleave(choices: Sequence[Generation], with_end: bool = False) -> list[tuple[int, int, tuple[TokenRecord | None, str, int, int]]]:
     """``(step, choice index, piece)`` in arrival order: step by step, choice by choice."""
-    per_choice = [_pieces(gen) for gen in choices]
+    per_choice = [_pieces(gen, with_end) for gen in choices]
     out = []
     for step in range(max(len(p) for p in per_choice)):
         for index, pieces in enumerate(per_choice):
@@ -126,7 +126,7 @@ def completion_chunks(
         chunks.extend(Chunk(0, chunk(index, prompt_text, lp, None)) for index in range(len(choices)))
     base = len(prompt_text) if (caps.offsets_from_prompt_start or echo) else 0
     last_step = {index: len(_pieces(gen)) - 1 for index, gen in enumerate(choices)}
-    for step, index, (record, text, offset, billed) in _interleave(choices):
+    for step, index, (record, text, offset, billed) in _interleave(choices, caps.lists_end_token):
         lp = None
         if logprobs is not None:
             if caps.completions_logprobs_chat_shape:
@@ -149,9 +149,10 @@ def chat_chunks(
     logprobs: bool,
     prefix: str,
     render: Callable[[int], str] = token_str,
+    with_end: bool = False,
 ) -> list[Chunk]:
     """``chat.completion.chunk``s: the role, the continued prefix (llama.cpp prefill), one per token, the
-    finish reason."""
+    finish reason. ``with_end``: the end-of-text token's logprobs are shown (vLLM)."""
 
     def chunk(index: int, delta: dict[str, Any], lp: Any, finish: str | None) -> dict[str, Any]:
         return {
@@ -168,7 +169,7 @@ def chat_chunks(
         if prefix:
             chunks.append(Chunk(0, chunk(index, {"content": prefix}, None, None)))
     last = 0
-    for step, index, (record, text, _, billed) in _interleave(choices):
+    for step, index, (record, text, _, billed) in _interleave(choices, with_end):
         lp = {"content": chat_logprob_items([record] if record else [], render=render)} if logprobs else None
         chunks.append(Chunk(step, chunk(index, {"content": text}, lp, None), billed))
         last = step
@@ -184,12 +185,14 @@ def timed_events(
     usage: dict[str, Any] | None,
     late_billed: int = 0,
     done: bool = True,
+    usage_on_last: dict[str, Any] | None = None,
 ) -> tuple[list[StreamEvent], list[dict[str, Any]]]:
     """The stream's events, and the payloads sent.
 
     Each chunk waits for its step's arrival time. With ``usage``, chunks carry ``"usage": null`` and a last
     chunk with no choices carries the usage. ``late_billed`` tokens (rejected predictions) are billed with
-    the final chunk. A truncating fault cuts the stream in half, inside a chunk, before ``[DONE]`` (sent unless ``done`` is False).
+    the final chunk. ``usage_on_last``: the usage on the last chunk itself, unasked (llama-server's
+    completions streams). A truncating fault cuts the stream in half, inside a chunk, before ``[DONE]`` (sent unless ``done`` is False).
     """
     arrivals = [timing.first_token_s]
     for gap in timing.gaps_s:
@@ -205,6 +208,8 @@ def timed_events(
             payload = mismatch_logprobs(payload)
         if usage is not None:
             payload = {**payload, "usage": None}
+        elif usage_on_last is not None and item is chunks[-1]:
+            payload = {**payload, "usage": usage_on_last}
         at = arrivals[min(item.step, len(arrivals) - 1)]
         events.append(StreamEvent(max(0.0, at - now), sse(payload), item.billed))
         now = max(now, at)
