@@ -13,17 +13,15 @@ A target that takes token-id prompts can check a draft d1..dK after the context'
   asks for prompt logprobs: it recomputes the whole context, and lists a score for every prompt token.
 
 `recomputed` counts the tokens each shape computes, from the cache's block size and how much of the
-context the cache is known to hold; `choose_scoring` takes the cheaper. `read_scored_picks` turns a
-scored answer into the target's pick at each draft position and after the draft.
+context the cache is known to hold; `choose_scoring` takes the cheaper. (Reading a server's cache
+settings and its scored answers is its dialect's part.)
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
-__all__ = ["PICKS", "SCORED", "PrefixCache", "cached_prefix", "recomputed", "choose_scoring", "read_cache_config", "ScoredPick", "read_scored_picks"]
+__all__ = ["PICKS", "SCORED", "PrefixCache", "cached_prefix", "recomputed", "choose_scoring"]
 
 PICKS = "picks"
 SCORED = "scored"
@@ -81,60 +79,3 @@ def choose_scoring(context: int, k: int, known: int, cache: PrefixCache) -> str:
     (one prompt with prompt logprobs). Ties go to PICKS, whose prompts also keep the cache warm."""
     picks = recomputed(PICKS, context, k, known, cache)
     return PICKS if picks <= recomputed(SCORED, context, k, known, cache) else SCORED
-
-
-def read_cache_config(metrics: str) -> PrefixCache | None:
-    """The prefix cache a vLLM server runs with, from the text of its `/metrics`: the labels of
-    `vllm:cache_config_info` (`block_size`, `enable_prefix_caching`). None where the text has none."""
-    for line in metrics.splitlines():
-        if not line.startswith("vllm:cache_config_info{"):
-            continue
-        labels = _labels(line[len("vllm:cache_config_info{") : line.rfind("}")])
-        try:
-            block = int(labels["block_size"])
-        except (KeyError, ValueError):
-            return None
-        enabled = labels.get("enable_prefix_caching", "True").lower() == "true"
-        return PrefixCache(block=block, enabled=enabled) if block > 0 else None
-    return None
-
-
-def _labels(text: str) -> dict[str, str]:
-    """Prometheus labels `a="1",b="x"` (values without escaped quotes, as vLLM writes these)."""
-    labels = {}
-    for part in text.split('",'):
-        name, _, value = part.partition("=")
-        labels[name.strip()] = value.strip().strip('"')
-    return labels
-
-
-@dataclass(frozen=True)
-class ScoredPick:
-    """The target's greedy pick at one position of a scored prompt: its id, and its text as the server
-    rendered it (None where the rendering lost the bytes: part of a character)."""
-
-    id: int
-    text: str | None
-
-
-def read_scored_picks(entries: Any, prompt_ids: Any, context: int, k: int) -> list[ScoredPick]:
-    """The target's pick after `context + d1..dj` for j = 0..k-1, from vLLM's `prompt_logprobs` of a prompt
-    `context + d1..dk` (`entries[i]` scores token i given the tokens before it: `{id: {logprob, rank,
-    decoded_token}}`, the rank-1 entry being the target's most likely token there). Raises ValueError
-    where the answer is not that (another prompt, no rank-1 entry at a draft position)."""
-    if not isinstance(entries, Sequence) or not isinstance(prompt_ids, Sequence):
-        raise ValueError("prompt_logprobs or prompt_token_ids is missing")
-    if len(prompt_ids) != context + k or len(entries) != context + k:
-        raise ValueError(f"{len(entries)} prompt scores for {len(prompt_ids)} prompt tokens, expected {context + k}")
-    picks = []
-    for position in range(context, context + k):
-        entry = entries[position]
-        if not isinstance(entry, Mapping):
-            raise ValueError(f"no prompt scores at position {position}")
-        best = [(key, value) for key, value in entry.items() if isinstance(value, Mapping) and value.get("rank") == 1]
-        if len(best) != 1:
-            raise ValueError(f"position {position} lists {len(best)} tokens of rank 1")
-        key, value = best[0]
-        text = value.get("decoded_token")
-        picks.append(ScoredPick(id=int(key), text=text if isinstance(text, str) and text and "\ufffd" not in text else None))
-    return picks

@@ -40,7 +40,7 @@ from .acceptance import Emitted, RoundDecision
 from .alignment import ScoredToken, complete_utf8_prefix
 from .context import Context
 from .dialects import NativeDialect, Pick
-from .dialects.base import SampledBatches, spelling
+from .dialects.base import ChatTokenizing, PromptScoring, SampledBatches, spelling
 from .dialects.openai import sampling_fields
 from .drafttree import DraftTree, decide_batched, plan_tree
 from .sampling import acceptance_probability
@@ -111,23 +111,23 @@ class TokenIdVerifier(VerifierBase):
         """The prompt as the target tokenizes it for a request of its own; a chat request's messages as
         its chat endpoint renders and tokenizes them (vLLM's `/tokenize` with `messages`)."""
         if context.is_chat:
-            tokenize_chat = getattr(self.dialect, "tokenize_chat", None)
-            if tokenize_chat is None or context.accepted:
+            if not self.dialect.tokenizes_chat or context.accepted:
                 raise self.client.malformed("token-id verification of chat needs the server's chat tokenizer")
             assert context.messages is not None
-            return tuple(await tokenize_chat(self.client, context.messages, context.extras, meter))
+            chat = cast(ChatTokenizing, self.dialect)
+            return tuple(await chat.tokenize_chat(self.client, context.messages, context.extras, meter))
         return tuple(i for i, _ in await self.dialect.tokenize(self.client, context.completion_prompt(), meter, special=True))
 
     @property
-    def verifies_chat(self) -> bool:
+    def verifies_chat(self) -> bool:  # type: ignore[override]
         """Chat requests can run on token ids here: the server renders and tokenizes a chat's messages."""
-        return hasattr(self.dialect, "tokenize_chat")
+        return self.dialect.tokenizes_chat
 
     async def _cache(self) -> PrefixCache:
         """The target's prefix cache as its server reports it (asked once), else vLLM's usual one."""
         async with self._lock:
             if self._prefix_cache is None:
-                reported = await self.dialect.prefix_cache(self.client)  # type: ignore[attr-defined]
+                reported = await cast(PromptScoring, self.dialect).prefix_cache(self.client)
                 self._prefix_cache = reported if reported is not None else PrefixCache()
             return self._prefix_cache
 
@@ -135,7 +135,7 @@ class TokenIdVerifier(VerifierBase):
         """How a greedy round checks `drafted` ids (`scoring.choose_scoring`): one scored prompt where the
         server offers it and it recomputes less than K + 1 prompts on the cached context. The cache holds
         the context once a call has run on it: the prompt alone has never been sent by this request."""
-        if not hasattr(self.dialect, "scored_next") or self._scored_refused or not context.sampling.greedy:
+        if not self.dialect.scores_prompts or self._scored_refused or not context.sampling.greedy:
             return PICKS
         if any(key not in SCORED_NEUTRAL for key in context.extras):
             return PICKS  # a field that may move the pick (logit_bias, ...): prompt scores are the model's own
@@ -313,7 +313,8 @@ class TokenIdVerifier(VerifierBase):
         if shape == SCORED:
             assert context.token_ids is not None
             try:
-                picks = await self.dialect.scored_next(self.client, context.token_ids, drafted, fields, meter, options=context.options)  # type: ignore[attr-defined]
+                scorer = cast(PromptScoring, self.dialect)
+                picks = await scorer.scored_next(self.client, context.token_ids, drafted, fields, meter, options=context.options)
             except EndpointError as exc:
                 if not _declined(exc):
                     raise

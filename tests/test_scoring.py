@@ -1,4 +1,5 @@
-"""The cheapest exact scoring of a draft on token ids (specapi/scoring.py): pure, no HTTP."""
+"""The cheapest exact scoring of a draft on token ids (specapi/scoring.py): pure, no HTTP; and vLLM's
+cache settings and scored prompts as its dialect reads them."""
 
 from __future__ import annotations
 
@@ -10,13 +11,11 @@ from specapi.scoring import (
     PICKS,
     SCORED,
     PrefixCache,
-    ScoredPick,
     cached_prefix,
     choose_scoring,
-    read_cache_config,
-    read_scored_picks,
     recomputed,
 )
+from specapi.dialects.vllm import ScoredPick, read_cache_config, read_scored_picks
 
 
 def test_cached_prefix_is_whole_blocks_and_never_the_last_token() -> None:

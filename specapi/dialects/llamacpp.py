@@ -43,6 +43,8 @@ class LlamaCppDialect:
     name: str = "llama.cpp"
     batches: bool = True
     batches_sampled: bool = False
+    tokenizes_chat: bool = False
+    scores_prompts: bool = False
     lists_processed: bool = True
 
     async def tokenize(self, client: RoleClient, text: str, meter: Meter, *, special: bool) -> list[tuple[int, bytes | None]]:

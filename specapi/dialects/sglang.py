@@ -35,6 +35,8 @@ class SglangDialect:
     name: str = "sglang"
     batches: bool = True
     batches_sampled: bool = False
+    tokenizes_chat: bool = False
+    scores_prompts: bool = False
     lists_processed: bool = False
     _added: list[int] | None = field(default=None, repr=False)
 

@@ -22,12 +22,12 @@ from typing import Any
 from .._calls import Meter, RoleClient
 from ..alignment import ScoredToken, token_bytes
 from ..context import Context
-from ..scoring import PrefixCache, read_cache_config, read_scored_picks
+from ..scoring import PrefixCache
 from .base import UNREADABLE, Generated, Pick, SampledStep, count, reading, rendered_bytes, server_root
 from .logprobs import chat_tokens, prompt_logprob_tokens
 from .openai import Prefill, chat_request, fixed_sampling, sampling_fields
 
-__all__ = ["CHAT_TEMPLATE_FIELDS", "VllmDialect", "prompt_scores_finding", "prompt_scores_note", "prompt_scores_probe", "prompt_scores_request", "read_prompt_scores", "scores_prompt"]
+__all__ = ["CHAT_TEMPLATE_FIELDS", "ScoredPick", "VllmDialect", "prompt_scores_finding", "prompt_scores_note", "prompt_scores_probe", "prompt_scores_request", "read_cache_config", "read_prompt_scores", "read_scored_picks", "scores_prompt"]
 
 
 #: Fields of a chat request that change how its messages are rendered: on token ids they go to
@@ -107,6 +107,10 @@ class VllmDialect:
     lists_processed: bool = False
     #: Each prompt of an unseeded request draws with its own generator: independent draws.
     batches_sampled: bool = True
+    #: `/tokenize` takes a chat's messages (`tokenize_chat`).
+    tokenizes_chat: bool = True
+    #: A token-id prompt scored with `prompt_logprobs` (`scored_next`); the cache from `/metrics`.
+    scores_prompts: bool = True
 
     async def tokenize(self, client: RoleClient, text: str, meter: Meter, *, special: bool) -> list[tuple[int, bytes | None]]:
         body = {"model": client.endpoint.model, "prompt": text, "add_special_tokens": special}
@@ -275,3 +279,60 @@ def _pick(choice: Mapping[str, Any], prompt_tokens: int | None) -> Pick:
     if data is None and text:
         data = rendered_bytes(text)
     return Pick(id=int(token_ids[0]), data=data, prompt_tokens=prompt_tokens)
+
+
+def read_cache_config(metrics: str) -> PrefixCache | None:
+    """The prefix cache a vLLM server runs with, from the text of its `/metrics`: the labels of
+    `vllm:cache_config_info` (`block_size`, `enable_prefix_caching`). None where the text has none."""
+    for line in metrics.splitlines():
+        if not line.startswith("vllm:cache_config_info{"):
+            continue
+        labels = _labels(line[len("vllm:cache_config_info{") : line.rfind("}")])
+        try:
+            block = int(labels["block_size"])
+        except (KeyError, ValueError):
+            return None
+        enabled = labels.get("enable_prefix_caching", "True").lower() == "true"
+        return PrefixCache(block=block, enabled=enabled) if block > 0 else None
+    return None
+
+
+def _labels(text: str) -> dict[str, str]:
+    """Prometheus labels `a="1",b="x"` (values without escaped quotes, as vLLM writes these)."""
+    labels = {}
+    for part in text.split('",'):
+        name, _, value = part.partition("=")
+        labels[name.strip()] = value.strip().strip('"')
+    return labels
+
+
+@dataclass(frozen=True)
+class ScoredPick:
+    """The target's greedy pick at one position of a scored prompt: its id, and its text as the server
+    rendered it (None where the rendering lost the bytes: part of a character)."""
+
+    id: int
+    text: str | None
+
+
+def read_scored_picks(entries: Any, prompt_ids: Any, context: int, k: int) -> list[ScoredPick]:
+    """The target's pick after `context + d1..dj` for j = 0..k-1, from vLLM's `prompt_logprobs` of a prompt
+    `context + d1..dk` (`entries[i]` scores token i given the tokens before it: `{id: {logprob, rank,
+    decoded_token}}`, the rank-1 entry being the target's most likely token there). Raises ValueError
+    where the answer is not that (another prompt, no rank-1 entry at a draft position)."""
+    if not isinstance(entries, Sequence) or not isinstance(prompt_ids, Sequence):
+        raise ValueError("prompt_logprobs or prompt_token_ids is missing")
+    if len(prompt_ids) != context + k or len(entries) != context + k:
+        raise ValueError(f"{len(entries)} prompt scores for {len(prompt_ids)} prompt tokens, expected {context + k}")
+    picks = []
+    for position in range(context, context + k):
+        entry = entries[position]
+        if not isinstance(entry, Mapping):
+            raise ValueError(f"no prompt scores at position {position}")
+        best = [(key, value) for key, value in entry.items() if isinstance(value, Mapping) and value.get("rank") == 1]
+        if len(best) != 1:
+            raise ValueError(f"position {position} lists {len(best)} tokens of rank 1")
+        key, value = best[0]
+        text = value.get("decoded_token")
+        picks.append(ScoredPick(id=int(key), text=text if isinstance(text, str) and text and "\ufffd" not in text else None))
+    return picks
