@@ -180,6 +180,12 @@ class Engine:
             # (under load, above all) spares that call and goes straight to its stream.
             first = self._choose(state, state.request.max_tokens, mode)
             speculate = first > 0
+        if speculate and planned.tokenize_prompt and first is not None and state.request.context.sampling.greedy:
+            # A greedy draft reads the text, not the target's ids: drafted first, a draft that fails
+            # leaves the target alone with the caller's own request, and no tokenize call is spent.
+            limit = state.request.max_tokens
+            draft = await self._draft(state.request.context, _draft_length(first, limit, planned.stretch, None), state)
+            speculate, state.first_draft = draft is not None, draft
         if speculate and planned.tokenize_prompt:  # (the choice may have said no)
             speculate = await self._tokenize(state)
         return speculate, first, mode
@@ -305,7 +311,7 @@ class Engine:
             await asyncio.sleep(0)
         prefetched, state.prefetch = state.prefetch, None
         taken = _take_prefetch(prefetched, context, k, self.clock, state) if prefetched is not None else None
-        draft = await taken if taken is not None else None
+        draft = await taken if taken is not None else _first_draft(state, context, k)
         if draft is None:
             draft = await self._draft(context, k, state)
         if draft is None:
@@ -546,6 +552,21 @@ def _runs_to_window(caps: Capabilities | None) -> bool:
     """The server runs a request whose limit is past its window up to the window (llama-server), where
     others refuse it (vLLM, OpenAI)."""
     return caps is not None and caps.server in ("llama-server", "llama-cpp-python")
+
+
+def _first_draft(state: RequestState, context: Context, k: int) -> Draft | None:
+    """The draft made before the prompt was tokenized, for the first round (cut to its `k` tokens)."""
+    draft, state.first_draft = state.first_draft, None
+    if draft is None:
+        return None
+    if context.accepted:  # the first round went otherwise: the draft is billed, never verified
+        state.discarded_draft_tokens += len(draft.tokens)
+        return None
+    if len(draft.tokens) <= k:
+        return draft
+    rest = usable_prefix(draft.tokens[:k])  # cut at a complete character
+    state.discarded_draft_tokens += len(draft.tokens) - len(rest)
+    return replace(draft, tokens=rest, confidence=draft.confidence[: len(rest)])
 
 
 def _start_prefetch(model: ModelDrafter, context: Context, k: int, state: RequestState) -> Prefetched:

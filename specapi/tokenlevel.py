@@ -115,8 +115,8 @@ class TokenIdVerifier(VerifierBase):
                 raise self.client.malformed("token-id verification of chat needs the server's chat tokenizer")
             assert context.messages is not None
             chat = cast(ChatTokenizing, self.dialect)
-            return tuple(await chat.tokenize_chat(self.client, context.messages, context.extras, meter))
-        return tuple(i for i, _ in await self.dialect.tokenize(self.client, context.completion_prompt(), meter, special=True))
+            return tuple(await chat.tokenize_chat(self.client, context.messages, context.extras, meter, options=context.options))
+        return tuple(i for i, _ in await self.dialect.tokenize(self.client, context.completion_prompt(), meter, special=True, options=context.options))
 
     @property
     def verifies_chat(self) -> bool:  # type: ignore[override]

@@ -42,13 +42,21 @@ async def test_extra_body_reaches_every_target_request(profile: str, chat: bool)
     lookups = ("/tokenize", "/detokenize")
     target_calls = [
         c for c in provider.calls
-        if c.model == "sim-target" and c.path.split("?")[0] not in lookups and (asked in str(c.body) or c.path.split("?")[0] in native)
+        if c.model == "sim-target" and c.path.split("?")[0] not in lookups
+        and (asked in str(c.body) or c.path.split("?")[0] in native or _token_id_prompt(c.body))
     ]
     assert resp.speculative.speculated and len(target_calls) > 1
     for call in target_calls:
         assert {k: call.body.get(k) for k in extra} == extra, f"{call.path} dropped the caller's extra_body: {call.body}"
     plain = [c for c in target_calls if not c.body.get("echo") and "prompt_logprobs" not in c.body]
     assert plain, "no target-alone step was checked"
+
+
+def _token_id_prompt(body: object) -> bool:
+    """A completions body whose prompt is token ids (vLLM's token-id path), one prompt or several."""
+    prompt = body.get("prompt") if isinstance(body, dict) else None
+    prompts = prompt if isinstance(prompt, list) and prompt and isinstance(prompt[0], list) else [prompt]
+    return all(isinstance(p, list) and p and all(isinstance(i, int) for i in p) for p in prompts)
 
 
 async def test_transport_options_reach_every_upstream_request_and_speculation_stays_on() -> None:
@@ -61,8 +69,8 @@ async def test_transport_options_reach_every_upstream_request_and_speculation_st
     # The capability probe (once per endpoint, shared by the requests after it, on a prompt of its own)
     # goes with the endpoint's settings, not with one request's: every call that carries the request's
     # prompt carries its options.
-    calls = [call for call in provider.calls if "def fibonacci" in str(call.body)]
-    assert len(calls) > 2
+    calls = [call for call in provider.calls if "def fibonacci" in str(call.body) or _token_id_prompt(call.body)]
+    assert len(calls) > 2 and any(call.path.startswith("/tokenize") for call in calls)
     for call in calls:
         assert call.headers.get("x-trace") == "abc", f"{call.model} {call.path} lacks the caller's header"
         assert "tenant=t1" in call.path, f"{call.model} {call.path} lacks the caller's query"

@@ -354,7 +354,7 @@ class _TreeDialect:
         self.prompts: list[list[int]] = []
         self.sampled_fields: list[dict] = []
 
-    async def tokenize(self, client, text, meter, *, special):  # type: ignore[no-untyped-def]
+    async def tokenize(self, client, text, meter, *, special, options=None):  # type: ignore[no-untyped-def]
         return [(ord(c), None) for c in text]
 
     async def ids_draft(self, client, ids, k, fields, alternatives, meter, *, options):  # type: ignore[no-untyped-def]
@@ -442,7 +442,7 @@ class _ScriptedPair:
     def _draw(self, table: dict[int, float]) -> int:
         return self.rng.choices(list(table), weights=list(table.values()))[0]
 
-    async def tokenize(self, client, text, meter, *, special):  # type: ignore[no-untyped-def]
+    async def tokenize(self, client, text, meter, *, special, options=None):  # type: ignore[no-untyped-def]
         return [(ord(c), None) for c in text]
 
     async def ids_draft(self, client, ids, k, fields, alternatives, meter, *, options):  # type: ignore[no-untyped-def]

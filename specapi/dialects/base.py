@@ -75,8 +75,11 @@ class NativeDialect(Protocol):
     #: Scores a whole token-id prompt in one request and reports its prefix cache (`PromptScoring`).
     scores_prompts: bool
 
-    async def tokenize(self, client: RoleClient, text: str, meter: Meter, *, special: bool) -> list[tuple[int, bytes | None]]:
-        """The text's token ids, each with its bytes where the server shows them."""
+    async def tokenize(
+        self, client: RoleClient, text: str, meter: Meter, *, special: bool, options: Mapping[str, Any] | None = None
+    ) -> list[tuple[int, bytes | None]]:
+        """The text's token ids, each with its bytes where the server shows them (`options`: the SDK's
+        request options of the request whose prompt this is)."""
         ...
 
     async def next_tokens(
@@ -125,7 +128,9 @@ class SampledBatches(NativeDialect, Protocol):
 class ChatTokenizing(NativeDialect, Protocol):
     """A dialect whose `tokenizes_chat` is True."""
 
-    async def tokenize_chat(self, client: RoleClient, messages: Sequence[Mapping[str, Any]], fields: Mapping[str, Any], meter: Meter) -> list[int]:
+    async def tokenize_chat(
+        self, client: RoleClient, messages: Sequence[Mapping[str, Any]], fields: Mapping[str, Any], meter: Meter, *, options: Mapping[str, Any] | None = None
+    ) -> list[int]:
         """The ids the server's chat endpoint would run for `messages`, the assistant's turn opened."""
         ...
 

@@ -112,19 +112,23 @@ class VllmDialect:
     #: A token-id prompt scored with `prompt_logprobs` (`scored_next`); the cache from `/metrics`.
     scores_prompts: bool = True
 
-    async def tokenize(self, client: RoleClient, text: str, meter: Meter, *, special: bool) -> list[tuple[int, bytes | None]]:
+    async def tokenize(
+        self, client: RoleClient, text: str, meter: Meter, *, special: bool, options: Mapping[str, Any] | None = None
+    ) -> list[tuple[int, bytes | None]]:
         body = {"model": client.endpoint.model, "prompt": text, "add_special_tokens": special}
-        response = await client.post(server_root(client) + "/tokenize", body, meter)
+        response = await client.post(server_root(client) + "/tokenize", body, meter, options=options)
         with reading(client, "/tokenize"):
             return [(int(t), None) for t in response["tokens"]]
 
-    async def tokenize_chat(self, client: RoleClient, messages: Sequence[Mapping[str, Any]], fields: Mapping[str, Any], meter: Meter) -> list[int]:
+    async def tokenize_chat(
+        self, client: RoleClient, messages: Sequence[Mapping[str, Any]], fields: Mapping[str, Any], meter: Meter, *, options: Mapping[str, Any] | None = None
+    ) -> list[int]:
         """The ids vLLM's chat endpoint would run for `messages`: the chat template rendered with the
         assistant's turn opened (`add_generation_prompt`), tokenized without adding special tokens again
         (the template writes them), as `/v1/chat/completions` does by default."""
         body: dict[str, Any] = {"model": client.endpoint.model, "messages": list(messages), "add_generation_prompt": True, "add_special_tokens": False}
         body.update({k: v for k, v in fields.items() if k in CHAT_TEMPLATE_FIELDS})
-        response = await client.post(server_root(client) + "/tokenize", body, meter)
+        response = await client.post(server_root(client) + "/tokenize", body, meter, options=options)
         with reading(client, "chat /tokenize"):
             return [int(t) for t in response["tokens"]]
 
