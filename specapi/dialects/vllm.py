@@ -222,6 +222,8 @@ class VllmDialect:
         whole_characters: bool = False,
     ) -> Generated:
         body: dict[str, Any] = {**fields, "prompt": list(ids), "return_token_ids": True}
+        if whole_characters and body.get("logprobs") is None:
+            body["logprobs"] = 0  # each token's rendering: "" for one inside a character
         if max_tokens is not None:
             body["max_tokens"] = max_tokens
         if stop:
@@ -236,13 +238,30 @@ class VllmDialect:
             token_ids = tuple(int(t) for t in choice.get("token_ids") or ())
             usage = response.get("usage") or {}
             completion = usage.get("completion_tokens")
+            completion_tokens = len(token_ids) if count(completion) is None else completion
+            held = _held_back(choice, token_ids) if whole_characters and finish == "length" else 0
             return Generated(
-                ids=token_ids,
+                ids=token_ids[: len(token_ids) - held],
                 data=text.encode("utf-8"),
                 finish_reason="length" if finish == "length" else "stop",
                 prompt_tokens=count(usage.get("prompt_tokens")),
-                completion_tokens=len(token_ids) if count(completion) is None else completion,
+                completion_tokens=completion_tokens - held,
+                held_back=held,
             )
+
+
+def _held_back(choice: Mapping[str, Any], token_ids: Sequence[int]) -> int:
+    """How many of a step's last tokens hold an unfinished character: vLLM renders each as "" and keeps
+    their bytes out of the text until a later token finishes it. A step the text goes on from leaves them
+    out (the next step draws them again): a token-id prompt that ends inside a character has vLLM's text
+    start with the prompt's own text again."""
+    tokens = (choice.get("logprobs") or {}).get("tokens")
+    if not isinstance(tokens, list) or len(tokens) != len(token_ids):
+        return 0
+    held = 0
+    while held < len(tokens) and tokens[len(tokens) - 1 - held] == "":
+        held += 1
+    return held
 
 
 def _prompt_count(choice: Mapping[str, Any]) -> int | None:
