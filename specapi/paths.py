@@ -134,6 +134,12 @@ class PathResolver:
                     except EndpointError:
                         pass
 
+    async def probed(self, meter: Meter) -> Capabilities | None:
+        """What is known of the target, probing it first where nothing is (None: the probe failed)."""
+        if self.known is None:
+            await self._probe(meter)
+        return self.known
+
     async def _probe(self, meter: Meter) -> EndpointError | None:
         """Probe the target once (later callers wait for the first); the failure if it failed."""
         async with self._lock:

@@ -124,3 +124,27 @@ async def test_a_last_step_on_re_tokenized_text_is_checked(profile: str, prompt:
         resp = await client.completions.create(prompt=prompt, max_tokens=max_tokens, temperature=0)
     assert (resp.choices[0].text, resp.choices[0].finish_reason) == await target_alone(provider, prompt=prompt, max_tokens=max_tokens)
     assert resp.speculative.exact
+
+
+@pytest.mark.parametrize("chat", [False, True], ids=["completions", "chat"])
+async def test_several_greedy_choices_are_answered_as_the_target_alone_answers_them(chat: bool) -> None:
+    """vLLM refuses `n` above 1 with greedy sampling (400, "n must be 1 when using greedy sampling"):
+    specapi raises the same error, from the target, instead of answering. A server that takes it (the
+    simulated llama-server) still gets each choice speculated."""
+    base = {"messages": [{"role": "user", "content": "Say hi."}]} if chat else {"prompt": CODE}
+    request = {**base, "max_tokens": 8, "temperature": 0, "n": 2}
+    provider = SimProvider(capabilities="vllm", latency="instant", seed=0)
+    alone = openai.AsyncOpenAI(base_url="http://sim/v1", api_key="k", http_client=httpx2.AsyncClient(transport=SimTransport(provider)))
+    resource = alone.chat.completions if chat else alone.completions
+    with pytest.raises(openai.BadRequestError) as own:
+        await resource.create(model="sim-target", **request)
+    async with _client(provider) as client:
+        with pytest.raises(openai.BadRequestError) as got:
+            await (client.chat.completions if chat else client.completions).create(**request)
+    assert got.value.status_code == own.value.status_code == 400
+    assert "n must be 1 when using greedy sampling" in str(got.value) and "target" in str(got.value)
+    await alone.close()
+    llama = SimProvider(capabilities="llamacpp", latency="instant", seed=0)
+    async with _client(llama) as client:
+        resp = await (client.chat.completions if chat else client.completions).create(**request)
+    assert len(resp.choices) == 2 and resp.speculative.speculated

@@ -444,6 +444,7 @@ class SimProvider:
         )
         if prompt_logprobs is not None and sampling.stream:
             raise ApiError(400, "prompt_logprobs is not supported with stream=True", param="prompt_logprobs")
+        self._one_greedy_choice(sampling)
         prompts = read_prompts(body.get("prompt"), batch=caps.batch_prompts)
         as_ids = caps.token_id_extras and read_bool(body, "return_tokens_as_token_ids", False)
         with_ids = caps.token_id_extras and read_bool(body, "return_token_ids", False)
@@ -561,6 +562,7 @@ class SimProvider:
         sampling = read_sampling(body, default_max_tokens=None, allow_zero=False, max_n=MAX_N)
         if prompt_logprobs is not None and sampling.stream:
             raise ApiError(400, "prompt_logprobs is not supported with stream=True", param="prompt_logprobs")
+        self._one_greedy_choice(sampling)
         if prediction is not None and sampling.n > 1:
             raise ApiError(400, "Predicted Outputs are not supported with n > 1", param="prediction")
         try:
@@ -628,6 +630,10 @@ class SimProvider:
         return await self._finish(call, job, payload)
 
     # -- parameters -----------------------------------------------------------------------------------
+
+    def _one_greedy_choice(self, sampling: Any) -> None:
+        if self.capabilities.greedy_single_choice and sampling.n > 1 and sampling.temperature == 0:
+            raise ApiError(400, f"n must be 1 when using greedy sampling, got {sampling.n}.")
 
     def _prompt_logprobs_param(self, body: dict[str, Any]) -> int | None:
         if "prompt_logprobs" not in body or body["prompt_logprobs"] is None:
