@@ -40,7 +40,7 @@ from .dialects.logprobs import caller_logprobs
 from .dialects.openai_params import ChatCompletionCreateParams, ChatCompletionParseParams, CompletionCreateParams, declared
 from .drafters import Drafter
 from .endpoint import Endpoint
-from .generation import respond
+from .generation import choice_count, respond
 from .models import AsyncModels
 from .passthrough import passthrough
 from .policy import DraftLengthPolicy
@@ -347,8 +347,7 @@ class _Resource:
     async def _choices_reason(self, kwargs: Mapping[str, Any], greedy: bool) -> str | None:
         """Why several greedy choices go to the target alone: its server refuses them (its own error is
         the answer), or None."""
-        n = kwargs.get("n")
-        if not greedy or not isinstance(n, int) or isinstance(n, bool) or n <= 1:
+        if not greedy or choice_count(kwargs.get("n")) <= 1:  # (a bad n is refused here, before any request)
             return None
         known = await self._runtime.paths.probed(Meter(self._runtime.target.endpoint))
         if known is not None and known.refuses_greedy_choices:
