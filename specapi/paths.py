@@ -18,7 +18,7 @@ from .dialects.openai import CONTINUE_FINAL_MESSAGE, Prefill
 from .fanout import PrefillFanoutVerifier
 from .dialects import native_dialect
 from .probe import Capabilities, cached_probe, cached_server_facts, choose_verification
-from .tokenlevel import TokenIdVerifier
+from .tokenlevel import TargetFacts, TokenIdVerifier
 from .verifiers import ChatPromptLogprobsVerifier, EchoVerifier, Verifier
 from .whole import PredictedOutputsPath, PrefixMatchPath
 
@@ -66,6 +66,8 @@ class PathResolver:
         self._strikes: dict[bool, int] = {}  # unreadable answers in a row
         self._refusals: dict[bool, int] = {}  # confirmed refusals of the shape since the last success
         self._lock = asyncio.Lock()
+        #: What token-id verification learns of the target once (tokenizer shared with the draft, prefix cache).
+        self._token_facts = TargetFacts()
 
     def prefill(self) -> Prefill:
         caps = self.capabilities
@@ -85,7 +87,7 @@ class PathResolver:
             if dialect is None or (self.capabilities is not None and not self.capabilities.token_ids):
                 return VerificationPath("none", note="token-id verification needs a server whose native API takes token ids (llama.cpp, vLLM, SGLang); the target alone generated")
             window = self.capabilities.context_window if self.capabilities is not None else None
-            verifier = TokenIdVerifier(self.target, dialect, draft_client=self.draft, context_window=window)
+            verifier = TokenIdVerifier(self.target, dialect, draft_client=self.draft, context_window=window, facts=self._token_facts)
             if chat and not verifier.verifies_chat:
                 fallback = choose_verification(self.capabilities, chat=True) if self.capabilities else "none"
                 path = self._build_path(fallback, chat) if fallback != "token-ids" else VerificationPath("none")

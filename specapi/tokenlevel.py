@@ -47,7 +47,7 @@ from .sampling import acceptance_probability
 from .scoring import PICKS, SCORED, PrefixCache, choose_scoring
 from .verifiers import PlainStep, SeedSource, Verification, VerifierBase
 
-__all__ = ["TokenIdVerifier", "TOKENIZER_PROBE", "decide_processed", "covers"]
+__all__ = ["TargetFacts", "TokenIdVerifier", "TOKENIZER_PROBE", "decide_processed", "covers"]
 
 #: A list after the sampler chain is the whole distribution when its probabilities sum to 1 within this.
 WHOLE_TOLERANCE = 1e-6
@@ -82,6 +82,16 @@ TOKENIZER_PROBE = "def f(x):\n    return x  # 中文テキスト 😀 e\u0301"
 
 
 @dataclass
+class TargetFacts:
+    """What token-id verification learns of a target once, for every request after: whether the draft
+    server shares its tokenizer (two tokenize calls) and its prefix cache (its `/metrics`)."""
+
+    same_tokenizer: bool | None = None
+    prefix_cache: PrefixCache | None = None
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+@dataclass
 class TokenIdVerifier(VerifierBase):
     client: RoleClient
     dialect: NativeDialect
@@ -91,16 +101,14 @@ class TokenIdVerifier(VerifierBase):
     #: Every kept token is one the target chose itself, so any sampler settings are reproduced.
     draws_target_tokens: bool = True
     sends_token_ids = True
-    _same_tokenizer: bool | None = field(default=None, repr=False)
+    #: What the target's verifiers learn once and share across requests (the resolver holds one).
+    facts: TargetFacts = field(default_factory=TargetFacts, repr=False)
     _processed_refused: bool = field(default=False, repr=False)
     #: The draft server refused (or answered unreadably) a draft on ids named by id: this request's
     #: drafts go as text.
     _ids_draft_refused: bool = field(default=False, repr=False)
     #: The draft server refused (or answered unreadably) sampled chains with `n`: rounds go without them.
     _sampled_refused: bool = field(default=False, repr=False)
-    _lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
-    #: The target's prefix cache (asked once, where a greedy round weighs the scoring shapes).
-    _prefix_cache: PrefixCache | None = field(default=None, repr=False)
     #: The target refused (or answered unreadably) a scored prompt: its rounds go as K + 1 prompts.
     _scored_refused: bool = field(default=False, repr=False)
     #: The target's context window (vLLM's `max_model_len`), where known: a chat request without a limit
@@ -125,11 +133,12 @@ class TokenIdVerifier(VerifierBase):
 
     async def _cache(self) -> PrefixCache:
         """The target's prefix cache as its server reports it (asked once), else vLLM's usual one."""
-        async with self._lock:
-            if self._prefix_cache is None:
+        facts = self.facts
+        async with facts.lock:
+            if facts.prefix_cache is None:
                 reported = await cast(PromptScoring, self.dialect).prefix_cache(self.client)
-                self._prefix_cache = reported if reported is not None else PrefixCache()
-            return self._prefix_cache
+                facts.prefix_cache = reported if reported is not None else PrefixCache()
+            return facts.prefix_cache
 
     async def scoring(self, context: Context, drafted: int) -> str:
         """How a greedy round checks `drafted` ids (`scoring.choose_scoring`): one scored prompt where the
@@ -145,17 +154,18 @@ class TokenIdVerifier(VerifierBase):
         return choose_scoring(n, drafted, known, await self._cache())
 
     async def _shares_tokenizer(self, meter: Meter, draft_meter: Meter | None) -> bool:
-        async with self._lock:
-            if self._same_tokenizer is None:
-                self._same_tokenizer = False
+        facts = self.facts
+        async with facts.lock:
+            if facts.same_tokenizer is None:
+                facts.same_tokenizer = False
                 if self.draft_client is not None:
                     try:
                         mine = await self.dialect.tokenize(self.client, TOKENIZER_PROBE, meter, special=False)
                         theirs = await self.dialect.tokenize(self.draft_client, TOKENIZER_PROBE, draft_meter or Meter(self.draft_client.endpoint), special=False)
-                        self._same_tokenizer = [i for i, _ in mine] == [i for i, _ in theirs]
+                        facts.same_tokenizer = [i for i, _ in mine] == [i for i, _ in theirs]
                     except Exception:  # a draft that cannot tokenize (another kind of server): not shared
-                        self._same_tokenizer = False
-            return self._same_tokenizer
+                        facts.same_tokenizer = False
+            return facts.same_tokenizer
 
     async def _draft_ids(self, draft: Sequence[ScoredToken], meter: Meter, draft_meter: Meter | None) -> list[tuple[int, bytes | None]]:
         """The draft's text in the target's token ids (with their bytes where shown). A draft server

@@ -148,3 +148,18 @@ async def test_several_greedy_choices_are_answered_as_the_target_alone_answers_t
     async with _client(llama) as client:
         resp = await (client.chat.completions if chat else client.completions).create(**request)
     assert len(resp.choices) == 2 and resp.speculative.speculated
+
+
+async def test_token_id_verification_learns_the_targets_facts_once_per_client() -> None:
+    """Whether the draft shares the target's tokenizer, and the target's prefix cache, are asked once:
+    a later request's only target tokenize call is its own prompt's, and no /metrics call is made."""
+    provider = SimProvider(capabilities="vllm", latency="instant", seed=0)
+    async with _client(provider) as client:
+        await client.completions.create(prompt=CODE, max_tokens=12, temperature=0)
+        start = len(provider.calls)
+        resp = await client.completions.create(prompt="import os\n", max_tokens=12, temperature=0)
+    later = provider.calls[start:]
+    assert resp.speculative.verification == "token-ids" and resp.speculative.num_rounds > 0
+    target_tokenize = [c.body.get("prompt") for c in later if c.model == "sim-target" and c.path.startswith("/tokenize")]
+    assert target_tokenize == ["import os\n"]
+    assert not any(c.path.startswith("/metrics") for c in later)
