@@ -184,6 +184,8 @@ class Engine:
             # A greedy draft reads the text, not the target's ids: drafted first, a draft that fails
             # leaves the target alone with the caller's own request, and no tokenize call is spent.
             limit = state.request.max_tokens
+            if state.queue_delay_s > 0.0:
+                await asyncio.sleep(0)  # the first round's turn under load (see `_speculate`)
             draft = await self._draft(state.request.context, _draft_length(first, limit, planned.stretch, None), state)
             speculate, state.first_draft = draft is not None, draft
         if speculate and planned.tokenize_prompt:  # (the choice may have said no)
@@ -301,7 +303,7 @@ class Engine:
     async def _speculate(self, state: RequestState, context: Context, k: int) -> tuple[list[Emitted], bool] | None:
         """A round of `k` drafted tokens (prefetching the next round's draft where that pays): the tokens
         it adds and whether the target alone decides the next position (None: stop speculating)."""
-        if not state.rounds and state.queue_delay_s > 0.0:
+        if not state.rounds and state.queue_delay_s > 0.0 and state.first_draft is None:
             # A first round under load (the event loop's queue was measured): its calls wait one
             # more turn, so that the requests handed to the target alone meanwhile open their
             # streams first. Those are the long jobs, and the last of them sets when a burst
