@@ -40,7 +40,7 @@ from .dialects.logprobs import caller_logprobs
 from .dialects.openai_params import ChatCompletionCreateParams, ChatCompletionParseParams, CompletionCreateParams, declared
 from .drafters import Drafter
 from .endpoint import Endpoint
-from .generation import respond
+from .generation import choice_count, respond
 from .models import AsyncModels
 from .passthrough import passthrough
 from .policy import DraftLengthPolicy
@@ -344,6 +344,16 @@ class _Resource:
         stream, include_usage = stream_options(kwargs)
         return await respond(self._runtime, self.chat, context, limit=limit, stop=stop, kwargs=kwargs, stream=stream, include_usage=include_usage, model=model)
 
+    async def _choices_reason(self, kwargs: Mapping[str, Any], greedy: bool) -> str | None:
+        """Why several greedy choices go to the target alone: its server refuses them (its own error is
+        the answer), or None."""
+        if not greedy or choice_count(kwargs.get("n")) <= 1:  # (a bad n is refused here, before any request)
+            return None
+        known = await self._runtime.paths.probed(Meter(self._runtime.target.endpoint))
+        if known is not None and known.refuses_greedy_choices:
+            return "n above 1 with greedy sampling is served by the target alone (its server refuses it)"
+        return None
+
     async def _alone(self, path: str, body: dict[str, Any], reason: str, options: Mapping[str, Any]) -> Any:
         return await passthrough(self._runtime, self.chat, path, body, reason, options)
 
@@ -389,7 +399,7 @@ class AsyncCompletions(_Resource):
             return await self._alone("/completions", with_limit({"prompt": prompt, "model": model, **kwargs}, "max_tokens", limit), reason, options)
         speculated = dict(kwargs)  # the caller's logprobs are the engine's to ask for (Context.logprobs)
         logprobs = caller_logprobs(False, speculated)
-        reason = unverifiable(speculated, COMPLETION_ARGS)
+        reason = unverifiable(speculated, COMPLETION_ARGS) or await self._choices_reason(kwargs, sampling.greedy)
         if reason is not None:
             return await self._alone("/completions", with_limit({"prompt": prompt, "model": model, **kwargs}, "max_tokens", limit), reason, options)
         extras, truncated = request_fields(speculated)
@@ -442,7 +452,7 @@ class AsyncChatCompletions(_Resource):
         stream_options(kwargs)
         speculated = dict(kwargs)  # the caller's logprobs are the engine's to ask for (Context.logprobs)
         logprobs = caller_logprobs(True, speculated)
-        reason = unverifiable(speculated, CHAT_ARGS)
+        reason = unverifiable(speculated, CHAT_ARGS) or await self._choices_reason(kwargs, sampling.greedy)
         if reason is None and not all(isinstance(m.get("content"), str) for m in messages):
             reason = "message content that is not plain text is served by the target alone"
         if reason is None and messages[-1].get("role") == "assistant":

@@ -137,7 +137,8 @@ class Engine:
         chars = len(context.completion_prompt()) if not context.is_chat else 0
         sampling = context.sampling
         return await self.paths.resolve(
-            context.is_chat, state.target_meter, context_chars=chars, greedy=sampling.greedy, needs_lists=sampling.acceptance.lossy
+            context.is_chat, state.target_meter, context_chars=chars, greedy=sampling.greedy, needs_lists=sampling.acceptance.lossy,
+            logprobs=context.logprobs is not None,
         )
 
     def _adopt(self, state: RequestState, planned: Plan) -> None:
@@ -179,6 +180,14 @@ class Engine:
             # (under load, above all) spares that call and goes straight to its stream.
             first = self._choose(state, state.request.max_tokens, mode)
             speculate = first > 0
+        if speculate and planned.tokenize_prompt and first is not None and state.request.context.sampling.greedy:
+            # A greedy draft reads the text, not the target's ids: drafted first, a draft that fails
+            # leaves the target alone with the caller's own request, and no tokenize call is spent.
+            limit = state.request.max_tokens
+            if state.queue_delay_s > 0.0:
+                await asyncio.sleep(0)  # the first round's turn under load (see `_speculate`)
+            draft = await self._draft(state.request.context, _draft_length(first, limit, planned.stretch, None), state)
+            speculate, state.first_draft = draft is not None, draft
         if speculate and planned.tokenize_prompt:  # (the choice may have said no)
             speculate = await self._tokenize(state)
         return speculate, first, mode
@@ -207,6 +216,10 @@ class Engine:
             state.fallback_reason = "the prompt has no tokens to send as ids: the target alone generates"
             return False
         state.request = replace(request, context=replace(request.context, token_ids=ids))
+        if state.prompt_tokens is None:
+            # The server counts the prompt as the ids it runs (a first round of several prompts bills
+            # their sum, not the prompt's own count).
+            state.prompt_tokens = len(ids)
         return True
 
     async def _steps(
@@ -290,7 +303,7 @@ class Engine:
     async def _speculate(self, state: RequestState, context: Context, k: int) -> tuple[list[Emitted], bool] | None:
         """A round of `k` drafted tokens (prefetching the next round's draft where that pays): the tokens
         it adds and whether the target alone decides the next position (None: stop speculating)."""
-        if not state.rounds and state.queue_delay_s > 0.0:
+        if not state.rounds and state.queue_delay_s > 0.0 and state.first_draft is None:
             # A first round under load (the event loop's queue was measured): its calls wait one
             # more turn, so that the requests handed to the target alone meanwhile open their
             # streams first. Those are the long jobs, and the last of them sets when a burst
@@ -300,7 +313,7 @@ class Engine:
             await asyncio.sleep(0)
         prefetched, state.prefetch = state.prefetch, None
         taken = _take_prefetch(prefetched, context, k, self.clock, state) if prefetched is not None else None
-        draft = await taken if taken is not None else None
+        draft = await taken if taken is not None else _first_draft(state, context, k)
         if draft is None:
             draft = await self._draft(context, k, state)
         if draft is None:
@@ -541,6 +554,21 @@ def _runs_to_window(caps: Capabilities | None) -> bool:
     """The server runs a request whose limit is past its window up to the window (llama-server), where
     others refuse it (vLLM, OpenAI)."""
     return caps is not None and caps.server in ("llama-server", "llama-cpp-python")
+
+
+def _first_draft(state: RequestState, context: Context, k: int) -> Draft | None:
+    """The draft made before the prompt was tokenized, for the first round (cut to its `k` tokens)."""
+    draft, state.first_draft = state.first_draft, None
+    if draft is None:
+        return None
+    if context.accepted:  # the first round went otherwise: the draft is billed, never verified
+        state.discarded_draft_tokens += len(draft.tokens)
+        return None
+    if len(draft.tokens) <= k:
+        return draft
+    rest = usable_prefix(draft.tokens[:k])  # cut at a complete character
+    state.discarded_draft_tokens += len(draft.tokens) - len(rest)
+    return replace(draft, tokens=rest, confidence=draft.confidence[: len(rest)])
 
 
 def _start_prefetch(model: ModelDrafter, context: Context, k: int, state: RequestState) -> Prefetched:

@@ -18,7 +18,7 @@ from .dialects.openai import CONTINUE_FINAL_MESSAGE, Prefill
 from .fanout import PrefillFanoutVerifier
 from .dialects import native_dialect
 from .probe import Capabilities, cached_probe, cached_server_facts, choose_verification
-from .tokenlevel import TokenIdVerifier
+from .tokenlevel import TargetFacts, TokenIdVerifier
 from .verifiers import ChatPromptLogprobsVerifier, EchoVerifier, Verifier
 from .whole import PredictedOutputsPath, PrefixMatchPath
 
@@ -66,6 +66,8 @@ class PathResolver:
         self._strikes: dict[bool, int] = {}  # unreadable answers in a row
         self._refusals: dict[bool, int] = {}  # confirmed refusals of the shape since the last success
         self._lock = asyncio.Lock()
+        #: What token-id verification learns of the target once (tokenizer shared with the draft, prefix cache).
+        self._token_facts = TargetFacts()
 
     def prefill(self) -> Prefill:
         caps = self.capabilities
@@ -84,11 +86,13 @@ class PathResolver:
             dialect = native_dialect(self.capabilities.server if self.capabilities else None)
             if dialect is None or (self.capabilities is not None and not self.capabilities.token_ids):
                 return VerificationPath("none", note="token-id verification needs a server whose native API takes token ids (llama.cpp, vLLM, SGLang); the target alone generated")
-            if chat:
+            window = self.capabilities.context_window if self.capabilities is not None else None
+            verifier = TokenIdVerifier(self.target, dialect, draft_client=self.draft, context_window=window, facts=self._token_facts)
+            if chat and not verifier.verifies_chat:
                 fallback = choose_verification(self.capabilities, chat=True) if self.capabilities else "none"
                 path = self._build_path(fallback, chat) if fallback != "token-ids" else VerificationPath("none")
-                return replace(path, note=f"token ids verify completions; chat went to {path.name}")
-            return VerificationPath(name, verifier=TokenIdVerifier(self.target, dialect, draft_client=self.draft))
+                return replace(path, note=f"token ids verify completions here; chat went to {path.name}")
+            return VerificationPath(name, verifier=verifier)
         if name == "echo":
             if chat:
                 return VerificationPath("none", note="echo verification scores completions only; chat went to the target alone")
@@ -132,6 +136,12 @@ class PathResolver:
                     except EndpointError:
                         pass
 
+    async def probed(self, meter: Meter) -> Capabilities | None:
+        """What is known of the target, probing it first where nothing is (None: the probe failed)."""
+        if self.known is None:
+            await self._probe(meter)
+        return self.known
+
     async def _probe(self, meter: Meter) -> EndpointError | None:
         """Probe the target once (later callers wait for the first); the failure if it failed."""
         async with self._lock:
@@ -142,9 +152,12 @@ class PathResolver:
                     return exc
         return None
 
-    async def resolve(self, chat: bool, meter: Meter, *, context_chars: int = 0, greedy: bool = True, needs_lists: bool = False) -> VerificationPath:
+    async def resolve(
+        self, chat: bool, meter: Meter, *, context_chars: int = 0, greedy: bool = True, needs_lists: bool = False, logprobs: bool = False
+    ) -> VerificationPath:
         """The path for a request. `needs_lists`: its acceptance rule reads the target's top lists (a
-        lossy rule the caller opted into), so a sampled request keeps the list paths."""
+        lossy rule the caller opted into), so a sampled request keeps the list paths. `logprobs`: the
+        caller asked for the tokens' logprobs, which the scoring paths (echo, prompt logprobs) carry."""
         if chat in self.refused:
             return VerificationPath("none", note=self.refused[chat], prefill=self.prefill())
         if self.verification == "none":
@@ -165,7 +178,11 @@ class PathResolver:
         name = choose_verification(self.capabilities, chat=chat)
         caps = self.capabilities
         sampled = not greedy and not needs_lists
-        if name == "echo" and caps.token_ids and (sampled or (greedy and context_chars >= LONG_CONTEXT_CHARS)):
+        if caps.server == "vllm" and caps.token_ids and not needs_lists and not logprobs:
+            # The target's own ids, never text it would read back with other token boundaries; a greedy
+            # round checks the draft by the scoring that recomputes least (scoring.py, docs/verification.md).
+            name = "token-ids"
+        elif name == "echo" and caps.token_ids and (sampled or (greedy and context_chars >= LONG_CONTEXT_CHARS)):
             # Sampled: top lists of 20 rarely cover a tempered distribution, so echo would hand most
             # positions to the target; the target's own picks need no coverage (docs/verification.md).
             name = "token-ids"

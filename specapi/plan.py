@@ -111,7 +111,7 @@ def plan(
         if speculate and logprobs_reason is not None:
             speculate, reason = False, logprobs_reason
     stretch = caps.final_stretch if caps is not None else 0  # see Capabilities.final_stretch
-    tokenize = speculate and verifier is not None and verifier.sends_token_ids and not request.context.is_chat
+    tokenize = speculate and verifier is not None and verifier.sends_token_ids and (not request.context.is_chat or verifier.verifies_chat)
     limit = request.max_tokens
     return replace(
         base, request=request, top_k=top_k, speculate=speculate, fallback_reason=reason, seeded_drafts=seeded_drafter and not draws,

@@ -88,6 +88,8 @@ class RequestState:
     whole_runs: bool = False
     output: Output | None = None
     prefetch: Prefetched | None = None
+    #: The first round's draft, drafted before the prompt was tokenized (a greedy request on token ids).
+    first_draft: Draft | None = None
     #: Pipelined drafts that turned out stale: not verified, but billed once the server answers.
     stale: list[asyncio.Task[Draft]] = field(default_factory=list)
 

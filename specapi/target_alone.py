@@ -409,7 +409,19 @@ async def regenerate(target: RoleClient, clock: Clock, state: RequestState) -> l
         return None
     state.inexact_reason = None
     state.fallback_reason = state.fallback_reason or "the target re-read its own output with other token boundaries: it wrote the answer again alone"
+    if step.prompt_tokens is not None:
+        # The target alone's own request: its prompt as the server counts it (a BOS it adds included),
+        # where a verification call's count less its draft's would be off by the draft's re-tokenization.
+        state.prompt_tokens = step.prompt_tokens
     out.restart_after(kept)
+    tokens = [t for t in _step_tokens(step, request.max_tokens, request.max_tokens) if not t.eos]  # with the caller's logprobs
+    skipped, skipped_count = b"", 0
+    while tokens and len(skipped) < len(sent.encode("utf-8")):
+        token = tokens.pop(0)
+        skipped, skipped_count = skipped + token.data, skipped_count + token.count
+    if skipped == sent.encode("utf-8"):
+        # The tokens after what was handed out, each with its scores; the end counts the ones before.
+        return [*tokens, Emitted(token="", data=b"", eos=True, finish_reason=finish or "stop", count=skipped_count)]
     rest = text[len(sent) :]
     return [
         Emitted(token=rest, data=rest.encode("utf-8"), count=tokens_of(step, request.max_tokens)),

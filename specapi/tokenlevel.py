@@ -40,13 +40,14 @@ from .acceptance import Emitted, RoundDecision
 from .alignment import ScoredToken, complete_utf8_prefix
 from .context import Context
 from .dialects import NativeDialect, Pick
-from .dialects.base import SampledBatches, spelling
+from .dialects.base import ChatTokenizing, PromptScoring, SampledBatches, spelling
 from .dialects.openai import sampling_fields
 from .drafttree import DraftTree, decide_batched, plan_tree
 from .sampling import acceptance_probability
+from .scoring import PICKS, SCORED, PrefixCache, choose_scoring
 from .verifiers import PlainStep, SeedSource, Verification, VerifierBase
 
-__all__ = ["TokenIdVerifier", "TOKENIZER_PROBE", "decide_processed", "covers"]
+__all__ = ["TargetFacts", "TokenIdVerifier", "TOKENIZER_PROBE", "decide_processed", "covers"]
 
 #: A list after the sampler chain is the whole distribution when its probabilities sum to 1 within this.
 WHOLE_TOLERANCE = 1e-6
@@ -70,11 +71,24 @@ DRAFT_TEMPERATURE = 0.7
 #: Where the draft server takes no `n`: the draft's most likely ids, each position with this many next
 #: most likely ones beside it (the target draws after each).
 ALTERNATIVES = 1
+#: Request fields that leave a greedy pick the model's own argmax, which prompt scores show: a request
+#: with any other field (`logit_bias`, `allowed_token_ids`, ...) has its rounds checked by K + 1 prompts.
+SCORED_NEUTRAL = frozenset({"top_k", "top_p", "min_p", "typical_p", "seed", "user", "metadata", "store", "cache_prompt", "stream_options"})
 #: The most tokens drawn after a token whose bytes the target's answer hid, to read them back.
 _MAX_HELD_STEP = 16
 
 #: Text whose tokenization tells tokenizers apart: code, CJK, emoji and a combining mark.
 TOKENIZER_PROBE = "def f(x):\n    return x  # 中文テキスト 😀 e\u0301"
+
+
+@dataclass
+class TargetFacts:
+    """What token-id verification learns of a target once, for every request after: whether the draft
+    server shares its tokenizer (two tokenize calls) and its prefix cache (its `/metrics`)."""
+
+    same_tokenizer: bool | None = None
+    prefix_cache: PrefixCache | None = None
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
 @dataclass
@@ -87,31 +101,71 @@ class TokenIdVerifier(VerifierBase):
     #: Every kept token is one the target chose itself, so any sampler settings are reproduced.
     draws_target_tokens: bool = True
     sends_token_ids = True
-    _same_tokenizer: bool | None = field(default=None, repr=False)
+    #: What the target's verifiers learn once and share across requests (the resolver holds one).
+    facts: TargetFacts = field(default_factory=TargetFacts, repr=False)
     _processed_refused: bool = field(default=False, repr=False)
     #: The draft server refused (or answered unreadably) a draft on ids named by id: this request's
     #: drafts go as text.
     _ids_draft_refused: bool = field(default=False, repr=False)
     #: The draft server refused (or answered unreadably) sampled chains with `n`: rounds go without them.
     _sampled_refused: bool = field(default=False, repr=False)
-    _lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
+    #: The target refused (or answered unreadably) a scored prompt: its rounds go as K + 1 prompts.
+    _scored_refused: bool = field(default=False, repr=False)
+    #: The target's context window (vLLM's `max_model_len`), where known: a chat request without a limit
+    #: runs to its end, as vLLM's chat endpoint lets it.
+    context_window: int | None = None
 
     async def prompt_ids(self, context: Context, meter: Meter) -> tuple[int, ...]:
-        """The prompt (and any accepted text) as the target tokenizes it for a request of its own."""
-        return tuple(i for i, _ in await self.dialect.tokenize(self.client, context.completion_prompt(), meter, special=True))
+        """The prompt as the target tokenizes it for a request of its own; a chat request's messages as
+        its chat endpoint renders and tokenizes them (vLLM's `/tokenize` with `messages`)."""
+        if context.is_chat:
+            if not self.dialect.tokenizes_chat or context.accepted:
+                raise self.client.malformed("token-id verification of chat needs the server's chat tokenizer")
+            assert context.messages is not None
+            chat = cast(ChatTokenizing, self.dialect)
+            return tuple(await chat.tokenize_chat(self.client, context.messages, context.extras, meter, options=context.options))
+        return tuple(i for i, _ in await self.dialect.tokenize(self.client, context.completion_prompt(), meter, special=True, options=context.options))
+
+    @property
+    def verifies_chat(self) -> bool:  # type: ignore[override]
+        """Chat requests can run on token ids here: the server renders and tokenizes a chat's messages."""
+        return self.dialect.tokenizes_chat
+
+    async def _cache(self) -> PrefixCache:
+        """The target's prefix cache as its server reports it (asked once), else vLLM's usual one."""
+        facts = self.facts
+        async with facts.lock:
+            if facts.prefix_cache is None:
+                reported = await cast(PromptScoring, self.dialect).prefix_cache(self.client)
+                facts.prefix_cache = reported if reported is not None else PrefixCache()
+            return facts.prefix_cache
+
+    async def scoring(self, context: Context, drafted: int) -> str:
+        """How a greedy round checks `drafted` ids (`scoring.choose_scoring`): one scored prompt where the
+        server offers it and it recomputes less than K + 1 prompts on the cached context. The cache holds
+        the context once a call has run on it: the prompt alone has never been sent by this request."""
+        if not self.dialect.scores_prompts or self._scored_refused or not context.sampling.greedy:
+            return PICKS
+        if any(key not in SCORED_NEUTRAL for key in context.extras):
+            return PICKS  # a field that may move the pick (logit_bias, ...): prompt scores are the model's own
+        assert context.token_ids is not None
+        n = len(context.token_ids)
+        known = n - 1 if context.accepted else 0
+        return choose_scoring(n, drafted, known, await self._cache())
 
     async def _shares_tokenizer(self, meter: Meter, draft_meter: Meter | None) -> bool:
-        async with self._lock:
-            if self._same_tokenizer is None:
-                self._same_tokenizer = False
+        facts = self.facts
+        async with facts.lock:
+            if facts.same_tokenizer is None:
+                facts.same_tokenizer = False
                 if self.draft_client is not None:
                     try:
                         mine = await self.dialect.tokenize(self.client, TOKENIZER_PROBE, meter, special=False)
                         theirs = await self.dialect.tokenize(self.draft_client, TOKENIZER_PROBE, draft_meter or Meter(self.draft_client.endpoint), special=False)
-                        self._same_tokenizer = [i for i, _ in mine] == [i for i, _ in theirs]
+                        facts.same_tokenizer = [i for i, _ in mine] == [i for i, _ in theirs]
                     except Exception:  # a draft that cannot tokenize (another kind of server): not shared
-                        self._same_tokenizer = False
-            return self._same_tokenizer
+                        facts.same_tokenizer = False
+            return facts.same_tokenizer
 
     async def _draft_ids(self, draft: Sequence[ScoredToken], meter: Meter, draft_meter: Meter | None) -> list[tuple[int, bytes | None]]:
         """The draft's text in the target's token ids (with their bytes where shown). A draft server
@@ -238,7 +292,7 @@ class TokenIdVerifier(VerifierBase):
         started = self.client.clock()
         if context.sampling.greedy and self.dialect.batches:
             seeds = [next_seed()] * len(prompts)
-            picks = await self.dialect.next_tokens(self.client, prompts, sampling_fields(context, seeds[0]), meter, options=context.options)
+            picks = await self._greedy_picks(context, drafted, prompts, sampling_fields(context, seeds[0]), meter)
         else:
             seeds = [next_seed() for _ in prompts]
             answers = await asyncio.gather(
@@ -260,6 +314,24 @@ class TokenIdVerifier(VerifierBase):
             decision=_decide(pieces, picks, len(draft)),
             seeds=tuple(seeds),
         )
+
+    async def _greedy_picks(
+        self, context: Context, drafted: Sequence[int], prompts: Sequence[Sequence[int]], fields: Mapping[str, Any], meter: Meter
+    ) -> list[Pick]:
+        """The target's greedy picks after each prompt, by the scoring that recomputes least (`scoring`)."""
+        shape = await self.scoring(context, len(drafted)) if drafted else PICKS
+        if shape == SCORED:
+            assert context.token_ids is not None
+            try:
+                scorer = cast(PromptScoring, self.dialect)
+                picks = await scorer.scored_next(self.client, context.token_ids, drafted, fields, meter, options=context.options)
+            except EndpointError as exc:
+                if not _declined(exc):
+                    raise
+                self._scored_refused = True  # the target's picks on K + 1 prompts from now on
+            else:
+                return picks
+        return await self.dialect.next_tokens(self.client, prompts, fields, meter, options=context.options)
 
     async def _verify_batched(
         self, context: Context, draft: Sequence[ScoredToken], meter: Meter, next_seed: SeedSource, draft_meter: Meter | None
@@ -361,6 +433,10 @@ class TokenIdVerifier(VerifierBase):
         """The target alone continues the context's ids (the engine's plain steps on this path);
         `streamed` renders the text as a stream would (a streaming caller's last step)."""
         assert context.token_ids is not None
+        if max_tokens is None and context.is_chat and self.context_window is not None:
+            # vLLM's chat endpoint lets a request without a limit run to the end of the window; its
+            # completions endpoint would stop at 16 tokens.
+            max_tokens = max(1, self.context_window - len(context.token_ids))
         started = self.client.clock()
         generated = await self.dialect.generate(
             self.client, context.token_ids, sampling_fields(context, seed), max_tokens, stop, meter, options=context.options, stream=streamed,

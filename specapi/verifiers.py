@@ -90,6 +90,8 @@ class Verifier(Protocol):
     #: The context goes to the target as token ids: the prompt is tokenized once (`prompt_ids`), and
     #: target-alone steps on a context kept as ids go through `plain`.
     sends_token_ids: bool
+    #: Chat requests go on token ids too (the server renders and tokenizes a chat's messages).
+    verifies_chat: bool
 
     async def verify(
         self, context: Context, draft: Sequence[ScoredToken], meter: Meter, next_seed: SeedSource, top_k: int, draft_meter: Meter | None = None
@@ -120,6 +122,7 @@ class VerifierBase:
     draws_target_tokens = False
     counts_plain_tokens = False
     sends_token_ids = False
+    verifies_chat = False
 
     async def prompt_ids(self, context: Context, meter: Meter) -> tuple[int, ...]:
         raise NotImplementedError(f"{type(self).__name__} sends text, not token ids")

@@ -22,7 +22,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "foundation: records, arithmetic, errors, options",
         (
             "_exceptions", "_http", "_json", "alignment", "sampling", "lossy", "load", "stats", "types", "endpoint",
-            "pricing", "cli_options", "acceptance", "context", "answer_keys",
+            "pricing", "cli_options", "acceptance", "context", "answer_keys", "scoring",
         ),
     ),
     ("transport: one role's HTTP calls, what it reports when it fails", ("_calls", "models", "degraded")),
@@ -47,7 +47,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
 #: The engine, its parts and the pure core: interfaces are declared here, not probed. (`_exceptions`,
 #: `_http` and the surface read the SDK's dynamic objects, where getattr is the interface.)
 CORE_LAYERS = {3, 4}
-PURE_CORE = {"sampling", "alignment", "acceptance", "lossy", "context", "load", "stats"}
+PURE_CORE = {"sampling", "alignment", "acceptance", "lossy", "context", "load", "stats", "scoring"}
 WIRE_FIELDS = re.compile(r"prompt_logprobs|return_token_ids|continue_final_message|n_probs|top_logprobs|malformed=True")
 MAX_FUNCTION_LINES = 80
 MAX_CORE_PROBES = 10

@@ -22,7 +22,9 @@ MESSAGES = [{"role": "user", "content": "中文测试，龘靐齉。" * 6}]
 
 
 def _sim() -> tuple[SimProvider, openai.AsyncOpenAI]:
-    provider = SimProvider(capabilities="vllm", latency="instant", seed=0)
+    # A server that takes several greedy choices and echo with logprobs (vLLM refuses `n` above 1 with
+    # greedy sampling: test_client_requests.py shows specapi answers with its error).
+    provider = SimProvider(capabilities="sglang", latency="instant", seed=0)
     sdk = openai.AsyncOpenAI(base_url="http://sim/v1", api_key="x", http_client=httpx2.AsyncClient(transport=SimTransport(provider)), max_retries=0)
     return provider, sdk
 

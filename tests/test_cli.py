@@ -45,7 +45,7 @@ def test_run_prints_the_text_on_stdout_and_statistics_on_stderr(capsys):
     assert cli_logic(["run", "def fib(n):", "--max-tokens", "12", "--drafter", "model", "--no-pipeline"]) == 0
     captured = capsys.readouterr()
     assert captured.out.strip() and "tokens" not in captured.out and "rounds" not in captured.out
-    assert "12 tokens" in captured.err and "path echo" in captured.err
+    assert "12 tokens" in captured.err and "path token-ids" in captured.err  # the simulated vLLM: prompts go as token ids
     assert "None" not in captured.err and "cost draft $" in captured.err
 
 

@@ -484,3 +484,30 @@ async def test_vllm_pick_of_a_special_token_writes_nothing() -> None:
         router.post("/completions").respond(200, json=answer)
         (pick,) = await VllmDialect().next_tokens(client, [[755, 16178]], {"temperature": 0}, meter, options={})
     assert pick.id == 0 and pick.data == b"" and not pick.end
+
+
+async def test_vllm_step_the_text_goes_on_from_leaves_out_the_tokens_of_an_unfinished_character() -> None:
+    """vLLM holds an unfinished last character's bytes back from a completion's text (no U+FFFD there) and
+    renders its tokens as "": such tokens are left out of a step the text goes on from, to be drawn again
+    by the next step. Kept, the next step's prompt would end inside a character, and vLLM's text for such
+    a prompt starts with the prompt's own text again. (The answer below is the real server's: the trained
+    tiny target after "    \\n" and "れ".)"""
+    client, meter = role()
+    ids = [167, 167, 167, 106, 234, 239, 167, 167]
+    rendered = ["", "", "", "", "樇", "", "", ""]
+    answer = {
+        "id": "cmpl-1", "object": "text_completion", "created": 0, "model": "m",
+        "choices": [{"index": 0, "text": "��樇", "finish_reason": "length", "token_ids": ids,
+                     "logprobs": {"tokens": rendered, "token_logprobs": [-0.1] * 8, "top_logprobs": None, "text_offset": [0] * 8}}],
+        "usage": {"prompt_tokens": 5, "completion_tokens": 8, "total_tokens": 13},
+    }  # fmt: skip
+    with respx.mock(base_url=ROOT + "/v1") as router:
+        route = router.post("/completions").respond(200, json=answer)
+        step = await VllmDialect().generate(client, [0, 262, 203, 704, 239], {"temperature": 0}, 8, None, meter, options={}, whole_characters=True)
+        last = await VllmDialect().generate(client, [0, 262, 203, 704, 239], {"temperature": 0}, 8, None, meter, options={})
+    first, second = (json.loads(call.request.content) for call in route.calls)
+    assert first["logprobs"] == 0 and "logprobs" not in second  # the renderings tell which tokens are held back
+    assert step.ids == (167, 167, 167, 106, 234) and step.data == "��樇".encode() and step.held_back == 3
+    assert step.completion_tokens == 5 and step.finish_reason == "length"
+    # The caller's last step ends as the server renders it: every token it generated.
+    assert last.ids == tuple(ids) and last.completion_tokens == 8 and last.held_back == 0

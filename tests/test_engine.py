@@ -135,3 +135,29 @@ async def test_a_server_capping_logprobs_lower_still_speculates_when_sampling():
     assert all(r.speculative.speculated and r.speculative.verification == "echo" for r in resps)
     assert max(b["logprobs"] for b in verify_calls[-3:]) == 5
     assert all(r.speculative.fallback_reason is None for r in resps)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+async def test_an_answer_written_again_alone_is_the_targets_with_its_logprobs_and_prompt_count(stream):
+    """When the target re-reads its own output with other token boundaries and writes the answer again
+    alone, the response is that answer in full: its text, the prompt as the target counts it and the
+    caller's logprobs of every token (also of those after what a stream already handed out)."""
+    provider = SimProvider(capabilities="vllm", latency="instant", seed=0)
+    target, draft = simulated_endpoints(provider=provider)
+    request = dict(prompt=MERGING_PROMPT, max_tokens=40, temperature=0, logprobs=1)
+    async with AsyncSpeculativeOpenAI(target=target, draft=draft, policy="fixed", num_speculative_tokens=5, verification="echo") as client:
+        if stream:
+            chunks = [c async for c in await client.completions.create(**request, stream=True, stream_options={"include_usage": True})]
+            text = "".join(c.choices[0].text for c in chunks if c.choices)
+            tokens = [t for c in chunks if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.tokens]
+            usage, stats = chunks[-1].usage, chunks[-1].speculative
+        else:
+            spec = await client.completions.create(**request)
+            text, tokens, usage, stats = spec.choices[0].text, spec.choices[0].logprobs.tokens, spec.usage, spec.speculative
+    target, _ = simulated_endpoints(provider=provider)
+    async with AsyncSpeculativeOpenAI(target=target, verification="none") as alone:
+        plain = await alone.completions.create(**request)
+    assert "re-read its own output" in (stats.fallback_reason or ""), "the answer was written again: the case under test"
+    assert text == plain.choices[0].text
+    assert tokens == plain.choices[0].logprobs.tokens and "".join(tokens) == text
+    assert (usage.prompt_tokens, usage.completion_tokens) == (plain.usage.prompt_tokens, plain.usage.completion_tokens)

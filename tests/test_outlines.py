@@ -25,7 +25,12 @@ def _posts(calls, model: str) -> list:  # type: ignore[no-untyped-def]
 def _speculated(calls) -> bool:  # type: ignore[no-untyped-def]
     """The target never generated the answer in one go: every target request asked for fewer tokens than the
     caller did (verification rounds, the answer assembled from proposed and verified tokens)."""
-    target = _posts(calls, "sim-target")
+    # vLLM's token-id path: the question goes once to /tokenize (a lookup, no generation), then as ids.
+    target = [
+        call.body for call in calls
+        if call.method == "POST" and (call.body or {}).get("model") == "sim-target" and not call.path.startswith("/tokenize")
+        and (QUESTION in str(call.body) or isinstance((call.body or {}).get("prompt"), list))
+    ]
     return bool(target) and all((body.get("max_tokens") or body.get("max_completion_tokens") or MAX_TOKENS) < MAX_TOKENS for body in target)
 
 

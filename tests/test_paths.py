@@ -176,14 +176,27 @@ async def test_openai_completions_path_is_exact_and_says_which_it_is():
 # ----------------------------------------------------------------------------- vLLM-like
 
 
-@pytest.mark.parametrize("chat, path", [(False, "echo"), (True, "prompt-logprobs")], ids=["completions", "chat"])
-async def test_vllm_auto_picks_one_call_scoring(chat, path):
+@pytest.mark.parametrize("chat", [False, True], ids=["completions", "chat"])
+async def test_vllm_auto_verifies_on_the_targets_own_ids(chat):
+    """On vLLM, completions and chat alike run on the target's token ids (never text it would read back
+    with other token boundaries), one target request a round: K + 1 prompts, or one scored prompt."""
     provider, target, draft = sim("vllm")
     async with AsyncSpeculativeOpenAI(target=target, draft=draft, drafter="model", policy="fixed") as client:
-        responses = await check_greedy_exact(provider, client, chat=chat, path=path)
-    # one verify call per round: scoring a whole draft takes one target call
-    s = responses[-1].speculative
-    assert s.target.requests <= s.num_rounds + 2  # + a plain step or two (e.g. the last token)
+        start = len(provider.calls)
+        responses = await check_greedy_exact(provider, client, chat=chat, path="token-ids")
+    rounds = sum(r.speculative.num_rounds for r in responses)
+    target_calls = [c for c in provider.calls[start:] if c.model == "sim-target" and c.path.endswith("/completions")]
+    verify_calls = [c for c in target_calls if isinstance(c.body.get("prompt"), list) and c.body.get("max_tokens") == 1
+                    and (c.body.get("prompt_logprobs") or isinstance(c.body["prompt"][0], list))]
+    assert len(verify_calls) == rounds
+    # No text goes back to the target: no echoed prompt, no assistant message continued (the probe aside).
+    texts = [c for c in provider.calls[start:] if isinstance(c.body, dict) and c.model == "sim-target"
+             and (c.body.get("echo") or c.body.get("continue_final_message")) and c.body.get("prompt") != specapi.probe._PROBE_PROMPT
+             and "a b c" not in str(c.body.get("messages"))]
+    assert not texts
+    if chat:
+        tokenized = [c for c in provider.calls[start:] if c.path.endswith("/tokenize") and "messages" in c.body]
+        assert len(tokenized) == len(CHAT_PROMPTS)
 
 
 # ----------------------------------------------------------------------------- prefix match

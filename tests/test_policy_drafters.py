@@ -149,7 +149,10 @@ async def test_the_engine_drafts_ahead_only_when_the_policy_says_it_pays():
     assert answer(resp) == await target_alone(provider, prompt=prompt, max_tokens=40)
     s = resp.speculative
     assert s.num_rounds > 2 and not any(r.drafter.endswith("+pipelined") for r in s.rounds)
-    assert s.draft.requests == s.num_rounds  # one draft call a round: none made ahead
+    # One draft generation a round: none made ahead (on vLLM's token-id path the draft server also
+    # splits each draft's text into ids, /tokenize calls that generate nothing).
+    drafted = [c for c in provider.calls if c.model == "sim-draft" and c.path.startswith("/v1/completions") and str(c.body.get("prompt")).startswith(prompt)]
+    assert len(drafted) == s.num_rounds
 
 
 # ----------------------------------------------------------------------------- the first round

@@ -115,6 +115,12 @@ async def test_models_are_the_targets(provider):
         assert "sim-draft" in [m.id for m in sync.models.list()]
 
 
+def _ids_prompt(content: bytes) -> bool:
+    prompt = json.loads(content).get("prompt") if content.startswith(b"{") else None
+    prompts = prompt if isinstance(prompt, list) and prompt and isinstance(prompt[0], list) else [prompt]
+    return all(isinstance(p, list) and p and all(isinstance(i, int) for i in p) for p in prompts)
+
+
 async def test_extra_headers_and_query_reach_every_upstream_request_while_speculating(provider):
     transport = Recording(provider)
     target, draft = _endpoints(provider, transport)
@@ -122,8 +128,10 @@ async def test_extra_headers_and_query_reach_every_upstream_request_while_specul
         resp = await client.completions.create(
             prompt=PROMPT, max_tokens=10, temperature=0, extra_headers={"x-tenant": "t1"}, extra_query={"trace": "1"}
         )
-    sent = [r for r in transport.requests if r.method == "POST" and PROMPT[:8] in r.content.decode()]  # not the probe's
+    # Not the probe's: the calls that carry the prompt, as text or (vLLM's token-id path) as its ids.
+    sent = [r for r in transport.requests if r.method == "POST" and (PROMPT[:8] in r.content.decode() or _ids_prompt(r.content))]
     assert len(sent) > 1 and resp.speculative.speculated
+    assert any(r.url.path.endswith("/completions") for r in sent), "no generation call was checked"
     for request in sent:
         assert request.headers["x-tenant"] == "t1" and request.url.params["trace"] == "1"
         assert "x-tenant" not in json.loads(request.content)

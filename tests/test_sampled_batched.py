@@ -251,6 +251,8 @@ class _HidingDialect:
     name = "hiding"
     batches = True
     batches_sampled = True
+    tokenizes_chat = False
+    scores_prompts = False
     lists_processed = False
     BYTES = {11: b"\xe4\xb8", 12: b"\xad", 13: b"!"}
 
@@ -341,6 +343,8 @@ class _TreeDialect:
     name = "tree"
     batches = True
     batches_sampled = True
+    tokenizes_chat = False
+    scores_prompts = False
     lists_processed = False
     ALONG = {(): 5, (5,): 6, (5, 6): 9, (5, 6, 9): 10}
     DRAFT = {(): {5: 0.5, 1: 0.4}, (5,): {6: 0.9}, (5, 6): {9: 0.5, 7: 0.4}, (1,): {2: 0.9}, (1, 2): {8: 0.6}}
@@ -350,7 +354,7 @@ class _TreeDialect:
         self.prompts: list[list[int]] = []
         self.sampled_fields: list[dict] = []
 
-    async def tokenize(self, client, text, meter, *, special):  # type: ignore[no-untyped-def]
+    async def tokenize(self, client, text, meter, *, special, options=None):  # type: ignore[no-untyped-def]
         return [(ord(c), None) for c in text]
 
     async def ids_draft(self, client, ids, k, fields, alternatives, meter, *, options):  # type: ignore[no-untyped-def]
@@ -428,6 +432,8 @@ class _ScriptedPair:
     name = "scripted"
     batches = True
     batches_sampled = True
+    tokenizes_chat = False
+    scores_prompts = False
     lists_processed = False
 
     def __init__(self, seed: int) -> None:
@@ -436,7 +442,7 @@ class _ScriptedPair:
     def _draw(self, table: dict[int, float]) -> int:
         return self.rng.choices(list(table), weights=list(table.values()))[0]
 
-    async def tokenize(self, client, text, meter, *, special):  # type: ignore[no-untyped-def]
+    async def tokenize(self, client, text, meter, *, special, options=None):  # type: ignore[no-untyped-def]
         return [(ord(c), None) for c in text]
 
     async def ids_draft(self, client, ids, k, fields, alternatives, meter, *, options):  # type: ignore[no-untyped-def]

@@ -218,7 +218,10 @@ def test_specapi_serve_with_two_workers_adds_up_shares_what_it_learns_and_drains
             # Most of its answer drafted from what it learnt, none by the draft model (the adaptive policy may
             # still let the target write the last tokens alone, to measure the target's speed).
             assert response["speculative"]["accepted_tokens"] >= 15  # of 30
-            assert response["speculative"]["draft"]["requests"] == 0
+            # (On vLLM's token-id path the draft server may split a draft's text into ids: lookups that
+            # generate nothing and bill no tokens.)
+            draft = response["speculative"]["draft"]
+            assert draft["completion_tokens"] == 0 and draft["prompt_tokens"] == 0
             # A long stream in flight when SIGTERM comes: it finishes before its worker exits.
             with httpx2.Client(timeout=60) as client, client.stream(
                 "POST", url + "/v1/completions", json={**body, "max_tokens": 60, "stream": True}

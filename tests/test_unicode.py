@@ -122,13 +122,15 @@ async def test_issue_repros_for_cjk_prompts(profile: str, prompt: str, max_token
     assert resp.speculative.exact
 
 
-async def test_cjk_responses_do_not_switch_echo_verification_off() -> None:
-    """A bonus token holding part of a character is an ordinary token, not a malformed response."""
+@pytest.mark.parametrize(("verification", "path"), [("echo", "echo"), ("auto", "token-ids")])
+async def test_cjk_responses_do_not_switch_echo_verification_off(verification: str, path: str) -> None:
+    """A bonus token holding part of a character is an ordinary token, not a malformed response (echo;
+    and the scored token-id prompt, whose entries show such a token as U+FFFD)."""
     provider = SimProvider(capabilities="vllm", latency="instant", seed=0)
     target, draft = simulated_endpoints(provider=provider)
-    async with AsyncSpeculativeOpenAI(target=target, draft=draft, drafter="model", policy="fixed") as client:
+    async with AsyncSpeculativeOpenAI(target=target, draft=draft, drafter="model", policy="fixed", verification=verification) as client:
         for prompt in ["漢字かな交じり文、" * 3, "中文测试，龘靐齉。" * 4, "日本語のテキストです。" * 3, "表示中文字符串"]:
             await client.completions.create(prompt=prompt, max_tokens=6, temperature=0)
         resp = await client.completions.create(prompt="def fib(n):\n", max_tokens=20, temperature=0)
-    assert resp.speculative.verification == "echo"
+    assert resp.speculative.verification == path
     assert resp.speculative.speculated and resp.speculative.fallback_reason is None

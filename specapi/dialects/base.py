@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from .._calls import Meter, RoleClient
+from ..scoring import PrefixCache
 
-__all__ = ["UNREADABLE", "Pick", "Generated", "NativeDialect", "SampledBatches", "SampledStep", "count", "reading", "rendered_bytes", "server_root", "spelling"]
+__all__ = ["UNREADABLE", "Pick", "Generated", "NativeDialect", "ChatTokenizing", "PromptScoring", "SampledBatches", "SampledStep", "count", "reading", "rendered_bytes", "server_root", "spelling"]
 
 
 @dataclass(frozen=True)
@@ -69,9 +70,16 @@ class NativeDialect(Protocol):
     batches_sampled: bool
     #: Lists the distributions after its sampler chain (`processed_next`, `processed_draft`).
     lists_processed: bool
+    #: Renders and tokenizes a chat's messages as its chat endpoint would (`ChatTokenizing`).
+    tokenizes_chat: bool
+    #: Scores a whole token-id prompt in one request and reports its prefix cache (`PromptScoring`).
+    scores_prompts: bool
 
-    async def tokenize(self, client: RoleClient, text: str, meter: Meter, *, special: bool) -> list[tuple[int, bytes | None]]:
-        """The text's token ids, each with its bytes where the server shows them."""
+    async def tokenize(
+        self, client: RoleClient, text: str, meter: Meter, *, special: bool, options: Mapping[str, Any] | None = None
+    ) -> list[tuple[int, bytes | None]]:
+        """The text's token ids, each with its bytes where the server shows them (`options`: the SDK's
+        request options of the request whose prompt this is)."""
         ...
 
     async def next_tokens(
@@ -114,6 +122,30 @@ class SampledBatches(NativeDialect, Protocol):
 
     async def detokenize(self, client: RoleClient, ids: Sequence[int], meter: Meter) -> bytes | None:
         """The bytes of `ids` together; None where the server's rendering lost some (an unfinished character)."""
+        ...
+
+
+class ChatTokenizing(NativeDialect, Protocol):
+    """A dialect whose `tokenizes_chat` is True."""
+
+    async def tokenize_chat(
+        self, client: RoleClient, messages: Sequence[Mapping[str, Any]], fields: Mapping[str, Any], meter: Meter, *, options: Mapping[str, Any] | None = None
+    ) -> list[int]:
+        """The ids the server's chat endpoint would run for `messages`, the assistant's turn opened."""
+        ...
+
+
+class PromptScoring(NativeDialect, Protocol):
+    """A dialect whose `scores_prompts` is True: one request scores every position of a token-id prompt."""
+
+    async def prefix_cache(self, client: RoleClient) -> PrefixCache | None:
+        """The server's prefix cache (block size, on or off); None where the server does not say."""
+        ...
+
+    async def scored_next(
+        self, client: RoleClient, context: Sequence[int], draft: Sequence[int], fields: Mapping[str, Any], meter: Meter, *, options: Mapping[str, Any]
+    ) -> list[Pick]:
+        """The target's greedy picks after `context + d1..dj` for j = 0..K, from one scored prompt."""
         ...
 
 

@@ -56,6 +56,12 @@ class Capabilities:
     chat_hides_partial_runs: bool = False
     notes: tuple[str, ...] = field(default=())
 
+    @property
+    def refuses_greedy_choices(self) -> bool:
+        """The server refuses `n` above 1 with greedy sampling (vLLM: "n must be 1 when using greedy
+        sampling"): such a request is the target's to answer."""
+        return self.server == "vllm"
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 

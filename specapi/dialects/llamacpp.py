@@ -43,11 +43,15 @@ class LlamaCppDialect:
     name: str = "llama.cpp"
     batches: bool = True
     batches_sampled: bool = False
+    tokenizes_chat: bool = False
+    scores_prompts: bool = False
     lists_processed: bool = True
 
-    async def tokenize(self, client: RoleClient, text: str, meter: Meter, *, special: bool) -> list[tuple[int, bytes | None]]:
+    async def tokenize(
+        self, client: RoleClient, text: str, meter: Meter, *, special: bool, options: Mapping[str, Any] | None = None
+    ) -> list[tuple[int, bytes | None]]:
         body = {"content": text, "add_special": special, "with_pieces": True}
-        response = await client.post(server_root(client) + "/tokenize", body, meter)
+        response = await client.post(server_root(client) + "/tokenize", body, meter, options=options)
         with reading(client, "/tokenize"):
             return [_piece(t) for t in response["tokens"]]
 

@@ -35,14 +35,18 @@ class SglangDialect:
     name: str = "sglang"
     batches: bool = True
     batches_sampled: bool = False
+    tokenizes_chat: bool = False
+    scores_prompts: bool = False
     lists_processed: bool = False
     _added: list[int] | None = field(default=None, repr=False)
 
-    async def tokenize(self, client: RoleClient, text: str, meter: Meter, *, special: bool) -> list[tuple[int, bytes | None]]:
+    async def tokenize(
+        self, client: RoleClient, text: str, meter: Meter, *, special: bool, options: Mapping[str, Any] | None = None
+    ) -> list[tuple[int, bytes | None]]:
         """SGLang has no tokenize endpoint of its own here: `/generate` with `max_new_tokens` 0 and input
         logprobs from position 0 lists the prompt's ids (a prefill, billed as one). Without `special`,
         the tokens the server adds to every text (BOS) are left out: found once, from a one-token text."""
-        tokens = await self._prompt_tokens(client, text, meter)
+        tokens = await self._prompt_tokens(client, text, meter, options)
         if special:
             return tokens
         if self._added is None:
@@ -51,7 +55,7 @@ class SglangDialect:
         added = self._added or []
         return tokens[len(added) :] if [i for i, _ in tokens[: len(added)]] == added else tokens
 
-    async def _prompt_tokens(self, client: RoleClient, text: str, meter: Meter) -> list[tuple[int, bytes | None]]:
+    async def _prompt_tokens(self, client: RoleClient, text: str, meter: Meter, options: Mapping[str, Any] | None = None) -> list[tuple[int, bytes | None]]:
         body = {
             "text": text,
             "sampling_params": {"max_new_tokens": 0},
@@ -59,7 +63,7 @@ class SglangDialect:
             "logprob_start_len": 0,
             "return_text_in_logprobs": True,
         }
-        response = await client.post(server_root(client) + "/generate", body, meter, array_ok=True)
+        response = await client.post(server_root(client) + "/generate", body, meter, array_ok=True, options=options)
         with reading(client, "/generate (tokenizing)"):
             result = response[0] if isinstance(response, list) else response
             return [(int(item[1]), rendered_bytes(item[2])) for item in result["meta_info"]["input_token_logprobs"]]

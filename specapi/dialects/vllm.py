@@ -22,11 +22,17 @@ from typing import Any
 from .._calls import Meter, RoleClient
 from ..alignment import ScoredToken, token_bytes
 from ..context import Context
+from ..scoring import PrefixCache
 from .base import UNREADABLE, Generated, Pick, SampledStep, count, reading, rendered_bytes, server_root
 from .logprobs import chat_tokens, prompt_logprob_tokens
 from .openai import Prefill, chat_request, fixed_sampling, sampling_fields
 
-__all__ = ["VllmDialect", "prompt_scores_finding", "prompt_scores_note", "prompt_scores_probe", "prompt_scores_request", "read_prompt_scores", "scores_prompt"]
+__all__ = ["CHAT_TEMPLATE_FIELDS", "ScoredPick", "VllmDialect", "prompt_scores_finding", "prompt_scores_note", "prompt_scores_probe", "prompt_scores_request", "read_cache_config", "read_prompt_scores", "read_scored_picks", "scores_prompt"]
+
+
+#: Fields of a chat request that change how its messages are rendered: on token ids they go to
+#: `/tokenize` with the messages, and not to the completions requests that continue the ids.
+CHAT_TEMPLATE_FIELDS = ("chat_template", "chat_template_kwargs", "add_special_tokens", "documents", "mm_processor_kwargs")
 
 
 def prompt_scores_request(context: Context, draft_text: str, top_k: int, seed: int | None) -> tuple[str, dict[str, Any]]:
@@ -86,8 +92,9 @@ def scores_prompt(response: Mapping[str, Any] | None) -> bool:
 
 
 def _data(text: Any) -> bytes | None:
-    """A token's bytes from its rendering; None when the rendering lost them (U+FFFD, token_id:N, and
-    "": vLLM renders a token that holds part of a character as "", and holds its bytes back from the text)."""
+    """A token's bytes from its rendering; None when the rendering lost them (U+FFFD, token_id:N, or
+    nothing at all: vLLM renders a token that holds part of a character as "", like a special token, and
+    a later step's text from a prompt that ends inside a character is not to be trusted)."""
     if not isinstance(text, str) or not text or "\ufffd" in text:
         return None
     return token_bytes(text)
@@ -100,12 +107,58 @@ class VllmDialect:
     lists_processed: bool = False
     #: Each prompt of an unseeded request draws with its own generator: independent draws.
     batches_sampled: bool = True
+    #: `/tokenize` takes a chat's messages (`tokenize_chat`).
+    tokenizes_chat: bool = True
+    #: A token-id prompt scored with `prompt_logprobs` (`scored_next`); the cache from `/metrics`.
+    scores_prompts: bool = True
 
-    async def tokenize(self, client: RoleClient, text: str, meter: Meter, *, special: bool) -> list[tuple[int, bytes | None]]:
+    async def tokenize(
+        self, client: RoleClient, text: str, meter: Meter, *, special: bool, options: Mapping[str, Any] | None = None
+    ) -> list[tuple[int, bytes | None]]:
         body = {"model": client.endpoint.model, "prompt": text, "add_special_tokens": special}
-        response = await client.post(server_root(client) + "/tokenize", body, meter)
+        response = await client.post(server_root(client) + "/tokenize", body, meter, options=options)
         with reading(client, "/tokenize"):
             return [(int(t), None) for t in response["tokens"]]
+
+    async def tokenize_chat(
+        self, client: RoleClient, messages: Sequence[Mapping[str, Any]], fields: Mapping[str, Any], meter: Meter, *, options: Mapping[str, Any] | None = None
+    ) -> list[int]:
+        """The ids vLLM's chat endpoint would run for `messages`: the chat template rendered with the
+        assistant's turn opened (`add_generation_prompt`), tokenized without adding special tokens again
+        (the template writes them), as `/v1/chat/completions` does by default."""
+        body: dict[str, Any] = {"model": client.endpoint.model, "messages": list(messages), "add_generation_prompt": True, "add_special_tokens": False}
+        body.update({k: v for k, v in fields.items() if k in CHAT_TEMPLATE_FIELDS})
+        response = await client.post(server_root(client) + "/tokenize", body, meter, options=options)
+        with reading(client, "chat /tokenize"):
+            return [int(t) for t in response["tokens"]]
+
+    async def prefix_cache(self, client: RoleClient) -> PrefixCache | None:
+        """The target's prefix cache (block size, on or off), from its `/metrics`; None where not shown."""
+        try:
+            text = await client.get(server_root(client) + "/metrics", Meter(client.endpoint))
+        except Exception:  # no metrics endpoint, or not reachable now: the default estimate stands
+            return None
+        return read_cache_config(text) if isinstance(text, str) else None
+
+    async def scored_next(
+        self, client: RoleClient, context: Sequence[int], draft: Sequence[int], fields: Mapping[str, Any], meter: Meter, *, options: Mapping[str, Any]
+    ) -> list[Pick]:
+        """The target's greedy picks after `context + d1..dj` for j = 0..K, from one prompt `context +
+        draft` scored with prompt logprobs (the top entry at each draft position) and one generated token."""
+        prompt = list(context) + list(draft)
+        body = {**fields, "prompt": prompt, "max_tokens": 1, "logprobs": 1, "prompt_logprobs": 1, "return_token_ids": True}
+        response = await client.post("/completions", body, meter, options=options)
+        with reading(client, "scored token-id /completions"):
+            choice = response["choices"][0]
+            prompt_ids = choice.get("prompt_token_ids") or response.get("prompt_token_ids")
+            if list(prompt_ids or ()) != prompt:
+                raise ValueError("the scored prompt is not the one sent")
+            scored = read_scored_picks(choice.get("prompt_logprobs") or response.get("prompt_logprobs"), prompt_ids, len(context), len(draft))
+            usage = response.get("usage") or {}
+            prompt_tokens = count(usage.get("prompt_tokens"))
+            own = prompt_tokens - len(draft) if prompt_tokens is not None else None
+            picks = [Pick(id=p.id, data=_data(p.text), prompt_tokens=own) for p in scored]
+            return picks + [_pick(choice, own)]
 
     async def next_tokens(
         self, client: RoleClient, prompts: Sequence[Sequence[int]], fields: Mapping[str, Any], meter: Meter, *, options: Mapping[str, Any]
@@ -169,6 +222,8 @@ class VllmDialect:
         whole_characters: bool = False,
     ) -> Generated:
         body: dict[str, Any] = {**fields, "prompt": list(ids), "return_token_ids": True}
+        if whole_characters and body.get("logprobs") is None:
+            body["logprobs"] = 0  # each token's rendering: "" for one inside a character
         if max_tokens is not None:
             body["max_tokens"] = max_tokens
         if stop:
@@ -183,13 +238,30 @@ class VllmDialect:
             token_ids = tuple(int(t) for t in choice.get("token_ids") or ())
             usage = response.get("usage") or {}
             completion = usage.get("completion_tokens")
+            completion_tokens = len(token_ids) if count(completion) is None else completion
+            held = _held_back(choice, token_ids) if whole_characters and finish == "length" else 0
             return Generated(
-                ids=token_ids,
+                ids=token_ids[: len(token_ids) - held],
                 data=text.encode("utf-8"),
                 finish_reason="length" if finish == "length" else "stop",
                 prompt_tokens=count(usage.get("prompt_tokens")),
-                completion_tokens=len(token_ids) if count(completion) is None else completion,
+                completion_tokens=completion_tokens - held,
+                held_back=held,
             )
+
+
+def _held_back(choice: Mapping[str, Any], token_ids: Sequence[int]) -> int:
+    """How many of a step's last tokens hold an unfinished character: vLLM renders each as "" and keeps
+    their bytes out of the text until a later token finishes it. A step the text goes on from leaves them
+    out (the next step draws them again): a token-id prompt that ends inside a character has vLLM's text
+    start with the prompt's own text again."""
+    tokens = (choice.get("logprobs") or {}).get("tokens")
+    if not isinstance(tokens, list) or len(tokens) != len(token_ids):
+        return 0
+    held = 0
+    while held < len(tokens) and tokens[len(tokens) - 1 - held] == "":
+        held += 1
+    return held
 
 
 def _prompt_count(choice: Mapping[str, Any]) -> int | None:
@@ -230,3 +302,60 @@ def _pick(choice: Mapping[str, Any], prompt_tokens: int | None) -> Pick:
     if data is None and text:
         data = rendered_bytes(text)
     return Pick(id=int(token_ids[0]), data=data, prompt_tokens=prompt_tokens)
+
+
+def read_cache_config(metrics: str) -> PrefixCache | None:
+    """The prefix cache a vLLM server runs with, from the text of its `/metrics`: the labels of
+    `vllm:cache_config_info` (`block_size`, `enable_prefix_caching`). None where the text has none."""
+    for line in metrics.splitlines():
+        if not line.startswith("vllm:cache_config_info{"):
+            continue
+        labels = _labels(line[len("vllm:cache_config_info{") : line.rfind("}")])
+        try:
+            block = int(labels["block_size"])
+        except (KeyError, ValueError):
+            return None
+        enabled = labels.get("enable_prefix_caching", "True").lower() == "true"
+        return PrefixCache(block=block, enabled=enabled) if block > 0 else None
+    return None
+
+
+def _labels(text: str) -> dict[str, str]:
+    """Prometheus labels `a="1",b="x"` (values without escaped quotes, as vLLM writes these)."""
+    labels = {}
+    for part in text.split('",'):
+        name, _, value = part.partition("=")
+        labels[name.strip()] = value.strip().strip('"')
+    return labels
+
+
+@dataclass(frozen=True)
+class ScoredPick:
+    """The target's greedy pick at one position of a scored prompt: its id, and its text as the server
+    rendered it (None where the rendering lost the bytes: part of a character)."""
+
+    id: int
+    text: str | None
+
+
+def read_scored_picks(entries: Any, prompt_ids: Any, context: int, k: int) -> list[ScoredPick]:
+    """The target's pick after `context + d1..dj` for j = 0..k-1, from vLLM's `prompt_logprobs` of a prompt
+    `context + d1..dk` (`entries[i]` scores token i given the tokens before it: `{id: {logprob, rank,
+    decoded_token}}`, the rank-1 entry being the target's most likely token there). Raises ValueError
+    where the answer is not that (another prompt, no rank-1 entry at a draft position)."""
+    if not isinstance(entries, Sequence) or not isinstance(prompt_ids, Sequence):
+        raise ValueError("prompt_logprobs or prompt_token_ids is missing")
+    if len(prompt_ids) != context + k or len(entries) != context + k:
+        raise ValueError(f"{len(entries)} prompt scores for {len(prompt_ids)} prompt tokens, expected {context + k}")
+    picks = []
+    for position in range(context, context + k):
+        entry = entries[position]
+        if not isinstance(entry, Mapping):
+            raise ValueError(f"no prompt scores at position {position}")
+        best = [(key, value) for key, value in entry.items() if isinstance(value, Mapping) and value.get("rank") == 1]
+        if len(best) != 1:
+            raise ValueError(f"position {position} lists {len(best)} tokens of rank 1")
+        key, value = best[0]
+        text = value.get("decoded_token")
+        picks.append(ScoredPick(id=int(key), text=text if isinstance(text, str) and text and "\ufffd" not in text else None))
+    return picks

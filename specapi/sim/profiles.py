@@ -85,6 +85,8 @@ class Capabilities:
     token_id_extras: bool = False
     cut_at_context_end: bool = False
     lists_end_token: bool = False
+    #: ``n`` above 1 with greedy sampling is refused with 400 (vLLM: "n must be 1 when using greedy sampling").
+    greedy_single_choice: bool = False
 
 
 CAPABILITY_PROFILES: Mapping[str, Capabilities] = {
@@ -102,6 +104,7 @@ CAPABILITY_PROFILES: Mapping[str, Capabilities] = {
             token_id_extras=True,
             cut_at_context_end=True,
             lists_end_token=True,
+            greedy_single_choice=True,
         ),
         Capabilities(
             name="openai",

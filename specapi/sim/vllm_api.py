@@ -9,6 +9,8 @@ Shapes from vLLM's source (``vllm/entrypoints/openai/protocol.py``: ``TokenizeCo
   ``{count, max_model_len, tokens, token_strs}`` (``token_strs`` null unless asked for).
 * ``POST /detokenize`` ``{model?, tokens}`` -> ``{prompt}``.
 * ``GET /version`` -> ``{version}``.
+* ``GET /metrics`` -> Prometheus text; only ``vllm:cache_config_info`` here, whose labels give the prefix
+  cache's ``block_size`` and ``enable_prefix_caching`` (as vLLM 0.32 writes them).
 
 The completions extras (token-id and batched prompts, ``return_token_ids``,
 ``return_tokens_as_token_ids``) are served by the provider's ``/v1/completions`` with the ``vllm``
@@ -24,7 +26,7 @@ from .corpus import decode_text, encode_text, is_known_token, token_str
 from .params import ApiError, read_bool
 from .template import render_chat
 
-__all__ = ["VERSION", "detokenize", "tokenize", "version"]
+__all__ = ["VERSION", "detokenize", "metrics", "tokenize", "version"]
 
 VERSION = "0.11.0"
 """The vLLM version the simulated server reports."""
@@ -67,3 +69,13 @@ def detokenize(body: Mapping[str, Any]) -> dict[str, Any]:
 
 def version() -> dict[str, Any]:
     return {"version": VERSION}
+
+
+def metrics(*, block: int, min_tokens: int) -> str:
+    """``/metrics``: the cache's configuration (a cache that only serves long prompts, or none, is off)."""
+    enabled = block > 0 and min_tokens <= block
+    return (
+        "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n"
+        "# TYPE vllm:cache_config_info gauge\n"
+        f'vllm:cache_config_info{{block_size="{max(block, 1)}",cache_dtype="auto",enable_prefix_caching="{enabled}",engine="0"}} 1.0\n'
+    )

@@ -153,16 +153,19 @@ async def test_prompt_logprobs_are_refused_when_streamed(vllm: ServerPair) -> No
 
 async def test_echo_with_logprobs_scores_the_prompt_from_a_null_first_entry(vllm: ServerPair) -> None:
     """`echo` + `logprobs`: the text is prompt + generation; the arrays list the prompt's tokens (the first
-    with a null logprob and a null top list) then the generated ones; offsets count from the prompt's start;
-    the choice's `prompt_logprobs` is filled too (as if asked with the same k)."""
+    with a null logprob and a null top list) then the generated ones; the choice's `prompt_logprobs` is
+    filled too (as if asked with the same k). The trained tokenizer adds a BOS to a text prompt: it is the
+    first listed token, by its name `<s>`, counted in `prompt_tokens`, left out of the text, and the offsets
+    count its name (the prompt's own text starts at offset 3)."""
     answer = await post(vllm.target, "/completions", {"prompt": CODE, "max_tokens": 3, "temperature": 0, "echo": True, "logprobs": 2})
     choice = answer["choices"][0]
     logprobs = choice["logprobs"]
     prompt_count = answer["usage"]["prompt_tokens"]
     assert choice["text"].startswith(CODE) and len(logprobs["tokens"]) == prompt_count + 3
     assert logprobs["token_logprobs"][0] is None and logprobs["top_logprobs"][0] is None
-    assert "".join(logprobs["tokens"][:prompt_count]) == CODE
-    assert logprobs["text_offset"][0] == 0 and logprobs["text_offset"][prompt_count] == len(CODE)
+    bos = logprobs["tokens"][0]
+    assert bos == "<s>" and "".join(logprobs["tokens"][1:prompt_count]) == CODE
+    assert logprobs["text_offset"][:2] == [0, len(bos)] and logprobs["text_offset"][prompt_count] == len(bos) + len(CODE)
     assert len(choice["prompt_logprobs"]) == prompt_count and choice["prompt_logprobs"][0] is None
     tokens = completion_tokens(logprobs)
     assert [t.logprob for t in tokens] == logprobs["token_logprobs"]
@@ -170,20 +173,20 @@ async def test_echo_with_logprobs_scores_the_prompt_from_a_null_first_entry(vllm
 
 async def test_echo_renders_a_partial_character_as_empty_and_the_token_that_ends_it_as_the_character(vllm: ServerPair) -> None:
     """The text round-trip of echo verification: a token that holds part of a character is rendered ""
-    (the very first prompt token, rendered alone, as U+FFFD), the token completing the character carries all
-    of it; the same in `prompt_logprobs`' `decoded_token`. So the rendered tokens join to the text, but
-    their bytes are not each token's own."""
+    (after the BOS `<s>` the trained tokenizer adds, the first prompt token too), the token completing the
+    character carries all of it; the same in `prompt_logprobs`' `decoded_token`. So the rendered tokens
+    join to the text, but their bytes are not each token's own."""
     answer = await post(vllm.target, "/completions", {"prompt": "x" + CJK, "max_tokens": 1, "temperature": 0, "echo": True, "logprobs": 1, "return_token_ids": True})
     choice = answer["choices"][0]
     prompt_count = answer["usage"]["prompt_tokens"]
     tokens = choice["logprobs"]["tokens"][:prompt_count]
-    assert "".join(tokens) == "x" + CJK
+    assert tokens[0] == "<s>" and "".join(tokens[1:]) == "x" + CJK
     assert "" in tokens  # a token inside a character
     assert all(t == "" or "\ufffd" not in t for t in tokens)
     scored = prompt_logprob_tokens(choice["prompt_logprobs"], choice["prompt_token_ids"])
     assert [t.text for t in scored[1:]] == tokens[1:]
     cjk_first = await post(vllm.target, "/completions", {"prompt": CJK, "max_tokens": 1, "temperature": 0, "echo": True, "logprobs": 1})
-    assert cjk_first["choices"][0]["logprobs"]["tokens"][0] == "\ufffd"
+    assert cjk_first["choices"][0]["logprobs"]["tokens"][:2] == ["<s>", ""]
 
 
 async def test_echo_with_max_tokens_zero_returns_the_prompt_and_bills_one_token(vllm: ServerPair) -> None:
@@ -222,7 +225,9 @@ async def test_a_list_of_token_id_prompts_answers_each_as_alone_in_order(vllm: S
 
 
 async def test_generate_reads_a_token_id_generation_as_its_text_prompt_gives_it(vllm: ServerPair, target: RoleClient) -> None:
-    ids = await ids_of(vllm.target, CODE)
+    """The text prompt's ids as the server runs them: with the BOS the trained tokenizer adds."""
+    ids = (await post(vllm.target, "/tokenize", {"prompt": CODE, "add_special_tokens": True}))["tokens"]
+    assert ids[1:] == await ids_of(vllm.target, CODE)  # the BOS first
     generated = await VllmDialect().generate(target, ids, {"temperature": 0}, 12, None, meter(target), options={})
     text = (await post(vllm.target, "/completions", {"prompt": CODE, "max_tokens": 12, "temperature": 0, "return_token_ids": True}))["choices"][0]
     assert generated.ids == tuple(text["token_ids"]) and generated.data == text["text"].encode()
