@@ -492,9 +492,6 @@ def run(args: argparse.Namespace) -> int:
     import os
     import sys
 
-    from rich.console import Console
-    from rich.table import Table
-
     try:
         values = resolve(args, PROBE_OPTIONS, os.environ)
         endpoint = Endpoint(base_url=values["base_url"], model=values["model"], api_key=values["api_key"])
@@ -537,18 +534,22 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(payload, indent=2))
         print(cost, file=sys.stderr)
         return EXIT_OK
-    table = Table(title=f"{endpoint.label}")
-    table.add_column("capability")
-    table.add_column("value")
-    table.add_row("dialect", caps.server or "OpenAI formats")
-    table.add_row("verification for completions", paths["completions"])
-    table.add_row("verification for chat", paths["chat"])
-    for key, value in caps.to_dict().items():
-        if key != "notes":
-            table.add_row(key, str(value))
-    console = Console()
-    console.print(table)
+    rows = [
+        ("dialect", caps.server or "OpenAI formats"),
+        ("verification for completions", paths["completions"]),
+        ("verification for chat", paths["chat"]),
+    ]
+    rows += [(key, str(value)) for key, value in caps.to_dict().items() if key != "notes"]
+    print(_table(endpoint.label, rows))
     for note in caps.notes:
-        console.print(f"- {note}")
+        print(f"- {note}")
     print(cost, file=sys.stderr)
     return EXIT_OK
+
+
+def _table(title: str, rows: list[tuple[str, str]]) -> str:
+    """Two aligned columns under a title, in plain text (the client installs no terminal library)."""
+    width = max(len("capability"), *(len(key) for key, _ in rows))
+    lines = [title, f"{'capability':<{width}}  value", f"{'-' * width}  -----"]
+    lines += [f"{key:<{width}}  {value}" for key, value in rows]
+    return "\n".join(lines)
