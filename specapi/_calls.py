@@ -29,6 +29,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception, stop_aft
 
 from ._http import AiohttpTransport, HTTPTransport, Httpx2Transport, Reply, SSEDecoder, Timeout, dumps, timeout_of
 from ._exceptions import EndpointError, MalformedResponseError, endpoint_error
+from ._sdk import status_error
 from .endpoint import Endpoint
 from . import _json as fast_json
 from . import answer_keys
@@ -318,7 +319,7 @@ class RoleClient:
         return MalformedResponseError(message, role=self.role, endpoint=self.endpoint.label, status_code=status_code)
 
     def _status_error(self, reply: Reply) -> openai.APIStatusError:
-        return self.sdk._make_status_error_from_response(reply.http_response())
+        return status_error(self.sdk, reply.http_response())
 
     def _body(self, body: Mapping[str, Any]) -> dict[str, Any]:
         merged = dict(self.endpoint.extra_body or {})

@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 import httpx2
 import openai
-from openai._types import NotGiven, not_given
+from openai import NotGiven, not_given
 
 from ._calls import RoleClient
 from ._exceptions import ConfigurationError

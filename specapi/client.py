@@ -24,8 +24,7 @@ from typing import Any, Literal, Optional, overload
 
 import httpx2
 import openai
-from openai._types import NotGiven, Omit, not_given, omit
-from openai.lib._parsing import ResponseFormatT
+from openai import NotGiven, Omit, not_given, omit
 from openai.lib.streaming.chat import AsyncChatCompletionStreamManager
 from openai.types import Completion
 from openai.types.chat import ChatCompletionChunk, completion_create_params
@@ -33,6 +32,7 @@ from typing_extensions import Unpack
 
 from ._calls import Clock, Meter, Sleep
 from ._exceptions import ConfigurationError
+from ._sdk import ResponseFormatT, http_client_of, sdk_beta
 from .checks import DEFAULT_CHECK_TIMEOUT, EndpointStatus, check_endpoint
 from .call_options import deadline, request_options, seconds, with_sdk_options
 from .context import Context
@@ -190,11 +190,16 @@ class AsyncSpeculativeOpenAI(openai.AsyncOpenAI):
 
     @functools.cached_property
     def beta(self) -> Beta:  # type: ignore[override]
-        return Beta(self.chat, lambda: openai.AsyncOpenAI.beta.func(self))  # type: ignore[attr-defined]
+        return Beta(self.chat, lambda: sdk_beta(openai.AsyncOpenAI, self))
 
     def __getattr__(self, name: str) -> Any:
-        # The `openai.AsyncOpenAI` half is set up when first used (the target's SDK client it shares
-        # costs about 20 ms to build, which requests build only when they need it).
+        # `__init__` does not run `openai.AsyncOpenAI.__init__`: the SDK half (its `api_key`, `base_url`,
+        # HTTP client, `files`, `embeddings`, ...) needs the target's SDK client, which costs about 20 ms
+        # to build and which speculating requests build only when they need it. Python calls
+        # `__getattr__` only for an attribute the instance and its classes lack, so specapi's own
+        # attributes never come here: the first SDK attribute read runs the SDK's `__init__` once
+        # (`_sdk_init`), then reads the attribute again. Dunder names and an instance still in its own
+        # `__init__` (no `_runtime` yet) get the plain AttributeError.
         if name.startswith("__") or "_sdk_ready" in self.__dict__ or "_runtime" not in self.__dict__:
             raise AttributeError(name)
         self._sdk_init()
@@ -213,7 +218,7 @@ class AsyncSpeculativeOpenAI(openai.AsyncOpenAI):
             timeout=self.target.timeout if isinstance(timeout, NotGiven) else timeout,
             max_retries=self.target.max_retries,
             default_headers=dict(self.target.headers) if self.target.headers else None,
-            http_client=sdk._client,
+            http_client=http_client_of(sdk),
         )
 
     def with_options(self, **changes: Any) -> AsyncSpeculativeOpenAI:  # type: ignore[override]

@@ -26,9 +26,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Generic, TypeVar
 
 import httpx2
-from openai._legacy_response import LegacyAPIResponse
 
 from ._calls import capture_target_response
+from ._sdk import LegacyAPIResponse
 from .streaming import SpeculativeStream
 from .types import SpeculativeChatCompletion, SpeculativeCompletion, SpeculativeParsedChatCompletion
 

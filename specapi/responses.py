@@ -10,10 +10,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from openai._models import construct_type
 
 from ._calls import RoleClient
 from ._exceptions import MalformedResponseError
+from ._sdk import construct_type
 from .request import Finished
 from .stats import SpeculativeStats
 from .types import SpeculativeChatCompletion, SpeculativeCompletion

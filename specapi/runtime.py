@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from openai._types import not_given
+from openai import not_given
 
 from ._calls import Clock, Meter, RoleClient, Sleep
 from ._exceptions import ConfigurationError

@@ -9,7 +9,7 @@ import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from openai._types import NotGiven
+from openai import NotGiven
 
 __all__ = ["Beta", "resource_for", "sdk_request"]
 

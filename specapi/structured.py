@@ -18,9 +18,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from openai._types import Omit, omit
-from openai.lib._parsing import parse_chat_completion, type_to_response_format_param, validate_input_tools
+from openai import Omit, omit
 
+from ._sdk import parse_chat_completion, type_to_response_format_param, validate_input_tools
 from .types import SpeculativeParsedChatCompletion
 
 __all__ = ["helper_arguments", "parse_params", "stream_params", "parsed_completion"]

@@ -16,14 +16,14 @@ from typing import Any, Generic, Literal, Optional, TypeVar, overload
 
 import httpx2
 import openai
-from openai._types import Omit, omit
-from openai.lib._parsing import ResponseFormatT
+from openai import Omit, omit
 from openai.lib.streaming.chat import ChatCompletionStreamManager
 from openai.pagination import SyncPage
 from openai.types import Completion, Model
 from openai.types.chat import ChatCompletionChunk, completion_create_params
 from typing_extensions import Unpack
 
+from ._sdk import ResponseFormatT, sdk_beta
 from .checks import DEFAULT_CHECK_TIMEOUT, EndpointStatus
 from .client import AsyncSpeculativeOpenAI
 from .dialects.openai_params import ChatCompletionCreateParams, ChatCompletionParseParams, CompletionCreateParams, declared
@@ -91,7 +91,8 @@ class SpeculativeOpenAI(openai.OpenAI):
         self._sdk_http: httpx2.Client | None = None
 
     def __getattr__(self, name: str) -> Any:
-        # The `openai.OpenAI` half is set up when first used: its HTTP client costs about 20 ms to build.
+        # As `AsyncSpeculativeOpenAI.__getattr__`: the SDK's `openai.OpenAI.__init__` runs once, on the
+        # first read of an attribute only the SDK half has (its HTTP client costs about 20 ms to build).
         if name.startswith("__") or "_sdk_ready" in self.__dict__ or "_async" not in self.__dict__:
             raise AttributeError(name)
         self._sdk_init(self._sdk_http)
@@ -122,7 +123,7 @@ class SpeculativeOpenAI(openai.OpenAI):
 
     @functools.cached_property
     def beta(self) -> Beta:  # type: ignore[override]
-        return Beta(self.chat, lambda: openai.OpenAI.beta.func(self))  # type: ignore[attr-defined]
+        return Beta(self.chat, lambda: sdk_beta(openai.OpenAI, self))
 
     def _call(self, coro: Coroutine[Any, Any, Any]) -> Any:
         """Run `coro` on the loop thread; a stream comes back as a plain iterator."""

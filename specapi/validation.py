@@ -12,7 +12,7 @@ import math
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from openai._types import NotGiven, Omit
+from openai import NotGiven, Omit
 
 from ._exceptions import ConfigurationError, InvalidRequestError
 from .acceptance import SamplingParams

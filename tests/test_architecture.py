@@ -21,7 +21,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     (
         "foundation: records, arithmetic, errors, options",
         (
-            "_exceptions", "_http", "_json", "alignment", "sampling", "lossy", "load", "stats", "types", "endpoint",
+            "_exceptions", "_sdk", "_http", "_json", "alignment", "sampling", "lossy", "load", "stats", "types", "endpoint",
             "pricing", "cli_options", "acceptance", "context", "answer_keys",
         ),
     ),
@@ -214,6 +214,34 @@ def test_only_dialects_name_wire_fields():
         if WIRE_FIELDS.search(line)
     ]
     assert named == []
+
+
+def _private_openai(path: pathlib.Path) -> Iterator[str]:
+    """The private openai modules (a name part starting with `_`) a file imports, and private SDK
+    attributes it reads after `sdk.` / `openai.` (the SDK client's `_client`, `_make_...`)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""]
+        for name in names:
+            parts = name.split(".")
+            if parts[0] == "openai" and any(part.startswith("_") for part in parts[1:]):
+                yield name
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+            if isinstance(node.value, ast.Attribute) and node.value.attr == "sdk" or (
+                isinstance(node.value, ast.Name) and node.value.id in ("sdk", "openai")
+            ):
+                yield f"sdk.{node.attr}"
+
+
+def test_private_parts_of_the_sdk_are_reached_from_one_module():
+    """`specapi/_sdk.py` is the seam: a private openai import or call anywhere else is named here."""
+    found = {_short(m): sorted(set(_private_openai(p))) for m, p in MODULES.items()}
+    assert found["_sdk"], "the seam itself imports the SDK's private parts (the check reads imports)"
+    assert {m: names for m, names in found.items() if names and m != "_sdk"} == {}
 
 
 def test_the_checks_see_the_package():
