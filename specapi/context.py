@@ -11,7 +11,12 @@ from typing import Any
 
 from .acceptance import SamplingParams
 
-__all__ = ["Context"]
+__all__ = ["Context", "PENALTIES"]
+
+#: The penalties and their neutral values. A server that counts the prompt's tokens in them (llama-server:
+#: `Capabilities.penalties_over_prompt`) penalises a verification call on prompt + draft exactly as the
+#: target alone at that position (docs/verification.md); elsewhere they keep the target alone (plan.py).
+PENALTIES: dict[str, float] = {"repeat_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from .load import current_request, queue_delay
 from .output import Output, complete_characters, room, with_pick_scores, within_limit
 from .paths import PathResolver, VerificationPath
 from .plan import Plan, plan
-from .policy import RECHECK, TARGET_ALONE, DraftLengthPolicy, PolicyState, as_policy
+from .policy import RECHECK, TARGET_ALONE, DraftLengthPolicy, PolicyState, Start, as_policy
 from .probe import Capabilities
 from .request import Finished, GenerationRequest, Piece, Prefetched, RequestState
 from .stats import MODEL_DRAFTER, RoleUsage, RoundRecord, SpeculativeStats
@@ -164,10 +164,11 @@ class Engine:
         policy = state.policy
         assert policy is not None
         speculate = planned.speculate
-        mode = policy.start_request() if speculate else TARGET_ALONE
+        started = policy.start_request() if speculate else Start(TARGET_ALONE)
+        mode = started.mode
         if speculate and mode == TARGET_ALONE:
             speculate = False
-            state.fallback_reason = policy.reason or "the draft-length policy chose the target alone"
+            state.fallback_reason = started.reason or "the draft-length policy chose the target alone"
         if speculate and policy.watches_queue and self.target.load.rank(current_request.get()) > 1:
             # Before the first round is chosen, for a policy that reads it: how long this client's steps
             # wait for their turn now (a burst's other requests starting), which each call of a round
@@ -335,19 +336,18 @@ class Engine:
         last = drafters[-1] if drafters else ""
         own = tuple(r.accepted_by_position for r, d in zip(rounds, drafters) if d == MODEL_DRAFTER)  # the model's rounds
         by_last = tuple(r.accepted_by_position for r, d in zip(rounds, drafters) if d == last)  # the last round's drafter's
-        chosen = policy.choose(
+        decision = policy.choose(
             PolicyState(
                 budget, len(rounds), recheck=mode == RECHECK, accepted_by_position=own,
                 last_drafter=last, last_drafter_rounds=by_last, queue_delay_s=0.0 if rounds else state.queue_delay_s,
                 sampled=not state.request.context.sampling.greedy,
             )
         )
-        load_reason = policy.load_reason  # set by this very choose
-        if load_reason is not None and (chosen <= 0 or state.load_reason is None):
-            state.load_reason = load_reason
-        if chosen <= 0:
-            state.fallback_reason = state.fallback_reason or (policy.reason or "the draft-length policy turned speculation off")
-        return chosen
+        if decision.load_reason is not None and (decision.length <= 0 or state.load_reason is None):
+            state.load_reason = decision.load_reason
+        if decision.length <= 0:
+            state.fallback_reason = state.fallback_reason or (decision.reason or "the draft-length policy turned speculation off")
+        return decision.length
 
     def _finished(self, state: RequestState, started: float, finish_reason: str, produced: int) -> Finished:
         if not state.rounds and state.fallback_reason is None and state.path_note:

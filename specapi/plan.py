@@ -23,10 +23,7 @@ from .request import GenerationRequest
 
 __all__ = ["PENALTIES", "Plan", "plan"]
 
-#: The penalties and their neutral values. A server that counts the prompt's tokens in them (llama-server:
-#: `Capabilities.penalties_over_prompt`) penalises a verification call on prompt + draft exactly as the
-#: target alone at that position (docs/verification.md); elsewhere they keep the target alone.
-PENALTIES: dict[str, float] = {"repeat_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}
+from .context import PENALTIES  # noqa: E402  (re-exported: the penalties are sampling settings)
 
 
 @dataclass(frozen=True)

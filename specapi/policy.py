@@ -1,23 +1,41 @@
-"""Draft-length policies: strategy objects that say how many tokens to draft next (0 = don't speculate).
+"""The adaptive draft-length policy: `AdaptiveDraftLength` measures what speculation and the target
+alone cost on this client and drafts the length that is predicted fastest, or none.
 
-A policy sees a `PolicyState` (what has happened so far on this client, and in this request) and
-returns a length; it is told each round's outcome through `observe`. Policies are shared by all the
-requests of a client, so what they learn carries over to later requests.
+It sees a `PolicyState` and returns a `Decision` (specapi/draft_length.py, whose names are re-exported
+here with the interface). Policies are shared by all the requests of a client, so what they learn
+carries over to later requests; what they decide for one request travels in the value they return.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol, cast
+from typing import Any
 
 from ._exceptions import ConfigurationError
+from .draft_length import (
+    LOAD_DRAFT_LENGTH,
+    LOAD_STREAM_FASTER,
+    LOAD_TARGET_ALONE,
+    RECHECK,
+    SPECULATE,
+    TARGET_ALONE,
+    Decision,
+    DraftLengthPolicy,
+    FixedDraftLength,
+    PolicyBase,
+    PolicyState,
+    Start,
+    as_policy,
+)
 from .load import LoadCurve, current_request
+from .policy_costs import MEASURED_LOAD_REACH, _Linear, expected_tokens_by_position, load_measured
 from .stats import MODEL_DRAFTER, RoundRecord, drafter_of
 
 __all__ = [
     "PolicyState",
+    "Decision",
+    "Start",
     "DraftLengthPolicy",
     "PolicyBase",
     "as_policy",
@@ -29,253 +47,11 @@ __all__ = [
     "TARGET_ALONE",
     "LOAD_TARGET_ALONE",
     "LOAD_DRAFT_LENGTH",
+    "LOAD_STREAM_FASTER",
+    "load_measured",
 ]
 
-
-@dataclass(frozen=True)
-class PolicyState:
-    remaining_tokens: int
-    rounds_so_far: int
-    recheck: bool = False  # this request was granted to re-measure speculation
-    #: Which draft positions this request's own model-drafted rounds had accepted, round by round.
-    accepted_by_position: tuple[tuple[bool, ...], ...] = ()
-    #: The drafter of this request's last round ("" before its first), and the same flags for the
-    #: request's rounds by that drafter.
-    last_drafter: str = ""
-    last_drafter_rounds: tuple[tuple[bool, ...], ...] = ()
-    #: At a request's first round, with earlier requests in flight: how long a step of the client's event
-    #: loop waited for its turn (`load.queue_delay`, measured for a policy whose `watches_queue` is
-    #: true); 0 otherwise. Each call of a round waits about as long again, the target alone's stream once.
-    queue_delay_s: float = 0.0
-    #: The request samples (temperature > 0): the policy reads the acceptance learnt from sampled rounds.
-    sampled: bool = False
-
-    @property
-    def last_round_free(self) -> bool:
-        """This request's last round was drafted without a draft call (suffix index, prompt lookup)."""
-        return bool(self.last_drafter) and self.last_drafter != MODEL_DRAFTER
-
-
-SPECULATE, RECHECK, TARGET_ALONE = "speculate", "recheck", "target-alone"
-
-#: `SpeculativeStats.load_reason` values: what the load on the upstreams changed for a request.
-LOAD_TARGET_ALONE = "target alone under load: the added calls would cost the other requests more than they save"
-LOAD_DRAFT_LENGTH = "draft length changed under load: the calls' cost to the other requests counted"
-LOAD_STREAM_FASTER = "target alone under load: its stream writes faster now than rounds of calls, which queue each time"
-
-
-class DraftLengthPolicy(Protocol):
-    """Says how many tokens to draft next. Beside the four calls, the members below say what the engine
-    and the suffix gate read from a policy (`PolicyBase` has the defaults, and `as_policy` gives them to
-    a caller's policy that declares only the calls)."""
-
-    name: str
-    #: Why the last `choose` (or `start_request`) turned speculation off ("" if it did not).
-    reason: str
-    #: What the load on the upstreams changed in the last `choose` (`LOAD_*`), None if nothing.
-    load_reason: str | None
-    #: The policy reads `PolicyState.queue_delay_s`: the engine measures it before a first round.
-    watches_queue: bool
-    #: The longest draft for drafters that make no call (the suffix index, prompt lookup).
-    free_max_length: int
-
-    def start_request(self) -> str:
-        """Called once per request: SPECULATE, RECHECK (speculate to re-measure) or TARGET_ALONE."""
-        ...
-
-    def choose(self, state: PolicyState) -> int: ...
-
-    def observe(self, record: RoundRecord) -> None: ...
-
-    def observe_plain(self, tokens: int, latency_s: float) -> None: ...
-
-    def pipeline_pays(self, k: int) -> bool:
-        """Drafting the next round while this one (`k` drafted) is verified pays."""
-        ...
-
-    def free_drafts_pay(self, expected: float, k: int, remaining: int, *, queue_delay_s: float | None = None) -> bool | None:
-        """Rounds of free drafts (`expected` tokens kept of `k`) beat the target alone on `remaining`
-        tokens, by what the policy measured; None: not measured."""
-        ...
-
-
-class PolicyBase:
-    """The defaults of `DraftLengthPolicy`'s members."""
-
-    reason: str = ""
-    load_reason: str | None = None
-    watches_queue: bool = False
-    free_max_length: int = 16
-
-    def pipeline_pays(self, k: int) -> bool:
-        return True
-
-    def free_drafts_pay(self, expected: float, k: int, remaining: int, *, queue_delay_s: float | None = None) -> bool | None:
-        return None
-
-
-class _CallerPolicy(PolicyBase):
-    """A caller's policy object, with the members it does not declare taken from `PolicyBase`."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self.name = self._declared("name", "policy")
-        # The free length a caller's policy declares, or its (model) length, or a fixed policy's k.
-        self.free_max_length = int(self._declared("free_max_length", self._declared("max_length", self._declared("k", 16))))
-        self.watches_queue = bool(self._declared("watches_queue", False))
-
-    def _declared(self, member: str, default: Any) -> Any:
-        # A caller's policy is duck-typed (the documented interface is the four calls): what else it
-        # declares is read here, and `reason`/`load_reason` again after each call that may set them.
-        return getattr(self.inner, member, default)
-
-    @property
-    def reason(self) -> str:  # type: ignore[override]
-        return str(self._declared("reason", "") or "")
-
-    @property
-    def load_reason(self) -> str | None:  # type: ignore[override]
-        return self._declared("load_reason", None)
-
-    def start_request(self) -> str:
-        return str(self.inner.start_request())
-
-    def choose(self, state: PolicyState) -> int:
-        return int(self.inner.choose(state))
-
-    def observe(self, record: RoundRecord) -> None:
-        self.inner.observe(record)
-
-    def observe_plain(self, tokens: int, latency_s: float) -> None:
-        self.inner.observe_plain(tokens, latency_s)
-
-    def pipeline_pays(self, k: int) -> bool:
-        pays = self._declared("pipeline_pays", None)
-        return True if pays is None else bool(pays(k))
-
-    def free_drafts_pay(self, expected: float, k: int, remaining: int, *, queue_delay_s: float | None = None) -> bool | None:
-        measured = self._declared("free_drafts_pay", None)
-        if measured is None:
-            return None
-        if queue_delay_s is None:
-            return measured(expected, k, remaining)  # type: ignore[no-any-return]
-        return measured(expected, k, remaining, queue_delay_s=queue_delay_s)  # type: ignore[no-any-return]
-
-
-def as_policy(policy: Any) -> DraftLengthPolicy:
-    """`policy` with every member of `DraftLengthPolicy` (specapi's policies have them already)."""
-    return cast(DraftLengthPolicy, policy if isinstance(policy, PolicyBase) else _CallerPolicy(policy))
-
-
-class FixedDraftLength(PolicyBase):
-    """Always draft `k` tokens."""
-
-    name = "fixed"
-
-    def __init__(self, k: int) -> None:
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise ConfigurationError(f"num_speculative_tokens must be an integer >= 1, got {k!r}")
-        self.k = k
-        self.free_max_length = k
-
-    def start_request(self) -> str:
-        return SPECULATE
-
-    def choose(self, state: PolicyState) -> int:
-        return self.k
-
-    def observe(self, record: RoundRecord) -> None:
-        pass
-
-    def observe_plain(self, tokens: int, latency_s: float) -> None:
-        pass
-
-
-def expected_tokens_by_position(acceptance: Sequence[float], k: int) -> float:
-    """Expected tokens from a round drafting k: 1 + a1 + a1*a2 + ... (a_i = P(accept i | accepted < i))."""
-    total, survive = 1.0, 1.0
-    for i in range(k):
-        survive *= acceptance[i] if i < len(acceptance) else (acceptance[-1] if acceptance else 0.0)
-        total += survive
-    return total
-
-
-class _Linear:
-    """Running least squares of latency = fixed + per_token * tokens, with a forgetting factor.
-
-    The per-token cost, once measured, is kept while later samples all have one token count: the
-    target's line is fed a one-token sample by every verify call and a longer one only by plain steps,
-    so a burst of rounds would otherwise forget the target's per-token speed (and the policy would give
-    a request's rest to measuring it again), though nothing contradicts it."""
-
-    _SPREAD = 0.05  # variance of the token counts (weighted) from which the slope is re-measured
-
-    def __init__(self, decay: float = 0.9) -> None:
-        self.decay = decay
-        self.n = self.sx = self.sy = self.sxx = self.sxy = 0.0
-        self._slope: float | None = None
-
-    def add(self, tokens: float, latency: float, *, keep_slope: bool = False) -> None:
-        """One call of `tokens` that took `latency`; `keep_slope`: it moves the line's level, not its
-        per-token cost, once one is measured (a call made under load, see `AdaptiveDraftLength.observe`)."""
-        d = self.decay
-        self.n = self.n * d + 1
-        self.sx = self.sx * d + tokens
-        self.sy = self.sy * d + latency
-        self.sxx = self.sxx * d + tokens * tokens
-        self.sxy = self.sxy * d + tokens * latency
-        if keep_slope and self._slope is not None:
-            return
-        mean_x = self.sx / self.n
-        var = self.sxx / self.n - mean_x * mean_x
-        if var > self._SPREAD or (self._slope is None and var > 1e-9):
-            self._slope = max(0.0, (self.sxy / self.n - mean_x * self.sy / self.n) / var)
-
-    @property
-    def known(self) -> bool:
-        return self.n > 0
-
-    @property
-    def has_slope(self) -> bool:
-        """Seen at least two different token counts, so the per-token cost is measured."""
-        return self._slope is not None
-
-    def predict(self, tokens: float) -> float:
-        if self.n == 0:
-            return 0.0
-        mean_x, mean_y = self.sx / self.n, self.sy / self.n
-        if self._slope is None:
-            return mean_y  # a single token count seen so far: no slope yet
-        fixed = max(0.0, mean_y - self._slope * mean_x)
-        return fixed + self._slope * tokens
-
-    def state(self) -> list[float | None]:
-        """The running sums and the slope, as plain numbers (`AdaptiveDraftLength.measurements`)."""
-        return [self.n, self.sx, self.sy, self.sxx, self.sxy, self._slope]
-
-    def set_state(self, state: Sequence[float | None]) -> None:
-        n, sx, sy, sxx, sxy, slope = state
-        self.n, self.sx, self.sy, self.sxx, self.sxy = (float(v or 0.0) for v in (n, sx, sy, sxx, sxy))
-        self._slope = None if slope is None else float(slope)
-
-
-#: How far past the most requests in flight a curve's calls were measured at (`LoadCurve.most_seen`) a
-#: request's place may be and its cost to the others still be read on the curve.
-MEASURED_LOAD_REACH = 2
-
-
-def load_measured(load: LoadCurve, rank: int) -> bool:
-    """Whether the request at `rank` (in start order) is within the loads `load` has measured: its place
-    at most `MEASURED_LOAD_REACH` times the most requests in flight any call on it started with.
-
-    Beyond that the curve has not seen the burst, and reads no cost to the others (its certain slope is 0
-    until calls under that load come back): in a cold burst of 100 streams through `specapi serve`, after
-    a warm-up of two requests at a time, the 40 requests whose answers the suffix index knew were each
-    admitted to a round of free drafts (a verify call of up to 32 tokens) on a cost of 0, where 4 are
-    now (`benchmarks/README.md`: the wave was no faster for it; the engine's own start is what the
-    default still costs there). The earliest requests go on and measure the load: the next burst, or
-    the later requests of one that arrives spread out, reach twice as far."""
-    return rank <= MEASURED_LOAD_REACH * load.most_seen
+_SLOWER = "adaptive policy: speculation predicted slower than the target alone"
 
 
 def _loaded(load: LoadCurve | None) -> bool:
@@ -389,8 +165,6 @@ class AdaptiveDraftLength(PolicyBase):
         self._measuring = False  # a request is measuring the target on its rest
         self._target_load: LoadCurve | None = None
         self._draft_load: LoadCurve | None = None
-        self.reason = ""
-        self.load_reason: str | None = None
 
     def watch_load(self, target: LoadCurve | None, draft: LoadCurve | None = None) -> None:
         """Read the upstreams' load from these curves (`RoleClient.load`)."""
@@ -558,20 +332,18 @@ class AdaptiveDraftLength(PolicyBase):
         return rounds * (self._verify.predict(k) + added) * self.margin < self._target_seconds_now(remaining) + waited
 
     # -- the strategy interface ---------------------------------------------------------------
-    def start_request(self) -> str:
+    def start_request(self) -> Start:
         self._requests += 1
-        self.load_reason = None
         if not self._off:
-            return SPECULATE
-        self.reason = "adaptive policy: speculation predicted slower than the target alone"
-        return RECHECK if self._requests % self.recheck_every == 0 else TARGET_ALONE
+            return Start(SPECULATE)
+        mode = RECHECK if self._requests % self.recheck_every == 0 else TARGET_ALONE
+        return Start(mode, _SLOWER)
 
-    def choose(self, state: PolicyState) -> int:
-        self.load_reason = None
+    def choose(self, state: PolicyState) -> Decision:
         self._sampled = state.sampled
         rank = self._rank()
         if self._rounds_seen < self.min_rounds or not self._verify.known:
-            return self._unmeasured_under_load() if rank > 1 else self.start_length
+            return self._unmeasured_under_load() if rank > 1 else Decision(self.start_length)
         if rank > 1 and state.rounds_so_far == 0 and not self._target.has_slope:
             # The target's own speed is not measured yet: nothing to weigh the added calls against,
             # and every load check below needs it. As with speculation unmeasured, the earliest request
@@ -580,15 +352,20 @@ class AdaptiveDraftLength(PolicyBase):
             return self._unmeasured_under_load()
         if not self._target.has_slope and self._measure_target_now(state):
             self._measuring = True
-            self.reason = "adaptive policy: the target wrote the rest alone once, to measure its own speed"
-            return 0
+            return Decision(0, "adaptive policy: the target wrote the rest alone once, to measure its own speed")
         if state.last_round_free:
             return self._choose_free(state, rank)
         own_rounds = state.accepted_by_position
         client = self.acceptance()
         own = self._scaled(client, own_rounds) if own_rounds else client
         if state.recheck and state.rounds_so_far < self.min_rounds:
-            return self.best_length(state.remaining_tokens, 0.0, own)[0]  # re-measure before judging again
+            return Decision(self.best_length(state.remaining_tokens, 0.0, own)[0])  # re-measure before judging again
+        return self._choose_measured(state, rank, client, own)
+
+    def _choose_measured(self, state: PolicyState, rank: int, client: list[float], own: list[float]) -> Decision:
+        """`choose` once speculation and the target are measured: the best length with the load's cost
+        counted, unless the verdict on speculation, this request's own drafts or the load say the
+        target alone."""
         inflation = self._inflation(self._target_load)
         load_s = self.load_cost(rank) / inflation  # in one-stream seconds, as the models
         # A first round under load also waits for the client's own event loop: its draft call and its
@@ -601,43 +378,44 @@ class AdaptiveDraftLength(PolicyBase):
         baseline = self.predicted_target_rate(state.remaining_tokens)
         if baseline is not None:
             # The verdict on speculation for the client is judged on its acceptance, not one text's.
+            own_rounds = state.accepted_by_position
             client_rate = self.best_length(state.remaining_tokens, 0.0, client)[1] if own_rounds else unloaded_rate
             if client_rate < baseline * (self.margin if self._off else 1.0 / self.margin):
                 self._off = True
-                self.reason = "adaptive policy: speculation predicted slower than the target alone"
-                return 0
+                return Decision(0, _SLOWER)
             self._off = False
-            admitted = state.rounds_so_far > 0  # already speculating: the band's lower edge applies
             # Sending a request to the target alone is judged on its own acceptance only after
             # `min_rounds` of its own rounds (its draft length follows them from the first).
-            judged_on_its_own = len(state.accepted_by_position) >= self.min_rounds
+            judged_on_its_own = len(own_rounds) >= self.min_rounds
             if judged_on_its_own and unloaded_rate < baseline / self.margin:
-                self.reason = "adaptive policy: this request's drafts predicted slower than the target alone (its own acceptance)"
-                return 0
+                return Decision(0, "adaptive policy: this request's drafts predicted slower than the target alone (its own acceptance)")
             judged_rate = rate if judged_on_its_own or not own_rounds else self.best_length(state.remaining_tokens, load_s, client)[1]
-            alone = self.predicted_target_rate_now(state.remaining_tokens, waited)
-            stepping_aside_pays = alone is not None and judged_rate < alone * (1.0 / self.margin if admitted else self.margin)
-            if stepping_aside_pays and load_s <= 0 and alone > baseline:
-                # No cost to others (the earliest request in flight, or a flat curve), but under load the
-                # target alone's stream writes faster than rounds of calls: they wait in the server's
-                # queue each time, the stream once.
-                return self._stream_faster()
-            if stepping_aside_pays and load_s > 0:
-                # Admission, judged again every round: a burst of requests starts before the curve has
-                # seen that load, so the later ones in start order step aside as soon as the calls made
-                # meanwhile measure it. Not a verdict on speculation, which stays on; this request
-                # steps aside for the others (the target writes its rest alone). A request drafting
-                # free (no draft call) is judged by `_choose_free`. Without a load cost (the first
-                # request in flight, or a flat curve) there is no one to step aside for: the verdict
-                # above decides, and a stream faster now (just above).
-                self.reason = "adaptive policy: " + LOAD_TARGET_ALONE
-                if waited:
-                    self.reason += f" (this client's event loop was busy: a step waited {state.queue_delay_s * 1000:.1f} ms for its turn)"
-                self.load_reason = LOAD_TARGET_ALONE
-                return 0
-        if k != unloaded_k:
-            self.load_reason = LOAD_DRAFT_LENGTH
-        return k
+            aside = self._stepping_aside(state, judged_rate, baseline, load_s, waited)
+            if aside is not None:
+                return aside
+        return Decision(k, load_reason=LOAD_DRAFT_LENGTH if k != unloaded_k else None)
+
+    def _stepping_aside(self, state: PolicyState, rate: float, baseline: float, load_s: float, waited: float) -> Decision | None:
+        """The target alone for this request when, under load, it writes faster than rounds of calls
+        (`rate`, as judged): None when speculating still pays."""
+        admitted = state.rounds_so_far > 0  # already speculating: the band's lower edge applies
+        alone = self.predicted_target_rate_now(state.remaining_tokens, waited)
+        if alone is None or not rate < alone * (1.0 / self.margin if admitted else self.margin):
+            return None
+        if load_s <= 0:
+            # No cost to others (the earliest request in flight, or a flat curve), but under load the
+            # target alone's stream may write faster than rounds of calls: they wait in the server's
+            # queue each time, the stream once. Otherwise the verdict above decided.
+            return self._stream_faster() if alone > baseline else None
+        # Admission, judged again every round: a burst of requests starts before the curve has seen that
+        # load, so the later ones in start order step aside as soon as the calls made meanwhile measure
+        # it. Not a verdict on speculation, which stays on; this request steps aside for the others (the
+        # target writes its rest alone). A request drafting free (no draft call) is judged by
+        # `_choose_free`.
+        reason = "adaptive policy: " + LOAD_TARGET_ALONE
+        if waited:
+            reason += f" (this client's event loop was busy: a step waited {state.queue_delay_s * 1000:.1f} ms for its turn)"
+        return Decision(0, reason, LOAD_TARGET_ALONE)
 
     def pipeline_pays(self, k: int) -> bool:
         """Whether to draft the next round while this one (`k` drafted by the model) is verified. The
@@ -648,7 +426,7 @@ class AdaptiveDraftLength(PolicyBase):
             return True
         return math.prod(self.acceptance()[:k]) >= 0.5
 
-    def _choose_free(self, state: PolicyState, rank: int) -> int:
+    def _choose_free(self, state: PolicyState, rank: int) -> Decision:
         """The next round of a request whose last round was drafted without a call (its next one most
         likely is too: the suffix index or the prompt goes on): judged on the free drafts' acceptance,
         scaled to the request's own free rounds, with no draft call in the round. It keeps going under
@@ -663,30 +441,25 @@ class AdaptiveDraftLength(PolicyBase):
         unloaded_k, unloaded_rate = self.best_length(state.remaining_tokens, 0.0, own, free=True) if load_s else (k, rate)
         baseline = self.predicted_target_rate(state.remaining_tokens)
         if baseline is not None and unloaded_rate < baseline / self.margin:
-            self.reason = f"adaptive policy: this request's {state.last_drafter} drafts predicted slower than the target alone"
-            return 0
+            return Decision(0, f"adaptive policy: this request's {state.last_drafter} drafts predicted slower than the target alone")
         alone = self.predicted_target_rate_now(state.remaining_tokens)
         if baseline is not None and alone is not None and alone > baseline and rate < alone / self.margin:
             return self._stream_faster()
-        if k != unloaded_k:
-            self.load_reason = LOAD_DRAFT_LENGTH
-        return k
+        return Decision(k, load_reason=LOAD_DRAFT_LENGTH if k != unloaded_k else None)
 
-    def _stream_faster(self) -> int:
+    @staticmethod
+    def _stream_faster() -> Decision:
         """The target alone writes the rest: under load its stream is faster now than this request's rounds."""
-        self.reason = "adaptive policy: " + LOAD_STREAM_FASTER
-        self.load_reason = LOAD_STREAM_FASTER
-        return 0
+        return Decision(0, "adaptive policy: " + LOAD_STREAM_FASTER, LOAD_STREAM_FASTER)
 
-    def _unmeasured_under_load(self) -> int:
+    @staticmethod
+    def _unmeasured_under_load() -> Decision:
         """Requests in flight ahead of this one while speculation, or the target's own speed, is not
         measured yet (a burst on a cold client, or on a worker whose warm-up did not measure the target):
         nothing says the added calls pay, so the earliest request speculates (and measures) and later
         ones let the target generate alone (which measures the target); from then on the measured costs
         decide. At one request in flight this never applies."""
-        self.reason = "adaptive policy: " + LOAD_TARGET_ALONE + " (not measured yet)"
-        self.load_reason = LOAD_TARGET_ALONE
-        return 0
+        return Decision(0, "adaptive policy: " + LOAD_TARGET_ALONE + " (not measured yet)", LOAD_TARGET_ALONE)
 
     def _measure_target_now(self, state: PolicyState) -> bool:
         """While the target's speed is unknown: at the end of a request (its last few tokens), or on the

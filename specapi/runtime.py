@@ -23,11 +23,12 @@ from .degraded import FallbackWarnings
 from .drafters import CombinedDrafter, Drafter, LookupDrafter, ModelDrafter, PredictionDrafter
 from .endpoint import Endpoint
 from .engine import Engine
+from .free_gate import gate_free_drafts
 from .lossy import AcceptanceRule
 from .paths import PathResolver
 from .policy import AdaptiveDraftLength, DraftLengthPolicy, FixedDraftLength
 from .pricing import call_cost
-from .suffix import SuffixDrafter, SuffixIndex, gate_free_drafts, indexes, learn, load_tokenizer, with_index, without_suffix
+from .suffix import SuffixDrafter, SuffixIndex, indexes, learn, load_tokenizer, with_index, without_suffix
 
 __all__ = ["MAX_OTHER_MODELS", "Runtime", "acceptance_rule", "build_drafter", "build_policy"]
 

@@ -15,8 +15,9 @@ before, as far as the match's frequency statistics say it is likely to hold.
 - `learn(index, context, text)`: called by the client when a request finishes (the end of the prompt,
   and the output).
 - `screen_prediction(draft)`: what of a suffix draft is worth sending as a Predicted Output.
-- `FreeDraftGate` / `gate_free_drafts`: per request, lets a request the index knows speculate with free
-  drafts where the client's policy would otherwise let the target generate alone.
+- `FreeDraftGate` / `gate_free_drafts` (specapi/free_gate.py): per request, lets a request the index
+  knows speculate with free drafts where the client's policy would otherwise let the target generate
+  alone.
 
 The confidence of a step from a matched string s (of length L, occurring n times, followed by K
 different tokens) to the token c (occurring after s m times) is m / (n + (K - 1) + 1/L): a frequency,
@@ -41,7 +42,6 @@ install, and bounds its cache in requests, not tokens; so specapi keeps this pur
 from __future__ import annotations
 
 import functools
-import math
 from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -51,11 +51,9 @@ from ._calls import Meter
 from .alignment import ScoredToken
 from .context import Context
 from .drafters import CombinedDrafter, Draft, DrafterBase, _encoding  # _encoding: the drafters' tokenizer, loaded once and shared
-from .policy import SPECULATE, TARGET_ALONE, PolicyBase, as_policy
 
 __all__ = [
     "DEFAULT_MAX_TOKENS",
-    "FreeDraftGate",
     "PROMPT_TAIL_CHARS",
     "PROMPT_TAIL_TOKENS",
     "Proposal",
@@ -63,7 +61,6 @@ __all__ = [
     "SuffixDrafter",
     "context_text",
     "expected_continuation",
-    "gate_free_drafts",
     "indexes",
     "learn",
     "learned_tokens",
@@ -73,8 +70,6 @@ __all__ = [
     "without_suffix",
 ]
 
-#: The remaining tokens a request without max_tokens is judged by (the engine's budget for it).
-_NO_LIMIT = 1 << 20
 
 #: Default cap of one index, in tokens (about 13 MB of Python objects when full of code; an eviction
 #: rebuilds three quarters of it, 32–34 ms; learning costs 1.4–2.4 µs per token: specapi's own source
@@ -472,143 +467,6 @@ def expected_continuation(index: SuffixIndex, context: Context, k: int, *, min_c
     if not index.tokens:
         return 0.0
     return sum(c for _, c in _continuation(index, context, k, min_confidence, min_match))
-
-
-class FreeDraftGate(PolicyBase):
-    """One request's draft-length policy around the client's own: free drafts where it would not speculate.
-
-    When the client's policy would let the target generate this request alone (it measured that the
-    draft model does not pay), but the suffix index expects to continue the request's text for at least
-    `min_tokens` tokens, and by the policy's measured call costs (`free_drafts_pay`) rounds of such
-    drafts beat the target alone on the request's `remaining` tokens, the request speculates with the free drafters only (`free_drafters()` is
-    called: no draft-model calls) at `max_length` tokens per round; the first round where no free
-    drafter proposes anything hands the rest to the target alone. Everything is also passed to the
-    client's policy, which keeps learning.
-
-    While speculation is on, the same expectation sizes the request's first round: it is drafted by the
-    free drafters alone, as long as the index expects to go on (the policy sizes rounds for the draft
-    model); later rounds draft as the policy and the combined drafter choose.
-    """
-
-    def __init__(
-        self, inner: Any, expected: float, free_drafters: Any, *, max_length: int, remaining: int | None, min_tokens: float = 4.0
-    ) -> None:
-        self.inner = inner
-        self._policy = as_policy(inner)  # with every member of `DraftLengthPolicy`
-        # No limit set (the server's own applies): judged as a long request, as the engine budgets it.
-        self.remaining = remaining if remaining is not None else _NO_LIMIT
-        self.name = self._policy.name
-        self.expected = expected
-        self.free_drafters = free_drafters
-        self.max_length = max_length
-        self.min_tokens = min_tokens
-        self.free = False
-        self._dry = False
-        self._first_round_free = False  # the first round is drafted free (see `choose`)
-        self._free_under_load = False  # this choice put free drafts in place of stepping aside for load
-
-    @property
-    def reason(self) -> str:  # type: ignore[override]
-        if self.free:
-            return "suffix index: free drafts until none was proposed, then the target alone"
-        return self._policy.reason
-
-    @property
-    def watches_queue(self) -> bool:  # type: ignore[override]
-        return self._policy.watches_queue
-
-    @property
-    def load_reason(self) -> str | None:  # type: ignore[override]
-        return None if self.free or self._free_under_load else self._policy.load_reason
-
-    @property
-    def free_max_length(self) -> int:  # type: ignore[override]
-        return self.max_length
-
-    def start_request(self) -> str:
-        mode = self._policy.start_request()
-        if mode == TARGET_ALONE and self._pays():
-            self.free = True
-            self.free_drafters()
-            return SPECULATE
-        return mode
-
-    def _pays(self) -> bool:
-        """Free rounds beat the target alone, by the client policy's measured costs (if it has them)."""
-        if self.expected < self.min_tokens:
-            return False
-        verdict = self._policy.free_drafts_pay(self.expected, self.max_length, self.remaining)
-        return True if verdict is None else bool(verdict)
-
-    def _pays_under_load(self, state: Any) -> bool:
-        """Free rounds beat the target alone with the load counted as it is now (the verify calls' cost
-        to the requests ahead, the wait for the event loop); False while the costs are unmeasured."""
-        if self.expected < self.min_tokens:
-            return False
-        return bool(self._policy.free_drafts_pay(self.expected, self.max_length, self.remaining, queue_delay_s=state.queue_delay_s))
-
-    def choose(self, state: Any) -> int:
-        self._free_under_load = False
-        if not self.free:
-            k = int(self._policy.choose(state))
-            stepped_aside = self._policy.load_reason is not None  # load: free rounds load the target too
-            if k <= 0 and state.rounds_so_far == 0 and not stepped_aside and self._pays():
-                # The policy turned speculation off at this request's first round rather than at its start.
-                self.free = True
-                self.free_drafters()
-                return self.max_length
-            if k <= 0 and state.rounds_so_far == 0 and stepped_aside and self._pays_under_load(state):
-                # Sent aside for the load, which the draft model's rounds would add to (a draft call and
-                # a verify call each), where rounds of free drafts still pay with that load counted.
-                self._free_under_load = True
-                k = 1
-            if k > 0 and state.rounds_so_far == 0 and self.expected >= self.min_tokens:
-                # The index expects to go on: the first round is drafted by the free drafters alone, as
-                # long as the index expects (the policy sized it for the draft model). Where the index
-                # is wrong for this request, the round costs a verify call; a model draft of that length
-                # would have cost a draft call as well.
-                self.free_drafters(True)
-                self._first_round_free = True
-                k = max(k, min(self.max_length, math.ceil(self.expected)))
-            return k
-        return 0 if self._dry else self.max_length
-
-    def pipeline_pays(self, k: int) -> bool:
-        return self._policy.pipeline_pays(k)
-
-    def _first_round_done(self) -> None:
-        if self._first_round_free and not self.free:
-            self.free_drafters(False)
-        self._first_round_free = False
-
-    def observe(self, record: Any) -> None:
-        self._first_round_done()
-        self._policy.observe(record)
-
-    def observe_plain(self, tokens: int, latency_s: float) -> None:
-        self._first_round_done()
-        self._policy.observe_plain(tokens, latency_s)
-        if self.free:
-            self._dry = True  # a round without a free proposal: the target finishes alone
-
-
-def gate_free_drafts(drafter: Any, policy: Any, context: Context, index: SuffixIndex, max_tokens: int | None) -> tuple[Any, Any]:
-    """This request's drafter and policy: a `FreeDraftGate` around `policy`, and a copy of a combined
-    drafter that the gate can restrict to its free drafters (what it learns is shared)."""
-    if isinstance(drafter, CombinedDrafter):
-        drafter = drafter.with_drafters(list(drafter.drafters))
-    policy = as_policy(policy)
-    # Free rounds: as long as the policy lets drafts without a call be (`free_max_length`).
-    max_length = int(policy.free_max_length)
-    every = list(drafter.drafters) if isinstance(drafter, CombinedDrafter) else []
-
-    def free_drafters(only: bool = True) -> None:
-        """Draft with the free drafters only (or with every one again)."""
-        if isinstance(drafter, CombinedDrafter):
-            drafter.drafters = drafter.free_only().drafters if only else list(every)
-
-    expected = expected_continuation(index, context, max_length)
-    return drafter, FreeDraftGate(policy, expected, free_drafters, max_length=max_length, remaining=max_tokens)
 
 
 def without_suffix(drafter: Any) -> Any:

@@ -51,7 +51,7 @@ async def plain_step(
     max_tokens: int | None,
     meter: Meter,
     seed: int | None,
-    stop: list[str] | None,
+    stop: tuple[str, ...],
     *,
     count_tokens: bool = False,
     prefill: Prefill = Prefill(),
@@ -132,7 +132,7 @@ async def plain_stream_batches(
     max_tokens: int | None,
     meter: Meter,
     seed: int | None,
-    stop: list[str] | None,
+    stop: tuple[str, ...],
     *,
     prefill: Prefill = Prefill(),
     usage: dict | None = None,
@@ -164,7 +164,7 @@ async def plain_stream(
     max_tokens: int | None,
     meter: Meter,
     seed: int | None,
-    stop: list[str] | None,
+    stop: tuple[str, ...],
     *,
     prefill: Prefill = Prefill(),
     usage: dict | None = None,
@@ -210,7 +210,7 @@ async def target_call(
     """One target-alone call; `streamed` asks it as a stream and collects it, so that the text is
     rendered as a streaming caller would receive it. `last`: no text follows the step's (the caller's
     limit ends it), so it ends as the server renders it, inside a character or not."""
-    stop = list(state.request.stop) or None
+    stop = state.request.stop
     verifier = state.verifier
     if verifier is not None and verifier.sends_token_ids and context.token_ids is not None:
         step: PlainStep = await verifier.plain(context, max_tokens, state.target_meter, seed, stop, streamed=streamed, whole_characters=not last)
@@ -339,7 +339,7 @@ async def plain_streamed(
     if context.logprobs is not None:
         state.streamed_logprobs = []  # the target's own, handed on with the text (`RequestState.piece_logprobs`)
     batches = plain_stream_batches(
-        target, context, remaining, state.target_meter, state.plain_seed(context, True, produced), list(state.request.stop) or None,
+        target, context, remaining, state.target_meter, state.plain_seed(context, True, produced), state.request.stop,
         prefill=state.prefill, usage=usage, logprobs=state.streamed_logprobs,
     )
     chunks = 0
@@ -427,7 +427,7 @@ async def whole_answer(
     # The target writes the whole text itself here: it gets the caller's seed unchanged.
     state.alone_with_callers_seed = True
     seeds = (state.seed(), request.context.seed)
-    result = await path.run(request.context, drafter, draft_meter, state.target_meter, request.max_tokens, seeds, list(request.stop) or None)
+    result = await path.run(request.context, drafter, draft_meter, state.target_meter, request.max_tokens, seeds, request.stop)
     text, finish = result.text, result.finish_reason
     cut = find_stop(text, request.stop, 0)
     if cut is not None:
@@ -455,7 +455,7 @@ class AloneStream:
         self._form = openai_format(context)
         seed = state.plain_seed(context, True, 0)
         self.path, self.body = generation_request(
-            context, remaining, seed, list(state.request.stop) or None, state.prefill, stream_usage=True
+            context, remaining, seed, state.request.stop, state.prefill, stream_usage=True
         )
         self._options = context.options
         self._meter = state.target_meter

@@ -300,7 +300,7 @@ class TokenIdVerifier(VerifierBase):
         ids = list(context.token_ids) + prefix + [held]
         steps = 1
         while True:
-            generated = await self.dialect.generate(self.client, ids, sampling_fields(context, seed), steps, None, meter, options=context.options)
+            generated = await self.dialect.generate(self.client, ids, sampling_fields(context, seed), steps, (), meter, options=context.options)
             group = [held, *(generated.ids or ())]
             data = await dialect.detokenize(self.client, group, meter)
             if data is not None and data and complete_utf8_prefix(data) == data:
@@ -355,7 +355,7 @@ class TokenIdVerifier(VerifierBase):
         )
 
     async def plain(
-        self, context: Context, max_tokens: int | None, meter: Meter, seed: int | None, stop: list[str] | None, *, streamed: bool = False,
+        self, context: Context, max_tokens: int | None, meter: Meter, seed: int | None, stop: tuple[str, ...], *, streamed: bool = False,
         whole_characters: bool = False,
     ) -> PlainStep:
         """The target alone continues the context's ids (the engine's plain steps on this path);

@@ -17,7 +17,7 @@ from openai import NotGiven, Omit
 from ._exceptions import ConfigurationError, InvalidRequestError
 from .acceptance import SamplingParams
 from .endpoint import Endpoint
-from .plan import PENALTIES
+from .context import PENALTIES
 
 __all__ = [
     "CHAT_ARGS",

@@ -106,7 +106,7 @@ class Verifier(Protocol):
         ...
 
     async def plain(
-        self, context: Context, max_tokens: int | None, meter: Meter, seed: int | None, stop: list[str] | None, *, streamed: bool = False,
+        self, context: Context, max_tokens: int | None, meter: Meter, seed: int | None, stop: tuple[str, ...], *, streamed: bool = False,
         whole_characters: bool = False,
     ) -> PlainStep:
         """The target alone continues the context's ids; `whole_characters`: a step the text goes on from,
@@ -130,7 +130,7 @@ class VerifierBase:
         return None
 
     async def plain(
-        self, context: Context, max_tokens: int | None, meter: Meter, seed: int | None, stop: list[str] | None, *, streamed: bool = False,
+        self, context: Context, max_tokens: int | None, meter: Meter, seed: int | None, stop: tuple[str, ...], *, streamed: bool = False,
         whole_characters: bool = False,
     ) -> Any:
         raise NotImplementedError(f"{type(self).__name__} sends text, not token ids")

@@ -48,7 +48,7 @@ class PredictedOutputsPath:
     name: str = "predicted-outputs"
 
     async def run(
-        self, context: Context, drafter: Drafter, draft_meter: Meter, target_meter: Meter, max_tokens: int | None, seeds: tuple[int | None, int | None], stop: list[str] | None
+        self, context: Context, drafter: Drafter, draft_meter: Meter, target_meter: Meter, max_tokens: int | None, seeds: tuple[int | None, int | None], stop: tuple[str, ...]
     ) -> WholeResult:
         started = self.target.clock()
         # A draft call here delays the answer by its whole latency: a combined drafter proposes
@@ -86,7 +86,7 @@ class PrefixMatchPath:
     name: str = "prefix-match"
 
     async def run(
-        self, context: Context, drafter: Drafter, draft_meter: Meter, target_meter: Meter, max_tokens: int | None, seeds: tuple[int | None, int | None], stop: list[str] | None
+        self, context: Context, drafter: Drafter, draft_meter: Meter, target_meter: Meter, max_tokens: int | None, seeds: tuple[int | None, int | None], stop: tuple[str, ...]
     ) -> WholeResult:
         path, body = generation_request(context, max_tokens, seeds[1], stop)
         started = self.target.clock()

@@ -30,7 +30,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     (
         "parts: verifiers, drafters, policies, paths, the probe",
         (
-            "verifiers", "drafttree", "tokenlevel", "fanout", "drafters", "suffix", "policy", "whole", "probe", "paths",
+            "verifiers", "drafttree", "tokenlevel", "fanout", "drafters", "suffix", "draft_length", "policy_costs", "policy",
+            "free_gate", "whole", "probe", "paths",
         ),
     ),
     ("engine: one request's life", ("request", "plan", "output", "target_alone", "engine")),
@@ -49,7 +50,19 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
 CORE_LAYERS = {3, 4}
 PURE_CORE = {"sampling", "alignment", "acceptance", "lossy", "context", "load", "stats"}
 WIRE_FIELDS = re.compile(r"prompt_logprobs|return_token_ids|continue_final_message|n_probs|top_logprobs|malformed=True")
-MAX_FUNCTION_LINES = 80
+MAX_FUNCTION_LINES = 60
+MAX_MODULE_LINES = 600
+#: Over the limits still, each at its length today: a listed one may only shrink, and leaves the list
+#: once it is within them (the test says so). The engine's round loop and the plan are next.
+STILL_LONG = {
+    "_calls.stream_batches": 61,
+    "acceptance.decide_round": 79,
+    "client.__init__": 61,
+    "engine._steps": 70,
+    "plan.plan": 62,
+    "server.metrics.__init__": 70,
+    "server.app": 612,
+}
 MAX_CORE_PROBES = 10
 
 
@@ -175,15 +188,28 @@ def _outside(*packages: str) -> Iterator[tuple[str, pathlib.Path]]:
             yield module, path
 
 
-def test_no_function_outside_the_simulator_and_bench_is_over_80_lines():
-    long = []
+def _lengths() -> dict[str, int]:
+    """Functions over `MAX_FUNCTION_LINES` and modules over `MAX_MODULE_LINES` outside the simulator and
+    the bench, with their lengths in lines."""
+    found = {}
     for module, path in _outside("sim", "bench"):
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        text = path.read_text(encoding="utf-8")
+        if len(text.splitlines()) > MAX_MODULE_LINES:
+            found[_short(module)] = len(text.splitlines())
+        for node in ast.walk(ast.parse(text)):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 lines = node.end_lineno - node.lineno + 1  # type: ignore[operator]
                 if lines > MAX_FUNCTION_LINES:
-                    long.append(f"{_short(module)}.{node.name}: {lines} lines")
-    assert long == []
+                    found[f"{_short(module)}.{node.name}"] = lines
+    return found
+
+
+def test_no_function_is_over_60_lines_and_no_module_over_600_outside_the_simulator_and_bench():
+    found = _lengths()
+    assert {name: n for name, n in found.items() if name not in STILL_LONG} == {}, "new long functions or modules"
+    grown = {name: (n, STILL_LONG[name]) for name, n in found.items() if name in STILL_LONG and n > STILL_LONG[name]}
+    assert grown == {}, "listed ones grew (now, listed)"
+    assert sorted(set(STILL_LONG) - set(found)) == [], "within the limits now: take them off STILL_LONG"
 
 
 def _probes(path: pathlib.Path) -> list[tuple[int, str, str]]:

@@ -18,6 +18,7 @@ import specapi.probe
 
 from specapi import AsyncSpeculativeOpenAI, Endpoint
 from specapi.paths import VERIFICATIONS
+from specapi.policy import Decision
 from specapi.sim import EOS_TOKEN, SimProvider, encode_text, simulated_endpoints
 from toyclient import InProcessToy, chisquare_p, sample_texts
 from simclient import target_alone as _target_alone, answer
@@ -394,14 +395,12 @@ class _TargetAloneUnderLoad:
     adaptive policy does for a request that would cost the others more than it saves."""
 
     name = "under-load"
-    reason = "stepped aside"
-    load_reason = "target alone under load"
 
     def start_request(self) -> str:
         return "speculate"
 
-    def choose(self, state) -> int:
-        return 0
+    def choose(self, state) -> Decision:
+        return Decision(0, "stepped aside", "target alone under load")
 
     def observe(self, record) -> None:
         pass

@@ -232,22 +232,21 @@ def test_degenerate_repetition_is_indexed_in_bounded_time_and_proposes_the_repet
 
 # ------------------------------------------------------------------------------- the free-draft gate
 
-from specapi.policy import SPECULATE, TARGET_ALONE, PolicyState  # noqa: E402
-from specapi.suffix import FreeDraftGate  # noqa: E402
+from specapi.policy import SPECULATE, TARGET_ALONE, PolicyState, Start  # noqa: E402
+from specapi.free_gate import FreeDraftGate  # noqa: E402
 
 
 class Alone:
     """A client policy that has decided the target alone is faster; `pays` is its verdict on free drafts."""
 
     name = "adaptive"
-    reason = "the target alone is faster"
 
     def __init__(self, pays: bool | None) -> None:
         self.pays = pays
         self.seen: list[str] = []
 
-    def start_request(self) -> str:
-        return TARGET_ALONE
+    def start_request(self) -> Start:
+        return Start(TARGET_ALONE, "the target alone is faster")
 
     def choose(self, state: PolicyState) -> int:
         return 0
@@ -265,18 +264,17 @@ class Alone:
 def test_the_gate_speculates_with_free_drafts_only_where_they_pay():
     restricted: list[bool] = []
     gate = FreeDraftGate(Alone(pays=True), 12.0, lambda: restricted.append(True), max_length=16, remaining=96)
-    assert gate.start_request() == SPECULATE and restricted == [True]
-    assert gate.choose(PolicyState(96, 0)) == 16
+    assert gate.start_request().mode == SPECULATE and restricted == [True]
+    assert gate.choose(PolicyState(96, 0)).length == 16
     gate.observe_plain(1, 0.03)  # a round without a free proposal: the target finishes alone
-    assert gate.choose(PolicyState(95, 1)) == 0 and gate.inner.seen == ["plain"]
+    assert gate.choose(PolicyState(95, 1)).length == 0 and gate.inner.seen == ["plain"]
 
     for inner, expected in ((Alone(pays=False), 12.0), (Alone(pays=None), 2.0)):
         restricted.clear()
         gate = FreeDraftGate(inner, expected, lambda: restricted.append(True), max_length=16, remaining=96)
-        assert gate.start_request() == TARGET_ALONE and not restricted
-        assert gate.reason == "the target alone is faster"
+        assert gate.start_request() == Start(TARGET_ALONE, "the target alone is faster") and not restricted
     unmeasured = FreeDraftGate(Alone(pays=None), 12.0, lambda: None, max_length=16, remaining=96)
-    assert unmeasured.start_request() == SPECULATE  # costs unknown: a confident index is enough
+    assert unmeasured.start_request().mode == SPECULATE  # costs unknown: a confident index is enough
 
 
 # ----------------------------------------------------------------------------- long texts: what a query encodes, what is learnt

@@ -84,7 +84,7 @@ class NativeDialect(Protocol):
         ids: Sequence[int],
         fields: Mapping[str, Any],
         max_tokens: int | None,
-        stop: Sequence[str] | None,
+        stop: tuple[str, ...],
         meter: Meter,
         *,
         options: Mapping[str, Any],

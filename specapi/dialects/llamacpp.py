@@ -109,7 +109,7 @@ class LlamaCppDialect:
         ids: Sequence[int],
         fields: Mapping[str, Any],
         max_tokens: int | None,
-        stop: Sequence[str] | None,
+        stop: tuple[str, ...],
         meter: Meter,
         *,
         options: Mapping[str, Any],

@@ -215,7 +215,7 @@ def generation_request(
     context: Context,
     max_tokens: int | None,
     seed: int | None,
-    stop: list[str] | None,
+    stop: tuple[str, ...],
     prefill: Prefill = Prefill(),
     *,
     count_tokens: bool = False,
@@ -231,7 +231,7 @@ def generation_request(
     if max_tokens is not None:
         body["max_tokens"] = max_tokens
     if stop:
-        body["stop"] = stop
+        body["stop"] = list(stop)  # the wire's form: a list
     body.update(form.prompt_fields(context, prefill=prefill))
     if count_tokens:
         body.update(form.logprobs())
