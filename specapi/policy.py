@@ -85,8 +85,8 @@ class AdaptiveDraftLength(PolicyBase):
     second with that cost counted, and a request whose speculation would not beat the target alone
     lets the target generate the rest alone (admission, judged every round: later ones step aside
     first; a burst starts before the curve has seen its load, so requests admitted then step aside
-    once the burst's own calls have measured it). The reason goes in `load_reason` (`LOAD_TARGET_ALONE`,
-    `LOAD_DRAFT_LENGTH`), read by the engine right after `choose`. At one request in flight nothing
+    once the burst's own calls have measured it). The decision's `load_reason` says so
+    (`LOAD_TARGET_ALONE`, `LOAD_DRAFT_LENGTH`). At one request in flight nothing
     changes. What the curve cannot see at a burst's start (no call has come back yet), the client's
     own queue shows: a request's first round is told how long a step of the event loop waited for its
     turn (`PolicyState.queue_delay_s`), and its draft call and verify call are each charged that wait,
