@@ -3,7 +3,7 @@
 Each subcommand lives in its own module, which provides `add_arguments(parser)` and `run(args) -> int`;
 this module only dispatches. `cli_logic(argv)` returns the exit code (testable in-process); `cli()` exits.
 
-Every option has help text, a default and a `SPECAPI_*` environment variable (`specapi.cli_options`).
+Every option has help text, a default and a `SPECAPI_*` environment variable (`specapi.core.cli_options`).
 Results go to stdout, diagnostics (progress, notes, errors) to stderr. Exit codes, for every subcommand:
 
     0    success
@@ -32,7 +32,7 @@ _EXTRA_OF = {
 _COMMANDS = {
     "bench": ("specapi.bench.command", "compare speculation with the target alone (default: on the embedded simulator)"),
     "run": ("specapi.run_command", "generate once with speculation and print the text and statistics"),
-    "probe": ("specapi.probe", "find out what an endpoint supports for verification"),
+    "probe": ("specapi.parts.probe", "find out what an endpoint supports for verification"),
     "serve": ("specapi.server.command", "run an OpenAI-compatible speculative proxy"),
     "simulate": ("specapi.sim.command", "run the simulated OpenAI-format provider as an HTTP server"),
 }

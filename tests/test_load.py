@@ -1,4 +1,4 @@
-"""`specapi.load.LoadCurve` and the load-aware decisions of `AdaptiveDraftLength`, on a simulated
+"""`specapi.core.load.LoadCurve` and the load-aware decisions of `AdaptiveDraftLength`, on a simulated
 latency-vs-concurrency curve: no clocks, no HTTP (the curve is fed the samples a client would record)."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from specapi.load import LoadCurve, current_request
-from specapi.policy import LOAD_DRAFT_LENGTH, LOAD_STREAM_FASTER, LOAD_TARGET_ALONE, TARGET_ALONE, AdaptiveDraftLength, Decision, PolicyState
-from specapi.stats import RoundRecord, SpeculativeStats
+from specapi.core.load import LoadCurve, current_request
+from specapi.parts.policy import LOAD_DRAFT_LENGTH, LOAD_STREAM_FASTER, LOAD_TARGET_ALONE, TARGET_ALONE, AdaptiveDraftLength, Decision, PolicyState
+from specapi.core.stats import RoundRecord, SpeculativeStats
 
 REMAINING = 200
 
@@ -367,7 +367,7 @@ def test_free_drafts_in_a_burst_beyond_the_loads_measured_wait_for_the_earliest_
     to the others). Only the requests placed within twice the load the curve measured are admitted;
     the rest are not judged (None: the target writes them alone). Once calls at 100 in flight came
     back, the whole burst is judged on the curve again."""
-    from specapi.policy import load_measured
+    from specapi.parts.policy import load_measured
 
     policy = learnt_lan_policy()
     warm = curve_from(lambda c: 0.031, range(1, 3), in_flight=100)

@@ -9,12 +9,12 @@ from dataclasses import replace
 
 import pytest
 
-import specapi.probe
+import specapi.parts.probe
 from specapi import AsyncSpeculativeOpenAI, ConfigurationError
-from specapi.policy import RECHECK, TARGET_ALONE, AdaptiveDraftLength, Decision, FixedDraftLength, PolicyState
-from specapi.policy import expected_tokens_by_position as expected_tokens
+from specapi.parts.policy import RECHECK, TARGET_ALONE, AdaptiveDraftLength, Decision, FixedDraftLength, PolicyState
+from specapi.parts.policy import expected_tokens_by_position as expected_tokens
 from specapi.sim import SimProvider, simulated_endpoints
-from specapi.stats import RoundRecord
+from specapi.core.stats import RoundRecord
 
 REMAINING = 200
 
@@ -230,7 +230,7 @@ def test_a_recheck_request_really_drafts_so_that_it_measures_again():
 
 
 async def test_a_default_client_says_why_whenever_it_did_not_speculate():
-    specapi.probe._CACHE.clear()
+    specapi.parts.probe._CACHE.clear()
     provider = SimProvider(capabilities="vllm", latency="instant", seed=0)
     target, draft = simulated_endpoints(provider=provider)
     prompts = ["def fibonacci(n):\n", "import os\nimport sys\n\n", "class Stack:\n    def __init__(self):\n",
@@ -243,7 +243,7 @@ async def test_a_default_client_says_why_whenever_it_did_not_speculate():
                 stats.append((await client.chat.completions.create(
                     messages=[{"role": "user", "content": prompt}], max_tokens=30, temperature=0)).speculative)
     finally:
-        specapi.probe._CACHE.clear()
+        specapi.parts.probe._CACHE.clear()
     silent = [(i, s.verification) for i, s in enumerate(stats) if not s.speculated and not s.fallback_reason]
     assert not silent, f"responses that did not speculate and do not say why: {silent}"
     assert any(s.speculated for s in stats)
@@ -280,7 +280,7 @@ class _OffAtFirstRound:
 
 
 def test_the_free_draft_gate_engages_when_the_first_rounds_choice_turns_speculation_off():
-    from specapi.free_gate import FreeDraftGate
+    from specapi.parts.free_gate import FreeDraftGate
 
     switched = []
     gate = FreeDraftGate(_OffAtFirstRound(), expected=8.0, free_drafters=lambda: switched.append(True), max_length=12, remaining=40)
@@ -301,7 +301,7 @@ def test_a_request_sent_aside_for_load_drafts_free_where_free_rounds_pay_with_th
     """Stepped aside at the first round (the draft model's calls would cost too much now), a request the
     suffix index expects to continue drafts its first round free, if the policy judges free rounds to
     pay with the load counted; it then reports no load reason, since it speculated."""
-    from specapi.free_gate import FreeDraftGate
+    from specapi.parts.free_gate import FreeDraftGate
 
     switched: list[bool] = []
     stepped_aside = _OffAtFirstRound()

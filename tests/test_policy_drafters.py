@@ -11,11 +11,11 @@ import random
 import pytest
 
 from specapi import AsyncSpeculativeOpenAI
-from specapi.load import LoadCurve, current_request
-from specapi.policy import AdaptiveDraftLength, FixedDraftLength, PolicyState
+from specapi.core.load import LoadCurve, current_request
+from specapi.parts.policy import AdaptiveDraftLength, FixedDraftLength, PolicyState
 from specapi.sim import SimProvider, simulated_endpoints
-from specapi.stats import RoundRecord
-from specapi.free_gate import FreeDraftGate
+from specapi.core.stats import RoundRecord
+from specapi.parts.free_gate import FreeDraftGate
 from simclient import answer, target_alone
 
 REMAINING = 200

@@ -17,8 +17,8 @@ from openai.types.chat import ChatCompletionChunk
 from test_server_stream import leave_after_the_first_chunk
 from test_server_support import PROXY_KEY, UPSTREAM_KEY, breaking_target, metric, no_sleep, parse_sse, proxy_pair, running_proxy
 from specapi import AsyncSpeculativeOpenAI, Endpoint
-from specapi._calls import Meter
-from specapi.policy import SPECULATE, TARGET_ALONE, Decision, PolicyBase, PolicyState, Start
+from specapi.transport._calls import Meter
+from specapi.parts.policy import SPECULATE, TARGET_ALONE, Decision, PolicyBase, PolicyState, Start
 from toyserver import TARGET, ToyServer, render_chat
 
 MAX_TOKENS = 16

@@ -6,12 +6,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specapi._calls import Meter
-from specapi.acceptance import SamplingParams
-from specapi.context import Context
-from specapi.endpoint import Endpoint
-from specapi.suffix import SuffixDrafter, SuffixIndex, context_text, learn, screen_prediction
-from specapi.suffix import expected_continuation as expected_tokens
+from specapi.transport._calls import Meter
+from specapi.core.acceptance import SamplingParams
+from specapi.core.context import Context
+from specapi.transport.endpoint import Endpoint
+from specapi.parts.suffix import SuffixDrafter, SuffixIndex, context_text, learn, screen_prediction
+from specapi.parts.suffix import expected_continuation as expected_tokens
 
 tokens = st.lists(st.integers(0, 3), max_size=14)
 corpora = st.lists(tokens, min_size=1, max_size=6)
@@ -232,8 +232,8 @@ def test_degenerate_repetition_is_indexed_in_bounded_time_and_proposes_the_repet
 
 # ------------------------------------------------------------------------------- the free-draft gate
 
-from specapi.policy import SPECULATE, TARGET_ALONE, PolicyState, Start  # noqa: E402
-from specapi.free_gate import FreeDraftGate  # noqa: E402
+from specapi.parts.policy import SPECULATE, TARGET_ALONE, PolicyState, Start  # noqa: E402
+from specapi.parts.free_gate import FreeDraftGate  # noqa: E402
 
 
 class Alone:
@@ -303,7 +303,7 @@ async def test_a_long_prompt_seen_before_is_continued_with_the_answer_it_had(nam
 
 @pytest.mark.parametrize("name", sorted(LONG_TEXTS))
 def test_a_long_prompt_teaches_the_index_its_last_tokens_and_the_whole_output(name: str) -> None:
-    from specapi.suffix import PROMPT_TAIL_TOKENS, encode
+    from specapi.parts.suffix import PROMPT_TAIL_TOKENS, encode
 
     index = SuffixIndex()
     output = "推测解码是一种加速方法。" * 5

@@ -15,7 +15,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .._calls import Meter, RoleClient
+from ..transport._calls import Meter, RoleClient
 
 __all__ = ["UNREADABLE", "Pick", "Generated", "NativeDialect", "SampledBatches", "SampledStep", "count", "reading", "rendered_bytes", "server_root", "spelling"]
 

@@ -26,8 +26,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..alignment import ScoredToken
-from ..context import Context
+from ..core.alignment import ScoredToken
+from ..core.context import Context
 from .logprobs import caller_fields, chat_tokens, completion_tokens
 
 __all__ = [

@@ -34,7 +34,7 @@ from openai.types.chat import (
 )
 from typing_extensions import Required, TypedDict, get_type_hints
 
-from .._sdk import Body, Headers, Query, SequenceNotStr
+from ..transport._sdk import Body, Headers, Query, SequenceNotStr
 
 __all__ = [
     "ChatCompletionCreateParams",
