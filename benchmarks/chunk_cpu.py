@@ -29,7 +29,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import httpx2
 
 from specapi import AsyncSpeculativeOpenAI, Endpoint
-from specapi._http import SSEDecoder
+from specapi.transport._http import SSEDecoder
 from specapi.server.sse import encode_event
 
 SHORT, LONG = 16, 96

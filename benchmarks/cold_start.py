@@ -35,7 +35,7 @@ import time
 from specapi import AsyncSpeculativeOpenAI
 from specapi.bench.runner import stream_target_alone
 from specapi.bench.scenarios import get_scenario
-from specapi import probe
+from specapi.parts import probe
 from specapi.sim import simulated_endpoints
 from specapi.sim.profiles import CAPABILITY_PROFILES
 

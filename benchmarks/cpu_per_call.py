@@ -39,7 +39,7 @@ import httpx2
 import openai
 
 from specapi import AsyncSpeculativeOpenAI, Endpoint
-from specapi._calls import Meter, RoleClient
+from specapi.transport._calls import Meter, RoleClient
 
 PROMPTS = [
     '    def __init__(self,\n                 width=70,\n                 initial_indent="",',

@@ -16,7 +16,7 @@ Trees (K = 5):
 * ``earlier``: the chain, the second most likely id at each of its positions, and 8 chains the draft
   samples at the caller's temperature, each kept to its first id and the ids at least two chains share
   (two draft requests: specapi's tree before this one).
-* ``one-request``: specapi's tree (`specapi.drafttree.plan_tree`): 8 chains sampled at the caller's
+* ``one-request``: specapi's tree (`specapi.parts.drafttree.plan_tree`): 8 chains sampled at the caller's
   temperature but not above `--draft-temperature`, each position listing its `--listed` likeliest ids
   with their raw log-probabilities, nodes kept from an estimated reach of `--min-reach`.
 """
@@ -33,10 +33,10 @@ import numpy as np
 
 from specapi.bench.scenarios import get_scenario
 from specapi.dialects.base import SampledStep
-from specapi.drafttree import MIN_REACH, plan_tree
+from specapi.parts.drafttree import MIN_REACH, plan_tree
 from specapi.sim.corpus import EOS_TOKEN_ID, UNIVERSE_SIZE, encode_text
 from specapi.sim.models import get_model
-from specapi.tokenlevel import DRAFT_TEMPERATURE, LISTED, SAMPLED_CHAINS
+from specapi.parts.tokenlevel import DRAFT_TEMPERATURE, LISTED, SAMPLED_CHAINS
 
 K = 5
 TARGET, DRAFT = get_model("sim-target"), get_model("sim-draft")

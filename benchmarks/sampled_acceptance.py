@@ -37,7 +37,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from specapi.bench.scenarios import get_scenario
-from specapi.drafters import lookup_continuation
+from specapi.parts.drafters import lookup_continuation
 from specapi.sim.corpus import EOS_TOKEN_ID, UNIVERSE_SIZE, decode_text, encode_text
 from specapi.sim.models import NGramModel, _tempered, get_model
 

@@ -15,10 +15,10 @@ import argparse
 import asyncio
 import time
 
-from specapi._calls import Meter
-from specapi.context import Context
-from specapi.endpoint import Endpoint
-from specapi.suffix import SuffixDrafter, SuffixIndex, expected_continuation, learn
+from specapi.transport._calls import Meter
+from specapi.core.context import Context
+from specapi.transport.endpoint import Endpoint
+from specapi.parts.suffix import SuffixDrafter, SuffixIndex, expected_continuation, learn
 
 
 def texts(chars: int) -> dict[str, tuple[str, str]]:

@@ -16,8 +16,8 @@ from openai.types.chat import ChatCompletionChunk, ChatCompletionMessageParam
 
 from specapi import AsyncSpeculativeOpenAI, SpeculativeChatCompletion, SpeculativeCompletion, SpeculativeOpenAI, SpeculativeStats
 from specapi.sim import simulated_endpoints
-from specapi.streaming import SpeculativeStream
-from specapi.sync import SyncSpeculativeStream
+from specapi.surface.streaming import SpeculativeStream
+from specapi.surface.sync import SyncSpeculativeStream
 
 MESSAGES: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Write a function that reverses a list."}]
 

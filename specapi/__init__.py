@@ -4,7 +4,7 @@ A cheap draft model proposes tokens, an expensive target model verifies them in 
 output is the target's own: token for token when greedy, in distribution when sampling.
 """
 
-from ._exceptions import (
+from .transport._exceptions import (
     ConfigurationError,
     DraftError,
     EndpointError,
@@ -14,13 +14,13 @@ from ._exceptions import (
     TargetError,
     UnsupportedRequestError,
 )
-from .checks import EndpointStatus
-from .client import AsyncSpeculativeOpenAI
-from .endpoint import Endpoint
-from .stats import RoleUsage, RoundRecord, SpeculativeStats
-from .suffix import SuffixIndex
-from .sync import SpeculativeOpenAI
-from .types import SpeculativeChatCompletion, SpeculativeCompletion
+from .surface.checks import EndpointStatus
+from .surface.client import AsyncSpeculativeOpenAI
+from .transport.endpoint import Endpoint
+from .core.stats import RoleUsage, RoundRecord, SpeculativeStats
+from .parts.suffix import SuffixIndex
+from .surface.sync import SpeculativeOpenAI
+from .core.types import SpeculativeChatCompletion, SpeculativeCompletion
 
 __version__ = "0.1.0"
 

@@ -3,7 +3,7 @@
 Each subcommand lives in its own module, which provides `add_arguments(parser)` and `run(args) -> int`;
 this module only dispatches. `cli_logic(argv)` returns the exit code (testable in-process); `cli()` exits.
 
-Every option has help text, a default and a `SPECAPI_*` environment variable (`specapi.cli_options`).
+Every option has help text, a default and a `SPECAPI_*` environment variable (`specapi.core.cli_options`).
 Results go to stdout, diagnostics (progress, notes, errors) to stderr. Exit codes, for every subcommand:
 
     0    success
@@ -22,10 +22,17 @@ from collections.abc import Sequence
 
 __all__ = ["cli", "cli_logic", "build_parser"]
 
+#: The extra that installs each optional third-party package a subcommand may import.
+_EXTRA_OF = {
+    "numpy": "bench", "matplotlib": "bench", "rich": "bench",
+    "starlette": "serve", "uvicorn": "serve", "prometheus_client": "serve",
+    "redis": "share",
+}
+
 _COMMANDS = {
     "bench": ("specapi.bench.command", "compare speculation with the target alone (default: on the embedded simulator)"),
     "run": ("specapi.run_command", "generate once with speculation and print the text and statistics"),
-    "probe": ("specapi.probe", "find out what an endpoint supports for verification"),
+    "probe": ("specapi.parts.probe", "find out what an endpoint supports for verification"),
     "serve": ("specapi.server.command", "run an OpenAI-compatible speculative proxy"),
     "simulate": ("specapi.sim.command", "run the simulated OpenAI-format provider as an HTTP server"),
 }
@@ -42,28 +49,46 @@ def build_parser() -> argparse.ArgumentParser:
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
-            if exc.name is None or not module_name.startswith(exc.name):
+            extra = missing_extra(exc)
+            if extra is None:
                 raise
-            sub.set_defaults(_missing=name)
+            sub.set_defaults(_missing=extra)
             continue
         module.add_arguments(sub)
         sub.set_defaults(_run=module.run)
     return parser
 
 
+def missing_extra(exc: ModuleNotFoundError) -> str | None:
+    """The extra whose package `exc` says is not installed, or None when it is not one of ours."""
+    return _EXTRA_OF.get((exc.name or "").split(".")[0])
+
+
+def _needs(command: str, extra: str) -> str:
+    return f"specapi {command} needs the '{extra}' extra: pip install 'specapi[{extra}]'"
+
+
 def cli_logic(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
     if args.command is None:
         parser.print_help()
         return 2
-    if getattr(args, "_missing", None):
-        print(f"specapi {args._missing}: not available in this build", file=sys.stderr)
+    if getattr(args, "_missing", None):  # its options are unknown: the extra that declares them is missing
+        print(_needs(args.command, args._missing), file=sys.stderr)
         return 2
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         return int(args._run(args) or 0)
     except KeyboardInterrupt:
         return 130
+    except ModuleNotFoundError as exc:  # an option that reaches an extra, as `run --simulate`
+        extra = missing_extra(exc)
+        if extra is None:
+            raise
+        print(_needs(args.command, extra), file=sys.stderr)
+        return 2
 
 
 def cli() -> None:

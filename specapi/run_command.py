@@ -16,8 +16,19 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from .cli_options import (
-    ENDPOINTS, EXIT_FAILED, EXIT_OK, EXIT_USAGE, Option, UsageError, acceptance_options, acceptance_values, add_options, boolean, refuse_hosted, resolve,
+from .core.cli_options import (
+    ENDPOINTS,
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    Option,
+    UsageError,
+    acceptance_options,
+    acceptance_values,
+    add_options,
+    boolean,
+    refuse_hosted,
+    resolve,
     speculation_options,
 )
 
@@ -50,8 +61,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 async def _generate(prompt: str, values: Mapping[str, Any]) -> dict[str, Any]:
-    from .client import AsyncSpeculativeOpenAI
-    from .endpoint import Endpoint
+    from .surface.client import AsyncSpeculativeOpenAI
+    from .transport.endpoint import Endpoint
 
     if values["target_model"]:
         target = Endpoint(base_url=values["target_base_url"], model=values["target_model"], api_key=values["target_api_key"])
@@ -88,7 +99,7 @@ async def _generate(prompt: str, values: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ._exceptions import ConfigurationError, SpecAPIError
+    from .transport._exceptions import ConfigurationError, SpecAPIError
 
     try:
         values = resolve(args, OPTIONS, os.environ)

@@ -39,7 +39,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import fields
 from typing import Any
 
-from ._exceptions import ConfigurationError
+from .transport._exceptions import ConfigurationError
 
 __all__ = ["RedisShare", "DEFAULT_MAX_ENTRIES", "MAX_PENDING", "STATE_TTL_S", "WARM_ENTRIES", "import_redis"]
 
@@ -449,7 +449,7 @@ def probe_state_name(runtime: Any) -> str:
 
 def capabilities_from(data: Any) -> Any:
     """`probe.Capabilities` from shared JSON (fields this version does not know are left out), or None."""
-    from .probe import Capabilities
+    from .parts.probe import Capabilities
 
     if not isinstance(data, dict):
         return None

@@ -33,8 +33,8 @@ def fresh_probe_cache():
     """Simulated endpoints of one flavour share a label: probe results must not leak between tests.
     For every test: one that passed only after another had probed the same label (its own request
     then made no probe) hid what its first request does."""
-    import specapi.probe
+    import specapi.parts.probe
 
-    specapi.probe._CACHE.clear()
+    specapi.parts.probe._CACHE.clear()
     yield
-    specapi.probe._CACHE.clear()
+    specapi.parts.probe._CACHE.clear()

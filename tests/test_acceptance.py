@@ -1,4 +1,4 @@
-"""`specapi.acceptance.decide_round`: what the target keeps of a draft, with hand-made logprob lists."""
+"""`specapi.core.acceptance.decide_round`: what the target keeps of a draft, with hand-made logprob lists."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from collections import Counter
 import pytest
 from scipy.stats import chisquare
 
-from specapi.acceptance import DEFAULT_EOS_TOKENS, SamplingParams, decide_round
-from specapi.alignment import ScoredToken
-from specapi.sampling import TokenDist, sample_token
+from specapi.core.acceptance import DEFAULT_EOS_TOKENS, SamplingParams, decide_round
+from specapi.core.alignment import ScoredToken
+from specapi.core.sampling import TokenDist, sample_token
 
 GREEDY = SamplingParams(temperature=0.0)
 T1 = SamplingParams(temperature=1.0)

@@ -1,4 +1,4 @@
-"""`specapi.alignment`: token bytes, and finding the tokens that cover a draft at the end of a scored prompt."""
+"""`specapi.core.alignment`: token bytes, and finding the tokens that cover a draft at the end of a scored prompt."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specapi.alignment import ScoredToken, complete_utf8_prefix, locate_suffix, spans, token_bytes
+from specapi.core.alignment import ScoredToken, complete_utf8_prefix, locate_suffix, spans, token_bytes
 
 
 def toks(*texts: str) -> list[ScoredToken]:

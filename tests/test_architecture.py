@@ -1,10 +1,12 @@
 """The shape of the package, checked from its source: imports go one way, functions stay short, the core
 declares its interfaces instead of probing with getattr, and wire fields are named only by dialects.
 
-The import graph is built from every `import` statement of `specapi/` (function-level ones included, as
-they are imports all the same). Each module sits in one layer of `LAYERS`, lowest first; a module may
-import from its own layer or a lower one, never from a higher one, and the graph has no circle. A new
-module must be placed in a layer here: the test names it otherwise.
+The layers are the folders of `specapi/`, lowest first in `FOLDERS`; the files at the top are the
+package's surface (`__init__`) and its entry points (`cli`, `run_command`, `share`), which sit with
+the wings. The import graph is built from every `import` statement of `specapi/` (function-level ones
+included, as they are imports all the same); a module may import from its own layer or a lower one,
+never from a higher one, and the graph has no circle. A new folder must be placed in `FOLDERS`, and a
+new file at the top in `TOP`: the test names it otherwise.
 """
 
 from __future__ import annotations
@@ -16,40 +18,38 @@ from collections.abc import Iterator
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent / "specapi"
 
-#: Lowest first. A module matches the first pattern that names it (a trailing ".*" takes a package).
-LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    (
-        "foundation: records, arithmetic, errors, options",
-        (
-            "_exceptions", "_http", "_json", "alignment", "sampling", "lossy", "load", "stats", "types", "endpoint",
-            "pricing", "cli_options", "acceptance", "context", "answer_keys", "scoring",
-        ),
-    ),
-    ("transport: one role's HTTP calls, what it reports when it fails", ("_calls", "models", "degraded")),
-    ("dialects: how each server family is asked and answered", ("dialects", "dialects.*")),
-    (
-        "parts: verifiers, drafters, policies, paths, the probe",
-        (
-            "verifiers", "drafttree", "tokenlevel", "fanout", "drafters", "suffix", "policy", "whole", "probe", "paths",
-        ),
-    ),
-    ("engine: one request's life", ("request", "plan", "output", "target_alone", "engine")),
-    (
-        "surface: the SDK-shaped clients",
-        (
-            "raw", "streaming", "structured", "call_options", "validation", "responses", "passthrough", "sdk_post", "runtime", "checks",
-            "generation", "client", "sync", "specapi",
-        ),
-    ),
-    ("wings: proxy, bench, simulator, integrations, sharing across processes, commands", ("server.*", "server", "bench", "bench.*", "sim", "sim.*", "integrations", "integrations.*", "share", "cli", "run_command")),
+#: The layers, lowest first: each is the folders that hold it.
+FOLDERS: list[tuple[str, tuple[str, ...]]] = [
+    ("core: records, arithmetic and options, no I/O", ("core",)),
+    ("transport: one role's HTTP calls, the SDK seam, what a failing call raises", ("transport",)),
+    ("dialects: how each server family is asked and answered", ("dialects",)),
+    ("parts: verifiers, drafters, policies, paths, the probe", ("parts",)),
+    ("engine: one request's life", ("engine",)),
+    ("surface: the SDK-shaped clients", ("surface",)),
+    ("wings: proxy, bench, simulator, integrations", ("server", "bench", "sim", "integrations")),
 ]
+#: The files at the top of the package, and the layer each belongs to.
+TOP = {"specapi": "surface", "cli": "wings", "run_command": "wings", "share": "wings"}
+LAYERS = [name.split(":")[0] for name, _ in FOLDERS]
 
-#: The engine, its parts and the pure core: interfaces are declared here, not probed. (`_exceptions`,
-#: `_http` and the surface read the SDK's dynamic objects, where getattr is the interface.)
-CORE_LAYERS = {3, 4}
-PURE_CORE = {"sampling", "alignment", "acceptance", "lossy", "context", "load", "stats", "scoring"}
+#: The engine and its parts, and the pure core: interfaces are declared here, not probed. (The transport
+#: and the surface read the SDK's dynamic objects, where getattr is the interface.)
+CORE_LAYERS = {LAYERS.index("parts"), LAYERS.index("engine")}
+PURE_CORE = {"core.sampling", "core.alignment", "core.acceptance", "core.lossy", "core.context", "core.load", "core.stats", "core.scoring"}
 WIRE_FIELDS = re.compile(r"prompt_logprobs|return_token_ids|continue_final_message|n_probs|top_logprobs|malformed=True")
-MAX_FUNCTION_LINES = 80
+MAX_FUNCTION_LINES = 60
+MAX_MODULE_LINES = 600
+#: Over the limits still, each at its length today: a listed one may only shrink, and leaves the list
+#: once it is within them (the test says so). The engine's round loop and the plan are next.
+STILL_LONG = {
+    "transport._calls.stream_batches": 61,
+    "core.acceptance.decide_round": 79,
+    "surface.client.__init__": 61,
+    "engine.engine._steps": 70,
+    "engine.plan.plan": 62,
+    "server.metrics.__init__": 70,
+    "server.app": 612,
+}
 MAX_CORE_PROBES = 10
 
 
@@ -71,11 +71,14 @@ def _short(module: str) -> str:
 
 
 def layer_of(module: str) -> int | None:
+    """The index in `LAYERS` of the folder that holds `module` (or of a file at the top, by `TOP`)."""
     name = _short(module)
-    for index, (_, patterns) in enumerate(LAYERS):
-        for pattern in patterns:
-            if pattern == name or (pattern.endswith(".*") and name.startswith(pattern[:-1])):
-                return index
+    if name in TOP:
+        return LAYERS.index(TOP[name])
+    folder = name.split(".")[0]
+    for index, (_, folders) in enumerate(FOLDERS):
+        if folder in folders:
+            return index
     return None
 
 
@@ -161,7 +164,7 @@ def test_the_import_graph_has_no_circle():
 
 def test_no_module_imports_from_a_higher_layer():
     upward = [
-        f"{_short(m)} ({LAYERS[layer_of(m)][0].split(':')[0]}) imports {_short(d)} ({LAYERS[layer_of(d)][0].split(':')[0]})"
+        f"{_short(m)} ({LAYERS[layer_of(m)]}) imports {_short(d)} ({LAYERS[layer_of(d)]})"  # type: ignore[index]
         for m, deps in import_graph().items()
         for d in sorted(deps)
         if layer_of(m) is not None and layer_of(d) is not None and layer_of(d) > layer_of(m)  # type: ignore[operator]
@@ -175,15 +178,28 @@ def _outside(*packages: str) -> Iterator[tuple[str, pathlib.Path]]:
             yield module, path
 
 
-def test_no_function_outside_the_simulator_and_bench_is_over_80_lines():
-    long = []
+def _lengths() -> dict[str, int]:
+    """Functions over `MAX_FUNCTION_LINES` and modules over `MAX_MODULE_LINES` outside the simulator and
+    the bench, with their lengths in lines."""
+    found = {}
     for module, path in _outside("sim", "bench"):
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        text = path.read_text(encoding="utf-8")
+        if len(text.splitlines()) > MAX_MODULE_LINES:
+            found[_short(module)] = len(text.splitlines())
+        for node in ast.walk(ast.parse(text)):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 lines = node.end_lineno - node.lineno + 1  # type: ignore[operator]
                 if lines > MAX_FUNCTION_LINES:
-                    long.append(f"{_short(module)}.{node.name}: {lines} lines")
-    assert long == []
+                    found[f"{_short(module)}.{node.name}"] = lines
+    return found
+
+
+def test_no_function_is_over_60_lines_and_no_module_over_600_outside_the_simulator_and_bench():
+    found = _lengths()
+    assert {name: n for name, n in found.items() if name not in STILL_LONG} == {}, "new long functions or modules"
+    grown = {name: (n, STILL_LONG[name]) for name, n in found.items() if name in STILL_LONG and n > STILL_LONG[name]}
+    assert grown == {}, "listed ones grew (now, listed)"
+    assert sorted(set(STILL_LONG) - set(found)) == [], "within the limits now: take them off STILL_LONG"
 
 
 def _probes(path: pathlib.Path) -> list[tuple[int, str, str]]:
@@ -216,8 +232,36 @@ def test_only_dialects_name_wire_fields():
     assert named == []
 
 
+def _private_openai(path: pathlib.Path) -> Iterator[str]:
+    """The private openai modules (a name part starting with `_`) a file imports, and private SDK
+    attributes it reads after `sdk.` / `openai.` (the SDK client's `_client`, `_make_...`)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""]
+        for name in names:
+            parts = name.split(".")
+            if parts[0] == "openai" and any(part.startswith("_") for part in parts[1:]):
+                yield name
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+            if isinstance(node.value, ast.Attribute) and node.value.attr == "sdk" or (
+                isinstance(node.value, ast.Name) and node.value.id in ("sdk", "openai")
+            ):
+                yield f"sdk.{node.attr}"
+
+
+def test_private_parts_of_the_sdk_are_reached_from_one_module():
+    """`specapi/transport/_sdk.py` is the seam: a private openai import or call anywhere else is named here."""
+    found = {_short(m): sorted(set(_private_openai(p))) for m, p in MODULES.items()}
+    assert found["transport._sdk"], "the seam itself imports the SDK's private parts (the check reads imports)"
+    assert {m: names for m, names in found.items() if names and m != "transport._sdk"} == {}
+
+
 def test_the_checks_see_the_package():
     """The walks above read the real tree: the engine, a dialect and the client are all there."""
-    assert {"specapi.engine", "specapi.dialects.openai", "specapi.client", "specapi"} <= set(MODULES)
+    assert {"specapi.engine.engine", "specapi.dialects.openai", "specapi.surface.client", "specapi"} <= set(MODULES)
     graph = import_graph()
-    assert "specapi.engine" in graph["specapi.runtime"] and "specapi.dialects.openai" in graph["specapi.verifiers"]
+    assert "specapi.engine.engine" in graph["specapi.surface.runtime"] and "specapi.dialects.openai" in graph["specapi.parts.verifiers"]

@@ -217,7 +217,7 @@ def test_the_html_report_draws_each_verdict_in_its_own_colour():
     from specapi.bench.charts import BAD, EVEN, GOOD, NONE
     from specapi.bench.html import overview_svg, render_html
 
-    from specapi.stats import RoleUsage
+    from specapi.core.stats import RoleUsage
 
     never = ScenarioRun(scenario=quick(get_scenario("hosted-adaptive")))
     billed = RoleUsage(requests=1, prompt_tokens=5, completion_tokens=3)

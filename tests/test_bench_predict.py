@@ -17,7 +17,7 @@ from specapi.bench.predict import (
     round_time,
     survival,
 )
-from specapi.policy import expected_tokens_by_position as policy_expected_tokens
+from specapi.parts.policy import expected_tokens_by_position as policy_expected_tokens
 
 # A LAN-like pair: target 25 ms/token, draft call 4 ms + 4 ms/token, verify call 35 ms.
 LAN = LatencyModel(

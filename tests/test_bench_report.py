@@ -14,7 +14,7 @@ from specapi.bench.report import print_report
 from specapi.bench.runner import Calibration, Sample, ScenarioRun
 from specapi.bench.scenarios import BenchRequest, Scenario, SimSetup
 from specapi.bench.summary import REQUIRED_KEYS, SIDE_KEYS, report, summarize
-from specapi.stats import RoleUsage, RoundRecord, SpeculativeStats
+from specapi.core.stats import RoleUsage, RoundRecord, SpeculativeStats
 
 REQUESTS = (BenchRequest(prompt="def f(a,", label="one"), BenchRequest(prompt="def g(b,", label="two"))
 SCENARIO = Scenario(

@@ -10,14 +10,14 @@ from dataclasses import dataclass
 import httpx2
 
 from specapi import AsyncSpeculativeOpenAI
-from specapi.runtime import MAX_OTHER_MODELS
+from specapi.surface.runtime import MAX_OTHER_MODELS
 from specapi.server import ServerConfig, create_app
 from specapi.server.metrics import ProxyMetrics
 from specapi.sim import SimProvider, simulated_endpoints
 from specapi.sim.latency import PrefixCache
 from specapi.sim.provider import CallList
 from specapi.sim.server import serving_provider
-from specapi.stats import RoundRecord, SpeculativeStats
+from specapi.core.stats import RoundRecord, SpeculativeStats
 from test_server_support import metric
 
 

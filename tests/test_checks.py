@@ -13,8 +13,8 @@ import pytest
 
 from simclient import target_alone
 from specapi import AsyncSpeculativeOpenAI, Endpoint, EndpointStatus, SpeculativeOpenAI
-from specapi._calls import RoleClient
-from specapi.checks import EndpointChecker, check_endpoint
+from specapi.transport._calls import RoleClient
+from specapi.surface.checks import EndpointChecker, check_endpoint
 from specapi.sim import SimProvider, SimTransport, simulated_endpoints
 
 CODE = "def fibonacci(n):\n    if n < 2:\n        return n\n"

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from specapi.cli import build_parser, cli_logic
-from specapi.cli_options import VERIFICATION_CHOICES
-from specapi.paths import VERIFICATIONS
+from specapi.core.cli_options import VERIFICATION_CHOICES
+from specapi.parts.paths import VERIFICATIONS
 from toyserver import ToyServer
 
 SUBCOMMANDS = ["bench", "run", "probe", "serve", "simulate"]
@@ -121,7 +121,7 @@ def test_a_model_without_a_base_url_is_refused_rather_than_sent_to_openai(monkey
 
 
 def test_the_hosted_api_is_used_when_asked_for():
-    from specapi.cli_options import UsageError, refuse_hosted
+    from specapi.core.cli_options import UsageError, refuse_hosted
 
     values = {"target_model": "gpt-4o-mini", "target_base_url": None, "draft_model": None, "draft_base_url": None}
     with pytest.raises(UsageError):

@@ -11,10 +11,10 @@ import httpx2
 import openai
 import pytest
 
-import specapi.probe
+import specapi.parts.probe
 from specapi import AsyncSpeculativeOpenAI, Endpoint
-from specapi._calls import Meter, RoleClient
-from specapi.probe import probe_endpoint
+from specapi.transport._calls import Meter, RoleClient
+from specapi.parts.probe import probe_endpoint
 from specapi.sim import CAPABILITY_PROFILES, SimProvider, SimTransport
 
 pytestmark = pytest.mark.usefixtures("fresh_probe_cache")
@@ -131,5 +131,5 @@ async def test_fresh_client_streams_the_targets_text_on_its_first_three_requests
             alone = await plain.completions.create(model="sim-target", prompt=prompt, max_tokens=32, temperature=0)
             assert text == alone.choices[0].text
             assert stream.speculative.num_rounds > 0
-    echo_probes = [c for c in provider.calls if isinstance(c.body, dict) and c.body.get("echo") and c.body.get("prompt") == specapi.probe._PROBE_PROMPT]
+    echo_probes = [c for c in provider.calls if isinstance(c.body, dict) and c.body.get("echo") and c.body.get("prompt") == specapi.parts.probe._PROBE_PROMPT]
     assert len(echo_probes) == 3  # one probe: the echo scoring request and the two temperatures

@@ -17,7 +17,7 @@ import httpx2
 import respx
 
 from specapi import Endpoint, MalformedResponseError
-from specapi._calls import Meter, RoleClient
+from specapi.transport._calls import Meter, RoleClient
 from specapi.dialects import LlamaCppDialect, SglangDialect, VllmDialect, native_dialect
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures"
@@ -279,8 +279,8 @@ async def test_sglang_generate_reads_meta_info() -> None:
 # message with `continue_final_message: true` + `add_generation_prompt: false`, llama-server by itself;
 # vLLM scores a prompt with `prompt_logprobs` and names its tokens with `return_token_ids`.
 
-from specapi.acceptance import SamplingParams  # noqa: E402
-from specapi.context import Context  # noqa: E402
+from specapi.core.acceptance import SamplingParams  # noqa: E402
+from specapi.core.context import Context  # noqa: E402
 from specapi.dialects.base import reading  # noqa: E402
 from specapi.dialects.logprobs import WireError  # noqa: E402
 from specapi.dialects.openai import (  # noqa: E402

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pathlib
 import re
 
-from specapi import _exceptions
+from specapi.transport import _exceptions
 from specapi.bench.html import render_html
-from specapi.cli_options import VERIFICATION_CHOICES
+from specapi.core.cli_options import VERIFICATION_CHOICES
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PAGES = ["algorithm.md", "performance.md", "verification.md", "sdk.md", "cli.md", "proxy.md"]

@@ -7,10 +7,10 @@ import pytest
 
 from simclient import target_alone, answer
 from specapi import AsyncSpeculativeOpenAI, ConfigurationError, Endpoint
-from specapi._calls import Meter, RoleClient
-from specapi.acceptance import SamplingParams
-from specapi.context import Context
-from specapi.drafters import CombinedDrafter, LookupDrafter, ModelDrafter, lookup_continuation
+from specapi.transport._calls import Meter, RoleClient
+from specapi.core.acceptance import SamplingParams
+from specapi.core.context import Context
+from specapi.parts.drafters import CombinedDrafter, LookupDrafter, ModelDrafter, lookup_continuation
 from specapi.sim import SimProvider, simulated_endpoints
 
 
@@ -239,9 +239,9 @@ async def test_a_draft_answer_that_ends_inside_a_character_without_logprobs_prop
     import httpx2
 
     from specapi import Endpoint
-    from specapi._calls import Meter, RoleClient
-    from specapi.context import Context
-    from specapi.drafters import ModelDrafter
+    from specapi.transport._calls import Meter, RoleClient
+    from specapi.core.context import Context
+    from specapi.parts.drafters import ModelDrafter
 
     def handler(request: httpx2.Request) -> httpx2.Response:
         body = {"choices": [{"text": "\ufffd", "index": 0, "logprobs": None, "finish_reason": "length"}],

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import specapi
-import specapi.probe
+import specapi.parts.probe
 from specapi import AsyncSpeculativeOpenAI
 from specapi.sim import SimProvider, encode_text, simulated_endpoints
 

@@ -1,5 +1,5 @@
 """The public surface: `specapi.__all__` is the documented API, and the exception tree is the one drawn in
-`specapi._exceptions`' docstring."""
+`specapi.transport._exceptions`' docstring."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import openai
 import pytest
 
 import specapi
-from specapi import _exceptions
+from specapi.transport import _exceptions
 
 DOCUMENTED = {
     # clients and configuration

@@ -37,7 +37,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from specapi import AsyncSpeculativeOpenAI, Endpoint, SpecAPIError
-from specapi._exceptions import InvalidRequestError
+from specapi.transport._exceptions import InvalidRequestError
 from specapi.server import BackgroundServer, ServerConfig, create_app
 from specapi.sim import SimProvider, SimTransport
 

@@ -1,4 +1,4 @@
-"""The lean transport (`specapi._http`, under `RoleClient`): over real sockets (aiohttp, the default) it
+"""The lean transport (`specapi.transport._http`, under `RoleClient`): over real sockets (aiohttp, the default) it
 keeps what the SDK path gave: retries with backoff and Retry-After, timeouts, pooled connections, the
 SDK's error classes and messages, streams, per-call options; and an injected httpx2 client is honoured."""
 
@@ -13,8 +13,8 @@ import openai
 import pytest
 
 from specapi import AsyncSpeculativeOpenAI, Endpoint, TargetError
-from specapi._calls import Meter, RoleClient
-from specapi._http import SSEDecoder, Timeout, timeout_of
+from specapi.transport._calls import Meter, RoleClient
+from specapi.transport._http import SSEDecoder, Timeout, timeout_of
 from wireserver import WireReply, WireServer, sse
 
 

@@ -1,4 +1,4 @@
-"""`specapi._json`, the JSON of the hot path: orjson's speed, the standard library's values. Every case
+"""`specapi.transport._json`, the JSON of the hot path: orjson's speed, the standard library's values. Every case
 is checked against `json` itself, the oracle, including the inputs where orjson alone would differ."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specapi import _json
-from specapi.context import Context
+from specapi.transport import _json
+from specapi.core.context import Context
 
 
 def _same(left: object, right: object) -> bool:

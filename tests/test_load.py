@@ -1,15 +1,16 @@
-"""`specapi.load.LoadCurve` and the load-aware decisions of `AdaptiveDraftLength`, on a simulated
+"""`specapi.core.load.LoadCurve` and the load-aware decisions of `AdaptiveDraftLength`, on a simulated
 latency-vs-concurrency curve: no clocks, no HTTP (the curve is fed the samples a client would record)."""
 
 from __future__ import annotations
 
 import random
+from typing import Any
 
 import pytest
 
-from specapi.load import LoadCurve, current_request
-from specapi.policy import LOAD_DRAFT_LENGTH, LOAD_STREAM_FASTER, LOAD_TARGET_ALONE, TARGET_ALONE, AdaptiveDraftLength, PolicyState
-from specapi.stats import RoundRecord, SpeculativeStats
+from specapi.core.load import LoadCurve, current_request
+from specapi.parts.policy import LOAD_DRAFT_LENGTH, LOAD_STREAM_FASTER, LOAD_TARGET_ALONE, TARGET_ALONE, AdaptiveDraftLength, Decision, PolicyState
+from specapi.core.stats import RoundRecord, SpeculativeStats
 
 REMAINING = 200
 
@@ -67,18 +68,24 @@ def learnt_lan_policy() -> AdaptiveDraftLength:
     return policy
 
 
-def decide(
+def decision(
     policy: AdaptiveDraftLength, curve: LoadCurve | None, request_id: int, rounds_so_far: int = 0, *, free: bool = False,
     queue_delay_s: float = 0.0,
-) -> tuple[int, str | None]:
+) -> Decision:
+    """What `policy` decides for a round of request `request_id` with `curve` as the load."""
     policy.watch_load(curve, curve)
     token = current_request.set(request_id)
     try:
         state = PolicyState(remaining_tokens=REMAINING, rounds_so_far=rounds_so_far, last_drafter="suffix" if free else "", queue_delay_s=queue_delay_s)
-        k = policy.choose(state)
+        return policy.choose(state)
     finally:
         current_request.reset(token)
-    return k, policy.load_reason
+
+
+def decide(*args: Any, **kwargs: Any) -> tuple[int, str | None]:
+    """`decision`'s length and load reason."""
+    chosen = decision(*args, **kwargs)
+    return chosen.length, chosen.load_reason
 
 
 def test_at_one_request_in_flight_nothing_changes():
@@ -141,7 +148,7 @@ def test_stepping_aside_under_load_does_not_turn_speculation_off_for_later_reque
     policy = learnt_lan_policy()
     steep = curve_from(lambda c: 0.031 + 0.006 * c, range(1, 33), in_flight=32)
     assert decide(policy, steep, 32)[0] == 0
-    assert policy.start_request() == "speculate"
+    assert policy.start_request().mode == "speculate"
     assert decide(policy, None, 1)[0] > 0
 
 
@@ -242,7 +249,6 @@ class _RecordsItsRequest:
     """Drafts two tokens every round and records which request the client says each round is for."""
 
     name = "recording"
-    load_reason = None
 
     def __init__(self) -> None:
         self.seen: list[int | None] = []
@@ -311,8 +317,9 @@ def test_a_busy_event_loop_at_a_first_round_sends_the_request_to_the_target_alon
     flat = curve_from(lambda c: 0.031, range(1, 3), in_flight=100)
     assert decide(policy, flat, 50)[0] > 0
     assert decide(policy, flat, 50, queue_delay_s=0.002)[0] > 0
-    assert decide(policy, flat, 50, queue_delay_s=0.040) == (0, LOAD_TARGET_ALONE)
-    assert "event loop was busy" in policy.reason and "40.0 ms" in policy.reason
+    busy = decision(policy, flat, 50, queue_delay_s=0.040)
+    assert (busy.length, busy.load_reason) == (0, LOAD_TARGET_ALONE)
+    assert "event loop was busy" in busy.reason and "40.0 ms" in busy.reason
     assert decide(policy, flat, 1, queue_delay_s=0.040)[0] > 0  # nobody ahead: it measures for the others
     assert decide(policy, flat, 50, rounds_so_far=3, queue_delay_s=0.040)[0] > 0  # the first round only
     assert decide(policy, flat, 50)[0] > 0  # stepping aside did not turn speculation off
@@ -360,7 +367,7 @@ def test_free_drafts_in_a_burst_beyond_the_loads_measured_wait_for_the_earliest_
     to the others). Only the requests placed within twice the load the curve measured are admitted;
     the rest are not judged (None: the target writes them alone). Once calls at 100 in flight came
     back, the whole burst is judged on the curve again."""
-    from specapi.policy import load_measured
+    from specapi.parts.policy import load_measured
 
     policy = learnt_lan_policy()
     warm = curve_from(lambda c: 0.031, range(1, 3), in_flight=100)
@@ -479,8 +486,7 @@ def test_under_load_a_stream_that_keeps_its_pace_takes_the_rest_from_rounds_of_c
     assert decide(learnt_lan_policy(), steady, 1) == (0, LOAD_STREAM_FASTER)
     assert decide(learnt_lan_policy(), steady, 1, rounds_so_far=3) == (0, LOAD_STREAM_FASTER)  # admitted, too
     policy = learnt_lan_policy()
-    decide(policy, steady, 1)
-    assert "stream writes faster" in policy.reason and not policy._off  # a word on this load, not a verdict
+    assert "stream writes faster" in decision(policy, steady, 1).reason and not policy._off  # a word on this load, not a verdict
 
     slowed = _burst_curve(stream_pace=0.025 * steady.inflation())  # the streams slowed down like the calls
     k, reason = decide(learnt_lan_policy(), slowed, 1)
@@ -610,8 +616,7 @@ def test_a_burst_on_a_policy_that_never_measured_the_target_starts_later_request
     k, reason = decide(policy, steep, 1)
     assert k > 0 and reason is None
     assert all(decide(policy, steep, rank) == (0, LOAD_TARGET_ALONE) for rank in range(2, 9))
-    assert "not measured yet" in policy.reason
+    assert "not measured yet" in decision(policy, steep, 2).reason
     assert decide(policy, steep, 5, rounds_so_far=2)[0] > 0
     policy.observe_plain(32, 0.03 + 0.025 * 32)  # measured: from here the measured costs decide
-    decide(policy, steep, 2)
-    assert "not measured yet" not in policy.reason
+    assert "not measured yet" not in decision(policy, steep, 2).reason

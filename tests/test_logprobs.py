@@ -15,8 +15,8 @@ import openai
 import pytest
 
 from specapi import AsyncSpeculativeOpenAI, Endpoint
-from specapi.plan import plan
-from specapi.probe import Capabilities
+from specapi.engine.plan import plan
+from specapi.parts.probe import Capabilities
 from specapi.sim import SimProvider, SimTransport, simulated_endpoints
 from test_plan import GREEDY, SAMPLED, Ids, Lists, Picks, Whole, path, request
 from toyserver import ToyServer

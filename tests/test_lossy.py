@@ -9,9 +9,9 @@ import random
 import pytest
 
 from specapi import AsyncSpeculativeOpenAI, ConfigurationError
-from specapi.acceptance import SamplingParams, decide_round
-from specapi.alignment import ScoredToken
-from specapi.lossy import AcceptanceRule, divergence, entropy, threshold_keeps, typical_floor, typical_keeps
+from specapi.core.acceptance import SamplingParams, decide_round
+from specapi.core.alignment import ScoredToken
+from specapi.core.lossy import AcceptanceRule, divergence, entropy, threshold_keeps, typical_floor, typical_keeps
 from specapi.sim import simulated_endpoints
 from toyclient import InProcessToy
 from toyserver import TARGET, TOKENS, transform

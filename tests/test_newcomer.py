@@ -64,7 +64,7 @@ def test_the_first_screen_says_who_it_is_for_then_gives_the_two_commands():
     assert "come from the embedded simulator" in said and "the engine's own speculation currently wins" in said
     (block,) = _blocks(_section("Two commands"), "bash")
     lines = [line.split("#")[0].strip() for line in block.strip().splitlines()]
-    assert lines == ["pip install . && specapi bench", "pip install '.[test]' && python -m pytest -q"]
+    assert lines == ["pip install '.[bench]' && specapi bench", "pip install '.[test]' && python -m pytest -q"]
     # The real-server table the guide refers to is in the README itself.
     assert "llama.cpp's own speculation in one llama-server" in README
 

@@ -6,9 +6,9 @@ token boundaries it generated."""
 
 from __future__ import annotations
 
-from specapi.acceptance import Emitted
-from specapi.context import Context
-from specapi.output import (
+from specapi.core.acceptance import Emitted
+from specapi.core.context import Context
+from specapi.engine.output import (
     Output,
     complete_characters,
     find_stop,

@@ -14,10 +14,11 @@ import zlib
 
 import pytest
 
-import specapi.probe
+import specapi.parts.probe
 
 from specapi import AsyncSpeculativeOpenAI, Endpoint
-from specapi.paths import VERIFICATIONS
+from specapi.parts.paths import VERIFICATIONS
+from specapi.parts.policy import Decision
 from specapi.sim import EOS_TOKEN, SimProvider, encode_text, simulated_endpoints
 from toyclient import InProcessToy, chisquare_p, sample_texts
 from simclient import target_alone as _target_alone, answer
@@ -168,7 +169,7 @@ async def test_openai_completions_path_is_exact_and_says_which_it_is():
             assert s.verification == "prefill-fanout", (s.verification, s.fallback_reason)
             assert s.speculated and s.drafted_tokens > 0
     echo_calls = [c for c in provider.calls if isinstance(c.body, dict) and c.body.get("echo") and c.body.get("logprobs") is not None]
-    probing = [c for c in echo_calls if c.body.get("prompt") == specapi.probe._PROBE_PROMPT]
+    probing = [c for c in echo_calls if c.body.get("prompt") == specapi.parts.probe._PROBE_PROMPT]
     assert echo_calls == probing, "only the probe may try echo + logprobs, which OpenAI refuses"
     assert len(probing) <= 3  # the scoring request and the two temperatures', asked at once
 
@@ -333,8 +334,8 @@ class PairsDrafter:
     async def draft(self, context, k, meter, seed):
         import random as _random
 
-        from specapi.alignment import ScoredToken
-        from specapi.drafters import Draft
+        from specapi.core.alignment import ScoredToken
+        from specapi.parts.drafters import Draft
 
         text = context.completion_prompt()
         # Greedy requests get no seed: draw from the text then, so that a run repeats (an unseeded draw
@@ -383,7 +384,7 @@ async def test_a_draft_with_another_tokenizer_keeps_the_targets_distribution():
 def test_an_echo_bonus_token_holding_part_of_a_character_is_a_token_not_a_malformed_answer():
     """vLLM/OpenAI spell a partial UTF-8 token as "bytes:\\xe4\\xb8" while the text shows U+FFFD:
     that bonus is kept (it was counted as malformed, and three such answers switched echo off)."""
-    from specapi.verifiers import EchoVerifier
+    from specapi.parts.verifiers import EchoVerifier
 
     response = {
         "choices": [{
@@ -407,14 +408,12 @@ class _TargetAloneUnderLoad:
     adaptive policy does for a request that would cost the others more than it saves."""
 
     name = "under-load"
-    reason = "stepped aside"
-    load_reason = "target alone under load"
 
     def start_request(self) -> str:
         return "speculate"
 
-    def choose(self, state) -> int:
-        return 0
+    def choose(self, state) -> Decision:
+        return Decision(0, "stepped aside", "target alone under load")
 
     def observe(self, record) -> None:
         pass

@@ -7,15 +7,15 @@ from dataclasses import dataclass, replace
 
 import pytest
 
-from specapi.acceptance import SamplingParams
-from specapi.context import Context
+from specapi.core.acceptance import SamplingParams
+from specapi.core.context import Context
 from specapi.dialects.openai import Prefill
-from specapi.lossy import AcceptanceRule
-from specapi.paths import VerificationPath
-from specapi.plan import plan
-from specapi.probe import Capabilities
-from specapi.request import GenerationRequest
-from specapi.verifiers import VerifierBase
+from specapi.core.lossy import AcceptanceRule
+from specapi.parts.paths import VerificationPath
+from specapi.engine.plan import plan
+from specapi.parts.probe import Capabilities
+from specapi.engine.request import GenerationRequest
+from specapi.parts.verifiers import VerifierBase
 
 
 class Lists(VerifierBase):

@@ -9,12 +9,12 @@ from dataclasses import replace
 
 import pytest
 
-import specapi.probe
+import specapi.parts.probe
 from specapi import AsyncSpeculativeOpenAI, ConfigurationError
-from specapi.policy import RECHECK, TARGET_ALONE, AdaptiveDraftLength, FixedDraftLength, PolicyState
-from specapi.policy import expected_tokens_by_position as expected_tokens
+from specapi.parts.policy import RECHECK, TARGET_ALONE, AdaptiveDraftLength, Decision, FixedDraftLength, PolicyState
+from specapi.parts.policy import expected_tokens_by_position as expected_tokens
 from specapi.sim import SimProvider, simulated_endpoints
-from specapi.stats import RoundRecord
+from specapi.core.stats import RoundRecord
 
 REMAINING = 200
 
@@ -76,10 +76,10 @@ def test_fixed_draft_length_rejects_anything_but_a_positive_integer(bad):
 
 def test_fixed_draft_length_always_drafts_k():
     policy = FixedDraftLength(6)
-    assert policy.start_request() != TARGET_ALONE
+    assert policy.start_request().mode != TARGET_ALONE
     policy.observe(RoundRecord(drafted=6, accepted=0, emitted=1, accepted_by_position=(False,) * 6))
     policy.observe_plain(100, 5.0)
-    assert [policy.choose(state(i)) for i in range(3)] == [6, 6, 6]
+    assert [policy.choose(state(i)).length for i in range(3)] == [6, 6, 6]
 
 
 @pytest.mark.parametrize("options", [dict(start_length=0), dict(max_length=0), dict(start_length=5, max_length=4),
@@ -118,12 +118,12 @@ def test_the_best_length_is_the_length_with_the_highest_predicted_rate(seed, fre
 
 def test_high_acceptance_and_a_cheap_draft_lengthen_drafts():
     policy = AdaptiveDraftLength(start_length=4, max_length=10)
-    assert policy.start_request() != TARGET_ALONE
-    assert policy.choose(state()) == 4  # nothing measured yet
+    assert policy.start_request().mode != TARGET_ALONE
+    assert policy.choose(state()).length == 4  # nothing measured yet
     for record in rounds(random.Random(1), 40, acceptance=0.97, lengths=[4, 6, 8, 10], draft_s=(0.002, 0.0005),
                          verify_s=0.02):
         policy.observe(record)
-    assert policy.choose(state(40)) >= 8
+    assert policy.choose(state(40)).length >= 8
 
 
 def test_low_acceptance_shortens_drafts():
@@ -132,7 +132,7 @@ def test_low_acceptance_shortens_drafts():
     for record in rounds(random.Random(2), 40, acceptance=0.05, lengths=[4, 3, 2], draft_s=(0.002, 0.002),
                          verify_s=0.02):
         policy.observe(record)
-    assert policy.choose(state(40)) < 4
+    assert policy.choose(state(40)).length < 4
 
 
 def test_draft_length_follows_acceptance_between_the_extremes():
@@ -143,7 +143,7 @@ def test_draft_length_follows_acceptance_between_the_extremes():
         for record in rounds(random.Random(3), 60, acceptance=acceptance, lengths=[2, 4, 6, 8, 10],
                              draft_s=(0.002, 0.003), verify_s=0.02):
             policy.observe(record)
-        chosen.append(policy.choose(state(60)))
+        chosen.append(policy.choose(state(60)).length)
     assert chosen == sorted(chosen) and chosen[0] < chosen[-1], chosen
 
 
@@ -155,13 +155,14 @@ def hosted_policy(recheck_every: int = 5) -> AdaptiveDraftLength:
     """A policy that has speculated through one request at hosted-like costs; the target wrote that
     request's last tokens alone, which measured its own speed (no request given up to it)."""
     policy = AdaptiveDraftLength(recheck_every=recheck_every)
-    assert policy.start_request() != TARGET_ALONE  # request 1 speculates
+    assert policy.start_request().mode != TARGET_ALONE  # request 1 speculates
     for record in rounds(random.Random(4), 12, **HOSTED):
         policy.observe(record)
-        assert policy.choose(state()) > 0, "without the target's own speed there is nothing to compare with"
+        assert policy.choose(state()).length > 0, "without the target's own speed there is nothing to compare with"
     last = PolicyState(remaining_tokens=6, rounds_so_far=12)
-    assert policy.choose(last) == 0  # the target writes the last 6 tokens alone, to measure its speed
-    assert "measure" in policy.reason and policy.load_reason is None
+    measuring = policy.choose(last)
+    assert measuring.length == 0  # the target writes the last 6 tokens alone, to measure its speed
+    assert "measure" in measuring.reason and measuring.load_reason is None
     policy.observe_plain(6, 0.35 + HOSTED_TARGET_PER_TOKEN * 6)
     return policy
 
@@ -173,15 +174,16 @@ def test_the_target_is_measured_on_the_last_tokens_of_the_first_request_not_on_a
     lan.start_request()
     for record in rounds(random.Random(5), 12, acceptance=0.8, lengths=[4, 3], draft_s=(0.004, 0.004), verify_s=0.031):
         lan.observe(record)
-    lan.choose(PolicyState(remaining_tokens=8, rounds_so_far=12))
+    lan.choose(PolicyState(remaining_tokens=8, rounds_so_far=12)).length
     lan.observe_plain(8, 0.03 + 0.025 * 8)
-    assert lan.start_request() != TARGET_ALONE  # request 2 is not given up to measurement
+    assert lan.start_request().mode != TARGET_ALONE  # request 2 is not given up to measurement
 
 
 def test_hosted_costs_turn_speculation_off_once_the_target_is_measured():
     policy = hosted_policy()
-    assert policy.start_request() == TARGET_ALONE  # request 2 already knows: judged when the target was measured
-    assert "slower" in policy.reason and policy.load_reason is None
+    started = policy.start_request()
+    assert started.mode == TARGET_ALONE  # request 2 already knows: judged when the target was measured
+    assert "slower" in started.reason
     assert policy.predicted_target_rate(REMAINING) > max(policy.predicted_speculative_rate(k) for k in range(1, 11))
 
 
@@ -190,10 +192,10 @@ def test_lan_costs_keep_speculating_once_the_target_is_measured():
     policy.start_request()
     for record in rounds(random.Random(5), 12, acceptance=0.8, lengths=[4, 3], draft_s=(0.004, 0.004), verify_s=0.031):
         policy.observe(record)
-    assert policy.choose(PolicyState(remaining_tokens=8, rounds_so_far=12)) == 0  # the last 8 tokens measure the target
+    assert policy.choose(PolicyState(remaining_tokens=8, rounds_so_far=12)).length == 0  # the last 8 tokens measure the target
     policy.observe_plain(8, 0.03 + 0.025 * 8)
-    assert policy.start_request() != TARGET_ALONE
-    assert policy.choose(state()) > 0
+    assert policy.start_request().mode != TARGET_ALONE
+    assert policy.choose(state()).length > 0
 
 
 def test_a_request_with_no_end_in_sight_measures_the_target_on_its_rest_from_the_third_request_on():
@@ -203,15 +205,15 @@ def test_a_request_with_no_end_in_sight_measures_the_target_on_its_rest_from_the
         policy.start_request()
         for record in rounds(random.Random(request), 6, acceptance=0.8, lengths=[4], draft_s=(0.004, 0.004), verify_s=0.031):
             policy.observe(record)
-        chosen = policy.choose(unbounded)
+        chosen = policy.choose(unbounded).length
         assert (chosen == 0) == (request == 3), (request, chosen)
     policy.start_request()
-    assert policy.choose(unbounded) > 0  # one request measures at a time, until a plain step reports
+    assert policy.choose(unbounded).length > 0  # one request measures at a time, until a plain step reports
 
 
 def test_while_off_it_speculates_again_every_recheck_every_requests():
     policy = hosted_policy(recheck_every=5)
-    speculating = [n for n in range(2, 21) if policy.start_request() != TARGET_ALONE]
+    speculating = [n for n in range(2, 21) if policy.start_request().mode != TARGET_ALONE]
     assert speculating == [5, 10, 15, 20]
 
 
@@ -219,16 +221,16 @@ def test_a_recheck_request_really_drafts_so_that_it_measures_again():
     """"while off, speculate on one request out of this many to re-measure": the re-check request must
     run at least one round, or nothing new is ever measured and speculation stays off for good."""
     policy = hosted_policy(recheck_every=5)
-    assert [policy.start_request() for _ in range(3)] == [TARGET_ALONE] * 3  # requests 2 to 4 do not
-    assert policy.start_request() == RECHECK  # request 5 re-checks
-    assert policy.choose(PolicyState(remaining_tokens=60, rounds_so_far=0, recheck=True)) > 0
+    assert [policy.start_request().mode for _ in range(3)] == [TARGET_ALONE] * 3  # requests 2 to 4 do not
+    assert policy.start_request().mode == RECHECK  # request 5 re-checks
+    assert policy.choose(PolicyState(remaining_tokens=60, rounds_so_far=0, recheck=True)).length > 0
 
 
 # ----------------------------------------------------------------------------- end to end
 
 
 async def test_a_default_client_says_why_whenever_it_did_not_speculate():
-    specapi.probe._CACHE.clear()
+    specapi.parts.probe._CACHE.clear()
     provider = SimProvider(capabilities="vllm", latency="instant", seed=0)
     target, draft = simulated_endpoints(provider=provider)
     prompts = ["def fibonacci(n):\n", "import os\nimport sys\n\n", "class Stack:\n    def __init__(self):\n",
@@ -241,7 +243,7 @@ async def test_a_default_client_says_why_whenever_it_did_not_speculate():
                 stats.append((await client.chat.completions.create(
                     messages=[{"role": "user", "content": prompt}], max_tokens=30, temperature=0)).speculative)
     finally:
-        specapi.probe._CACHE.clear()
+        specapi.parts.probe._CACHE.clear()
     silent = [(i, s.verification) for i, s in enumerate(stats) if not s.speculated and not s.fallback_reason]
     assert not silent, f"responses that did not speculate and do not say why: {silent}"
     assert any(s.speculated for s in stats)
@@ -258,14 +260,14 @@ class _OffAtFirstRound:
     """A policy that starts a request speculating and turns it off at the first round."""
 
     name = "stub"
-    load_reason = None
+    load_reason: str | None = None  # what its decision says the load changed
     pays_under_load = False  # free rounds with the load counted (`queue_delay_s` given)
 
     def start_request(self) -> str:
         return "speculate"
 
-    def choose(self, state: PolicyState) -> int:
-        return 0
+    def choose(self, state: PolicyState) -> Decision:
+        return Decision(0, load_reason=self.load_reason)
 
     def free_drafts_pay(self, expected: float, k: int, remaining: int, *, queue_delay_s: float | None = None) -> bool:
         return True if queue_delay_s is None else self.pays_under_load
@@ -278,38 +280,41 @@ class _OffAtFirstRound:
 
 
 def test_the_free_draft_gate_engages_when_the_first_rounds_choice_turns_speculation_off():
-    from specapi.suffix import FreeDraftGate
+    from specapi.parts.free_gate import FreeDraftGate
 
     switched = []
     gate = FreeDraftGate(_OffAtFirstRound(), expected=8.0, free_drafters=lambda: switched.append(True), max_length=12, remaining=40)
-    assert gate.start_request() == "speculate"
-    assert gate.choose(PolicyState(remaining_tokens=40, rounds_so_far=0)) == 12 and switched == [True]
+    assert gate.start_request().mode == "speculate"
+    assert gate.choose(PolicyState(remaining_tokens=40, rounds_so_far=0)).length == 12 and switched == [True]
     later = FreeDraftGate(_OffAtFirstRound(), expected=8.0, free_drafters=lambda: switched.append(False), max_length=12, remaining=40)
     later.start_request()
-    assert later.choose(PolicyState(remaining_tokens=30, rounds_so_far=3)) == 0  # mid-request: the target finishes
+    assert later.choose(PolicyState(remaining_tokens=30, rounds_so_far=3)).length == 0  # mid-request: the target finishes
     stepped_aside = _OffAtFirstRound()
     stepped_aside.load_reason = "target alone under load"
     loaded = FreeDraftGate(stepped_aside, expected=8.0, free_drafters=lambda: switched.append(False), max_length=12, remaining=40)
-    assert loaded.choose(PolicyState(remaining_tokens=40, rounds_so_far=0)) == 0  # free rounds would load the target too
-    assert switched == [True] and loaded.load_reason == "target alone under load"
+    aside = loaded.choose(PolicyState(remaining_tokens=40, rounds_so_far=0))
+    assert aside.length == 0  # free rounds would load the target too
+    assert switched == [True] and aside.load_reason == "target alone under load"
 
 
 def test_a_request_sent_aside_for_load_drafts_free_where_free_rounds_pay_with_the_load_counted():
     """Stepped aside at the first round (the draft model's calls would cost too much now), a request the
     suffix index expects to continue drafts its first round free, if the policy judges free rounds to
     pay with the load counted; it then reports no load reason, since it speculated."""
-    from specapi.suffix import FreeDraftGate
+    from specapi.parts.free_gate import FreeDraftGate
 
     switched: list[bool] = []
     stepped_aside = _OffAtFirstRound()
     stepped_aside.load_reason = "target alone under load"
     stepped_aside.pays_under_load = True
     gate = FreeDraftGate(stepped_aside, expected=8.0, free_drafters=lambda only=True: switched.append(only), max_length=12, remaining=40)
-    assert gate.choose(PolicyState(remaining_tokens=40, rounds_so_far=0, queue_delay_s=0.03)) == 8
-    assert switched == [True] and gate.load_reason is None
+    free = gate.choose(PolicyState(remaining_tokens=40, rounds_so_far=0, queue_delay_s=0.03))
+    assert free.length == 8
+    assert switched == [True] and free.load_reason is None
     weak = FreeDraftGate(stepped_aside, expected=2.0, free_drafters=lambda only=True: switched.append(only), max_length=12, remaining=40)
-    assert weak.choose(PolicyState(remaining_tokens=40, rounds_so_far=0, queue_delay_s=0.03)) == 0  # the index expects too little
-    assert weak.load_reason == "target alone under load"
+    weak_choice = weak.choose(PolicyState(remaining_tokens=40, rounds_so_far=0, queue_delay_s=0.03))
+    assert weak_choice.length == 0  # the index expects too little
+    assert weak_choice.load_reason == "target alone under load"
 
 
 def lan_policy_with_target(per_token_s: float) -> AdaptiveDraftLength:
@@ -318,7 +323,7 @@ def lan_policy_with_target(per_token_s: float) -> AdaptiveDraftLength:
     policy.start_request()
     for record in rounds(random.Random(5), 12, acceptance=0.8, lengths=[4, 3], draft_s=(0.004, 0.004), verify_s=0.031):
         policy.observe(record)
-    policy.choose(PolicyState(remaining_tokens=8, rounds_so_far=12))
+    policy.choose(PolicyState(remaining_tokens=8, rounds_so_far=12)).length
     policy.observe_plain(8, 0.03 + per_token_s * 8)
     return policy
 
@@ -342,16 +347,17 @@ def test_the_verdict_has_a_band_so_that_estimates_near_equality_do_not_flip_it()
     stopped, it starts again only when predicted faster by the margin."""
     judged = AdaptiveDraftLength._JUDGED_TOKENS  # what a measured target is first judged on
     kept = lan_policy_with_target(target_speed_where_speculation_is(1 / 1.03, judged))  # 3% slower
-    assert kept.start_request() != TARGET_ALONE and kept.choose(state(5)) > 0
+    assert kept.start_request().mode != TARGET_ALONE and kept.choose(state(5)).length > 0
     dropped = lan_policy_with_target(target_speed_where_speculation_is(1 / 1.10, judged))  # 10% slower
-    assert dropped.start_request() == TARGET_ALONE and "slower" in dropped.reason
+    started = dropped.start_request()
+    assert started.mode == TARGET_ALONE and "slower" in started.reason
 
     # Off, a re-check 3% faster than the target alone does not turn it on again; 10% faster does.
     for ratio, back_on in ((1.03, False), (1.10, True)):
         policy = lan_policy_with_target(target_speed_where_speculation_is(1 / 1.10, judged))
         assert policy._off
         policy._target = lan_policy_with_target(target_speed_where_speculation_is(ratio, REMAINING))._target
-        chosen = policy.choose(PolicyState(remaining_tokens=REMAINING, rounds_so_far=8, recheck=True))
+        chosen = policy.choose(PolicyState(remaining_tokens=REMAINING, rounds_so_far=8, recheck=True)).length
         assert (chosen > 0) == back_on and policy._off != back_on
 
 
@@ -363,18 +369,18 @@ def test_a_requests_own_rounds_decide_its_draft_length():
     policy.start_request()
     for record in rounds(random.Random(6), 40, acceptance=0.95, lengths=[4, 6, 8, 10], draft_s=(0.004, 0.004), verify_s=0.031):
         policy.observe(record)
-    policy.choose(PolicyState(remaining_tokens=8, rounds_so_far=40))
+    policy.choose(PolicyState(remaining_tokens=8, rounds_so_far=40)).length
     policy.observe_plain(8, 0.03 + 0.025 * 8)
-    client_k = policy.choose(state(0))
+    client_k = policy.choose(state(0)).length
     good = ((True,) * 8,) * 4
     failing = ((False,), (True, False), (False,), (False,))
-    k_good = policy.choose(PolicyState(REMAINING, 4, accepted_by_position=good))
-    k_failing = policy.choose(PolicyState(REMAINING, 4, accepted_by_position=failing))
+    k_good = policy.choose(PolicyState(REMAINING, 4, accepted_by_position=good)).length
+    k_failing = policy.choose(PolicyState(REMAINING, 4, accepted_by_position=failing)).length
     assert k_good >= client_k > k_failing
     hopeless = ((False,),) * 12
-    assert policy.choose(PolicyState(REMAINING, 12, accepted_by_position=hopeless)) == 0
-    assert "own acceptance" in policy.reason and not policy._off
-    assert policy.start_request() != TARGET_ALONE  # the next request speculates
+    given_up = policy.choose(PolicyState(REMAINING, 12, accepted_by_position=hopeless))
+    assert given_up.length == 0 and "own acceptance" in given_up.reason and not policy._off
+    assert policy.start_request().mode != TARGET_ALONE  # the next request speculates
 
 
 def test_a_burst_of_rounds_does_not_make_the_policy_forget_the_targets_speed():
@@ -388,7 +394,7 @@ def test_a_burst_of_rounds_does_not_make_the_policy_forget_the_targets_speed():
     for record in rounds(random.Random(8), 400, acceptance=0.8, lengths=[4, 3], draft_s=(0.004, 0.004), verify_s=0.031):
         policy.observe(record)
     assert policy.predicted_target_rate(REMAINING) == pytest.approx(before, rel=0.05)
-    assert policy.choose(PolicyState(remaining_tokens=40, rounds_so_far=6)) > 0  # not the rest for measuring
+    assert policy.choose(PolicyState(remaining_tokens=40, rounds_so_far=6)).length > 0  # not the rest for measuring
 
 
 def test_greedy_and_sampled_traffic_each_get_their_own_draft_length():
@@ -400,10 +406,10 @@ def test_greedy_and_sampled_traffic_each_get_their_own_draft_length():
     greedy = rounds(random.Random(1), 40, acceptance=0.97, lengths=[4, 6, 8, 10], draft_s=(0.002, 0.0005), verify_s=0.02)
     for record in greedy:
         policy.observe(record)
-    cold_sampled = policy.choose(PolicyState(remaining_tokens=REMAINING, rounds_so_far=40, sampled=True))
+    cold_sampled = policy.choose(PolicyState(remaining_tokens=REMAINING, rounds_so_far=40, sampled=True)).length
     assert cold_sampled >= 8  # no sampled rounds yet: the greedy table speaks for it
     sampled = rounds(random.Random(2), 40, acceptance=0.05, lengths=[4, 3, 2], draft_s=(0.002, 0.0005), verify_s=0.02)
     for record in sampled:
         policy.observe(replace(record, sampled=True))
-    assert policy.choose(PolicyState(remaining_tokens=REMAINING, rounds_so_far=40, sampled=True)) < 4
-    assert policy.choose(PolicyState(remaining_tokens=REMAINING, rounds_so_far=40, sampled=False)) >= 8
+    assert policy.choose(PolicyState(remaining_tokens=REMAINING, rounds_so_far=40, sampled=True)).length < 4
+    assert policy.choose(PolicyState(remaining_tokens=REMAINING, rounds_so_far=40, sampled=False)).length >= 8

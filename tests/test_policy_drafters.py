@@ -11,11 +11,11 @@ import random
 import pytest
 
 from specapi import AsyncSpeculativeOpenAI
-from specapi.load import LoadCurve, current_request
-from specapi.policy import AdaptiveDraftLength, FixedDraftLength, PolicyState
+from specapi.core.load import LoadCurve, current_request
+from specapi.parts.policy import AdaptiveDraftLength, FixedDraftLength, PolicyState
 from specapi.sim import SimProvider, simulated_endpoints
-from specapi.stats import RoundRecord
-from specapi.suffix import FreeDraftGate
+from specapi.core.stats import RoundRecord
+from specapi.parts.free_gate import FreeDraftGate
 from simclient import answer, target_alone
 
 REMAINING = 200
@@ -74,7 +74,7 @@ def test_free_rounds_do_not_make_the_draft_models_drafts_look_better():
     for _ in range(60):
         mixed.observe(RoundRecord(drafted=10, accepted=10, emitted=11, verify_latency_s=0.033, drafter="draft-model",
                                   accepted_by_position=(True,) * 10))
-    assert policy.choose(PolicyState(REMAINING, 0)) < mixed.choose(PolicyState(REMAINING, 0))
+    assert policy.choose(PolicyState(REMAINING, 0)).length < mixed.choose(PolicyState(REMAINING, 0)).length
 
 
 def test_a_client_without_a_draft_model_learns_from_the_drafter_it_has():
@@ -91,9 +91,9 @@ def test_a_request_drafting_from_the_index_goes_on_whatever_the_verdict_on_the_d
     """Speculation with the draft model is off (its drafts lose), but a request whose suffix drafts all
     pass drafts full rounds: they cost a verify call only. The verdict stays what it was."""
     policy = measured(0.1)
-    assert policy.choose(PolicyState(REMAINING, 4, accepted_by_position=((False,),) * 4)) == 0 and policy._off
+    assert policy.choose(PolicyState(REMAINING, 4, accepted_by_position=((False,),) * 4)).length == 0 and policy._off
     suffix_rounds(policy, 10)
-    assert policy.choose(free_state(((True,) * 10,) * 2)) == policy.free_max_length > policy.max_length
+    assert policy.choose(free_state(((True,) * 10,) * 2)).length == policy.free_max_length > policy.max_length
     assert policy._off
 
 
@@ -103,11 +103,11 @@ def test_a_request_whose_free_drafts_fail_drafts_shorter_then_lets_the_target_fi
     writes its rest alone, named in the reason."""
     policy = measured(0.7, per_token_s=0.02)  # a target whose tokens come faster than a verify call
     suffix_rounds(policy, 30)
-    good = policy.choose(free_state(((True,) * 10,)))
-    once = policy.choose(free_state(((False,),)))
+    good = policy.choose(free_state(((True,) * 10,))).length
+    once = policy.choose(free_state(((False,),))).length
     assert good == policy.free_max_length > once > 0
-    assert policy.choose(free_state(((False,),) * 8)) == 0
-    assert "suffix drafts" in policy.reason and not policy._off
+    last = policy.choose(free_state(((False,),) * 8))
+    assert last.length == 0 and "suffix drafts" in last.reason and not policy._off
 
 
 # ----------------------------------------------------------------------------- pipelined drafts
@@ -162,7 +162,6 @@ class _Drafts:
     """An inner policy that always drafts `k` and records what it is told."""
 
     name = "stub"
-    load_reason = None
 
     def __init__(self, k: int) -> None:
         self.k = k
@@ -184,12 +183,12 @@ class _Drafts:
 def test_a_first_round_the_index_expects_to_continue_is_drafted_free_and_as_long_as_expected():
     switches: list[bool] = []
     gate = FreeDraftGate(_Drafts(3), expected=8.2, free_drafters=lambda only=True: switches.append(only), max_length=12, remaining=40)
-    assert gate.start_request() == "speculate"
-    assert gate.choose(PolicyState(remaining_tokens=40, rounds_so_far=0)) == 9 and switches == [True]
+    assert gate.start_request().mode == "speculate"
+    assert gate.choose(PolicyState(remaining_tokens=40, rounds_so_far=0)).length == 9 and switches == [True]
     gate.observe(RoundRecord(drafted=9, accepted=9, emitted=10, drafter="suffix", accepted_by_position=(True,) * 9))
     assert switches == [True, False]  # every drafter again: later rounds draft as the policy chooses
-    assert gate.choose(PolicyState(remaining_tokens=30, rounds_so_far=1)) == 3 and switches == [True, False]
+    assert gate.choose(PolicyState(remaining_tokens=30, rounds_so_far=1)).length == 3 and switches == [True, False]
     assert gate.inner.observed == 1
 
     unsure = FreeDraftGate(_Drafts(3), expected=2.0, free_drafters=lambda only=True: switches.append(only), max_length=12, remaining=40)
-    assert unsure.choose(PolicyState(remaining_tokens=40, rounds_so_far=0)) == 3 and switches == [True, False]
+    assert unsure.choose(PolicyState(remaining_tokens=40, rounds_so_far=0)).length == 3 and switches == [True, False]

@@ -1,4 +1,4 @@
-"""`specapi.pricing`: what a call cost, from the endpoint's prices, else genai-prices, else None."""
+"""`specapi.transport.pricing`: what a call cost, from the endpoint's prices, else genai-prices, else None."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from genai_prices import Usage, calc_price
 
 from specapi import AsyncSpeculativeOpenAI, Endpoint
-from specapi.pricing import call_cost
+from specapi.transport.pricing import call_cost
 
 
 def test_endpoint_prices_bill_cached_tokens_at_the_cached_price():

@@ -11,16 +11,16 @@ import warnings
 import httpx2
 import pytest
 
-import specapi.probe
+import specapi.parts.probe
 from specapi import AsyncSpeculativeOpenAI, Endpoint
-from specapi._calls import Meter, RoleClient
+from specapi.transport._calls import Meter, RoleClient
 from specapi.cli import cli_logic
-from specapi.probe import Capabilities, choose_verification, probe_endpoint
-from simclient import target_alone
+from specapi.parts.probe import Capabilities, choose_verification, probe_endpoint
 from specapi.sim import CAPABILITY_PROFILES, Faults, SimProvider, SimTransport, simulated_endpoints
+from simclient import target_alone
 from toyserver import ToyServer
 
-PROBE_PROMPT = specapi.probe._PROBE_PROMPT
+PROBE_PROMPT = specapi.parts.probe._PROBE_PROMPT
 
 
 pytestmark = pytest.mark.usefixtures("fresh_probe_cache")
@@ -89,7 +89,7 @@ async def test_probe_names_the_dialect_from_the_servers_identity_endpoint(profil
 
 @pytest.mark.parametrize("profile", ["vllm", "sglang"])
 async def test_long_contexts_are_verified_in_token_ids_where_echo_would_re_prefill_them(profile):
-    from specapi.paths import LONG_CONTEXT_CHARS, PathResolver
+    from specapi.parts.paths import LONG_CONTEXT_CHARS, PathResolver
 
     _, target, _ = sim(profile)
     resolver = PathResolver(RoleClient("target", target), "auto")
@@ -323,7 +323,7 @@ def _llama_like(kind: str) -> Endpoint:
 @pytest.mark.parametrize("kind", ["llama-server", "llama-cpp-python"])
 async def test_probe_learns_a_llama_servers_sampling_defaults(kind):
     client = RoleClient("target", _llama_like(kind))
-    caps = await specapi.probe.probe_endpoint(client, Meter(client.endpoint))
+    caps = await specapi.parts.probe.probe_endpoint(client, Meter(client.endpoint))
     assert caps.server == kind
     assert caps.sampler_defaults["temperature"] == 0.8 and caps.sampler_defaults["top_k"] == 40
     assert caps.sampler_defaults["repeat_penalty"] == (1.1 if kind == "llama-cpp-python" else 1.0)
@@ -350,7 +350,7 @@ async def test_the_probes_calls_stay_out_of_the_load_curve_that_generation_calls
     role = RoleClient("target", target)
     meter = Meter(target)
     try:
-        await specapi.probe.cached_probe(role, meter)
+        await specapi.parts.probe.cached_probe(role, meter)
         assert meter.requests >= 3  # billed like any call
         assert role.load.samples == 0
         await role.post("/completions", {"prompt": "def f(x):", "max_tokens": 2, "temperature": 0}, meter)

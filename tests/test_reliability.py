@@ -13,7 +13,7 @@ import asyncio
 import openai
 import pytest
 
-import specapi.probe
+import specapi.parts.probe
 from simclient import answer
 from specapi import AsyncSpeculativeOpenAI, DraftError, Endpoint, MalformedResponseError, SpecAPIError, TargetError
 from specapi.sim import Faults, LatencyProfile, ModelTiming, SimProvider, simulated_endpoints
@@ -296,10 +296,10 @@ async def test_concurrent_requests_on_one_client_are_exact_and_never_block_the_l
     assert len(set(owners[:first_done])) > 1, "requests ran one after another"
     # one probe, shared by all sixteen (the first request probes, the others wait for it)
     def probe_calls(calls) -> int:
-        return sum(isinstance(c.body, dict) and c.body.get("prompt") == specapi.probe._PROBE_PROMPT for c in calls)
+        return sum(isinstance(c.body, dict) and c.body.get("prompt") == specapi.parts.probe._PROBE_PROMPT for c in calls)
 
     alone = SimProvider(capabilities="vllm", latency="instant", seed=0)
-    specapi.probe._CACHE.clear()
+    specapi.parts.probe._CACHE.clear()
     alone_target, alone_draft = simulated_endpoints(provider=alone)
     async with AsyncSpeculativeOpenAI(target=alone_target, draft=alone_draft, drafter="model", policy="fixed") as single:
         await request(single, *prompts[0])

@@ -17,17 +17,17 @@ from typing import Any
 import pytest
 
 from specapi import AsyncSpeculativeOpenAI
-from specapi._calls import Meter
-from specapi.acceptance import RoundDecision, SamplingParams
-from specapi.alignment import ScoredToken
-from specapi.context import Context
+from specapi.transport._calls import Meter
+from specapi.core.acceptance import RoundDecision, SamplingParams
+from specapi.core.alignment import ScoredToken
+from specapi.core.context import Context
 from specapi.dialects import Pick
-from specapi._exceptions import EndpointError
+from specapi.transport._exceptions import EndpointError
 from specapi.dialects.base import Generated, SampledStep
 from specapi.sim import EOS_TOKEN_ID, SimProvider, SimResponse, decode_text, encode_text, get_model, simulated_endpoints
 from specapi.sim.corpus import UNIVERSE_SIZE
-from specapi.drafttree import DraftTree, decide_batched, plan_tree, tempered_estimate
-from specapi.tokenlevel import DRAFT_TEMPERATURE, LISTED, SAMPLED_CHAINS, TokenIdVerifier
+from specapi.parts.drafttree import DraftTree, decide_batched, plan_tree, tempered_estimate
+from specapi.parts.tokenlevel import DRAFT_TEMPERATURE, LISTED, SAMPLED_CHAINS, TokenIdVerifier
 from toyclient import chisquare_p, text_probs
 
 pytestmark = pytest.mark.usefixtures("fresh_probe_cache")

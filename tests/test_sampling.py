@@ -1,4 +1,4 @@
-"""`specapi.sampling`: probabilities from top-k logprob lists, the acceptance rule and the residual.
+"""`specapi.core.sampling`: probabilities from top-k logprob lists, the acceptance rule and the residual.
 
 The speculative-sampling identity is checked analytically over random small distributions: keeping a
 draft token x ~ q with probability min(1, p/q) and otherwise resampling from residual(p, q) must give
@@ -15,7 +15,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from specapi.sampling import (
+from specapi.core.sampling import (
     COVERAGE_TOLERANCE,
     TokenDist,
     acceptance_probability,

@@ -15,7 +15,7 @@ import pytest
 
 import specapi
 from specapi import AsyncSpeculativeOpenAI, ConfigurationError, Endpoint, SpeculativeOpenAI, TargetError
-from specapi._exceptions import sdk_error_class
+from specapi.transport._exceptions import sdk_error_class
 
 STATUSES = [
     (400, openai.BadRequestError),

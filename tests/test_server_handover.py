@@ -17,8 +17,8 @@ from openai.types.chat import ChatCompletionChunk
 from test_server_stream import leave_after_the_first_chunk
 from test_server_support import PROXY_KEY, UPSTREAM_KEY, breaking_target, metric, no_sleep, parse_sse, proxy_pair, running_proxy
 from specapi import AsyncSpeculativeOpenAI, Endpoint
-from specapi._calls import Meter
-from specapi.policy import SPECULATE, TARGET_ALONE, PolicyBase, PolicyState
+from specapi.transport._calls import Meter
+from specapi.parts.policy import SPECULATE, TARGET_ALONE, Decision, PolicyBase, PolicyState, Start
 from toyserver import TARGET, ToyServer, render_chat
 
 MAX_TOKENS = 16
@@ -36,13 +36,11 @@ class Alone(PolicyBase):
         self.at = at
         self.plain: list[tuple[int, float]] = []
 
-    def start_request(self) -> str:
-        self.reason = REASON
-        return TARGET_ALONE if self.at == "start" else SPECULATE
+    def start_request(self) -> Start:
+        return Start(TARGET_ALONE if self.at == "start" else SPECULATE, REASON)
 
-    def choose(self, state: PolicyState) -> int:
-        self.reason = REASON
-        return 0
+    def choose(self, state: PolicyState) -> Decision:
+        return Decision(0, REASON)
 
     def observe(self, record: object) -> None:
         pass

@@ -21,7 +21,7 @@ from specapi.server.metrics import MULTIPROCESS_DIR_VARIABLE, ProxyMetrics
 from specapi.server.peers import PEERS_DIR_VARIABLE
 from specapi.sim import SimProvider
 from specapi.sim import create_app as create_sim_app
-from specapi.stats import RoundRecord, SpeculativeStats
+from specapi.core.stats import RoundRecord, SpeculativeStats
 from test_server_support import metric
 
 ROUTE = "/v1/completions"
@@ -83,7 +83,7 @@ def test_speculation_held_back_by_load_is_counted_by_reason():
 
 
 def test_the_policy_s_own_load_reasons_are_labelled_without_cutting_a_word():
-    from specapi.policy import LOAD_DRAFT_LENGTH, LOAD_STREAM_FASTER, LOAD_TARGET_ALONE
+    from specapi.parts.policy import LOAD_DRAFT_LENGTH, LOAD_STREAM_FASTER, LOAD_TARGET_ALONE
 
     metrics = ProxyMetrics(model="m")
     reasons = (LOAD_TARGET_ALONE, LOAD_DRAFT_LENGTH, LOAD_STREAM_FASTER)

@@ -153,12 +153,12 @@ def test_suspect_checks_at_once_and_the_loop_goes_on():
 async def test_the_proxy_loads_what_the_first_requests_would_before_it_serves(monkeypatch):
     """The suffix index's tokenizer takes 0.3 s of CPU to load: loaded by the first request, it stalled
     every stream in flight on the event loop. The app loads it at startup."""
-    import specapi.drafters
+    import specapi.parts.drafters
 
-    monkeypatch.setattr(specapi.drafters, "_ENCODING", None)
+    monkeypatch.setattr(specapi.parts.drafters, "_ENCODING", None)
     app = create_app(proxy_config(port=9))  # nothing listens there: readiness is checked in the background
     async with app.router.lifespan_context(app):
-        assert specapi.drafters._ENCODING is not None
+        assert specapi.parts.drafters._ENCODING is not None
 
 
 async def test_a_proxy_process_keeps_what_startup_loaded_out_of_the_collectors_passes_until_shutdown():

@@ -13,13 +13,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from specapi import ConfigurationError, Endpoint, RoleUsage, RoundRecord, SpeculativeStats, TargetError
-from specapi._exceptions import DraftError
+from specapi.transport._exceptions import DraftError
 from specapi.server.arguments import chat_arguments, completion_arguments, parse_json_object
 from specapi.server.config import ServerConfig
 from specapi.server.disconnect import ClientDisconnected, run_unless_disconnected
 from specapi.server.errors import ProxyError, error_from_exception, guess_param, redact
 from specapi.server.headers import header_value, stats_headers
-from specapi.policy import LOAD_TARGET_ALONE
+from specapi.parts.policy import LOAD_TARGET_ALONE
 from specapi.server.metrics import ProxyMetrics, fallback_category
 from specapi.server.sse import DONE_EVENT, encode_event
 

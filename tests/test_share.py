@@ -14,11 +14,11 @@ import pytest
 
 from replicas import RedisServer, free_port
 from specapi import AsyncSpeculativeOpenAI, ConfigurationError
-from specapi.policy import AdaptiveDraftLength
+from specapi.parts.policy import AdaptiveDraftLength
 from specapi.server import ServerConfig
 from specapi.share import MAX_PENDING, RedisShare
 from specapi.sim import SimProvider, simulated_endpoints
-from specapi.stats import MODEL_DRAFTER, RoundRecord
+from specapi.core.stats import MODEL_DRAFTER, RoundRecord
 from simclient import target_alone
 
 PROMPT = "A shared start: 共有された知識 🙂 and the rest of the"

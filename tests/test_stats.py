@@ -1,4 +1,4 @@
-"""`specapi.stats`: records that add up, cost as Decimal, and the derived statistics."""
+"""`specapi.core.stats`: records that add up, cost as Decimal, and the derived statistics."""
 
 from __future__ import annotations
 

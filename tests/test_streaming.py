@@ -413,8 +413,8 @@ async def test_chunks_that_arrive_together_are_relayed_together_and_still_counte
 
 async def test_next_data_gives_the_chunks_as_json_objects_with_the_statistics_set_at_the_end():
     """What the proxy sends on: the same chunks as the SDK objects, as plain JSON objects."""
-    from specapi.engine import Finished, Piece
-    from specapi.streaming import SpeculativeStream, completion_chunks, parse_completion
+    from specapi.engine.engine import Finished, Piece
+    from specapi.surface.streaming import SpeculativeStream, completion_chunks, parse_completion
 
     class _Stats:
         pass

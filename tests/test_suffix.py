@@ -6,12 +6,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specapi._calls import Meter
-from specapi.acceptance import SamplingParams
-from specapi.context import Context
-from specapi.endpoint import Endpoint
-from specapi.suffix import SuffixDrafter, SuffixIndex, context_text, learn, screen_prediction
-from specapi.suffix import expected_continuation as expected_tokens
+from specapi.transport._calls import Meter
+from specapi.core.acceptance import SamplingParams
+from specapi.core.context import Context
+from specapi.transport.endpoint import Endpoint
+from specapi.parts.suffix import SuffixDrafter, SuffixIndex, context_text, learn, screen_prediction
+from specapi.parts.suffix import expected_continuation as expected_tokens
 
 tokens = st.lists(st.integers(0, 3), max_size=14)
 corpora = st.lists(tokens, min_size=1, max_size=6)
@@ -232,22 +232,21 @@ def test_degenerate_repetition_is_indexed_in_bounded_time_and_proposes_the_repet
 
 # ------------------------------------------------------------------------------- the free-draft gate
 
-from specapi.policy import SPECULATE, TARGET_ALONE, PolicyState  # noqa: E402
-from specapi.suffix import FreeDraftGate  # noqa: E402
+from specapi.parts.policy import SPECULATE, TARGET_ALONE, PolicyState, Start  # noqa: E402
+from specapi.parts.free_gate import FreeDraftGate  # noqa: E402
 
 
 class Alone:
     """A client policy that has decided the target alone is faster; `pays` is its verdict on free drafts."""
 
     name = "adaptive"
-    reason = "the target alone is faster"
 
     def __init__(self, pays: bool | None) -> None:
         self.pays = pays
         self.seen: list[str] = []
 
-    def start_request(self) -> str:
-        return TARGET_ALONE
+    def start_request(self) -> Start:
+        return Start(TARGET_ALONE, "the target alone is faster")
 
     def choose(self, state: PolicyState) -> int:
         return 0
@@ -265,18 +264,17 @@ class Alone:
 def test_the_gate_speculates_with_free_drafts_only_where_they_pay():
     restricted: list[bool] = []
     gate = FreeDraftGate(Alone(pays=True), 12.0, lambda: restricted.append(True), max_length=16, remaining=96)
-    assert gate.start_request() == SPECULATE and restricted == [True]
-    assert gate.choose(PolicyState(96, 0)) == 16
+    assert gate.start_request().mode == SPECULATE and restricted == [True]
+    assert gate.choose(PolicyState(96, 0)).length == 16
     gate.observe_plain(1, 0.03)  # a round without a free proposal: the target finishes alone
-    assert gate.choose(PolicyState(95, 1)) == 0 and gate.inner.seen == ["plain"]
+    assert gate.choose(PolicyState(95, 1)).length == 0 and gate.inner.seen == ["plain"]
 
     for inner, expected in ((Alone(pays=False), 12.0), (Alone(pays=None), 2.0)):
         restricted.clear()
         gate = FreeDraftGate(inner, expected, lambda: restricted.append(True), max_length=16, remaining=96)
-        assert gate.start_request() == TARGET_ALONE and not restricted
-        assert gate.reason == "the target alone is faster"
+        assert gate.start_request() == Start(TARGET_ALONE, "the target alone is faster") and not restricted
     unmeasured = FreeDraftGate(Alone(pays=None), 12.0, lambda: None, max_length=16, remaining=96)
-    assert unmeasured.start_request() == SPECULATE  # costs unknown: a confident index is enough
+    assert unmeasured.start_request().mode == SPECULATE  # costs unknown: a confident index is enough
 
 
 # ----------------------------------------------------------------------------- long texts: what a query encodes, what is learnt
@@ -305,7 +303,7 @@ async def test_a_long_prompt_seen_before_is_continued_with_the_answer_it_had(nam
 
 @pytest.mark.parametrize("name", sorted(LONG_TEXTS))
 def test_a_long_prompt_teaches_the_index_its_last_tokens_and_the_whole_output(name: str) -> None:
-    from specapi.suffix import PROMPT_TAIL_TOKENS, encode
+    from specapi.parts.suffix import PROMPT_TAIL_TOKENS, encode
 
     index = SuffixIndex()
     output = "推测解码是一种加速方法。" * 5

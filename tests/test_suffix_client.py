@@ -10,15 +10,15 @@ import json
 import pytest
 
 from specapi import AsyncSpeculativeOpenAI
-from specapi._calls import Meter, RoleClient
-from specapi.acceptance import SamplingParams
-from specapi.runtime import Runtime as _Runtime
-from specapi.context import Context
-from specapi.drafters import CombinedDrafter, Draft, LookupDrafter, ModelDrafter
+from specapi.transport._calls import Meter, RoleClient
+from specapi.core.acceptance import SamplingParams
+from specapi.surface.runtime import Runtime as _Runtime
+from specapi.core.context import Context
+from specapi.parts.drafters import CombinedDrafter, Draft, LookupDrafter, ModelDrafter
 from specapi.server import ServerConfig, create_app
 from specapi.sim import SimProvider, simulated_endpoints
-from specapi.stats import RoundRecord
-from specapi.suffix import SuffixDrafter, SuffixIndex, learn
+from specapi.core.stats import RoundRecord
+from specapi.parts.suffix import SuffixDrafter, SuffixIndex, learn
 from simclient import answer, proxy_completion, target_alone
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -153,7 +153,7 @@ async def test_an_answer_the_index_knows_comes_in_long_free_rounds_and_the_model
     """The default policy lets drafts without a call run to `free_max_length` (32), the draft model to
     `max_length` (10): a repeated request is verified in fewer, longer rounds than with free drafts held
     to 10, and its output is the target's own either way. Chinese, Japanese and an emoji in the prompt."""
-    from specapi.policy import AdaptiveDraftLength
+    from specapi.parts.policy import AdaptiveDraftLength
     from specapi.sim import LatencyProfile, ModelTiming
 
     # Real latencies, so that the policy measures speculation paying (on "instant" nothing does), long
@@ -198,7 +198,7 @@ class Fixed:
         self.name, self.text, self.confidence = name, text, confidence
 
     async def draft(self, context, k, meter, seed):  # type: ignore[no-untyped-def]
-        from specapi.alignment import ScoredToken
+        from specapi.core.alignment import ScoredToken
 
         tokens = tuple(ScoredToken(text=t, logprob=0.0, top={t: 0.0}) for t in self.text[:k])
         return Draft(tokens=tokens, drafter=self.name, confidence=self.confidence[:k])

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from specapi.context import Context
+from specapi.core.context import Context
 from specapi.dialects.openai import openai_format
-from specapi.target_alone import _whole_runs
+from specapi.engine.target_alone import _whole_runs
 
 CHAT = openai_format(Context(messages=({"role": "user", "content": "x"},)))
 

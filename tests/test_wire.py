@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from specapi.dialects.logprobs import WireError, chat_tokens, completion_tokens, prompt_logprob_tokens
-from specapi.alignment import ScoredToken
+from specapi.core.alignment import ScoredToken
 
 
 def test_openai_completion_arrays_with_echo():

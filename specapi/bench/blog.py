@@ -13,7 +13,7 @@ the post describes it and as written here (`blog_generate`):
 * it stops after 20 rounds or 60 words, or when a round keeps nothing.
 
 Its `ACCEPTANCE_THRESHOLD = 0.7` is declared and never used; specapi's `acceptance="threshold"` is that
-rule made real (`specapi.lossy`), and `lossy_sweep` measures what it buys and what it costs.
+rule made real (`specapi.core.lossy`), and `lossy_sweep` measures what it buys and what it costs.
 
 Chinese has no spaces: a whole clause between spaces is one "word" (its punctuation removed, so a
 comma joins clauses), and it matches only if draft and target wrote the same clause to the last
@@ -36,9 +36,9 @@ from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from typing import Any
 
-from ..client import AsyncSpeculativeOpenAI
-from ..endpoint import Endpoint
-from ..stats import RoleUsage, SpeculativeStats, money
+from ..surface.client import AsyncSpeculativeOpenAI
+from ..transport.endpoint import Endpoint
+from ..core.stats import RoleUsage, SpeculativeStats, money
 
 __all__ = [
     "QUESTION",

@@ -28,7 +28,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..cli_options import ENDPOINTS, EXIT_FAILED, EXIT_OK, EXIT_USAGE, Option, UsageError, add_options, boolean, positive_int, refuse_hosted, resolve, speculation_options
+from ..core.cli_options import ENDPOINTS, EXIT_FAILED, EXIT_OK, EXIT_USAGE, Option, UsageError, add_options, boolean, positive_int, refuse_hosted, resolve, speculation_options
 from .scenarios import DEFAULT_SCENARIOS, SCENARIO_GROUPS, SCENARIOS, Scenario, get_scenarios, load_prompts, quick, with_requests
 from .sweep import expand, parse_lengths
 
@@ -210,7 +210,7 @@ def _built(args: argparse.Namespace) -> list[Scenario]:
 
 
 def _endpoints(args: argparse.Namespace, scenario: Scenario, repetition: int = 0):  # type: ignore[no-untyped-def]
-    from ..endpoint import Endpoint
+    from ..transport.endpoint import Endpoint
 
     if scenario.sim is None:
         target = Endpoint(base_url=args.target_base_url, model=args.target_model, api_key=args.target_api_key)

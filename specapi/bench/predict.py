@@ -25,7 +25,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .. import policy
+from ..parts import policy
 
 __all__ = [
     "LatencyModel",

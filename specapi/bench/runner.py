@@ -37,12 +37,12 @@ from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from typing import Any
 
-from ..client import AsyncSpeculativeOpenAI
+from ..surface.client import AsyncSpeculativeOpenAI
 from ..dialects.openai import format_of
-from ..endpoint import Endpoint
-from ..pricing import call_cost
-from ..stats import RoleUsage, RoundRecord, SpeculativeStats
-from ..suffix import SuffixIndex
+from ..transport.endpoint import Endpoint
+from ..transport.pricing import call_cost
+from ..core.stats import RoleUsage, RoundRecord, SpeculativeStats
+from ..parts.suffix import SuffixIndex
 from .scenarios import BenchRequest, Scenario
 from .spread import poisson_arrivals
 

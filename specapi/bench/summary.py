@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from decimal import Decimal
 from typing import Any
 
-from ..stats import MODEL_DRAFTER, PIPELINED, RoleUsage, RoundRecord, money
+from ..core.stats import MODEL_DRAFTER, PIPELINED, RoleUsage, RoundRecord, money
 from . import predict as arithmetic
 from .explain import explain
 from .runner import Calibration, Sample, ScenarioRun

@@ -15,8 +15,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .._calls import Meter, RoleClient
-from ..scoring import PrefixCache
+from ..transport._calls import Meter, RoleClient
+from ..core.scoring import PrefixCache
 
 __all__ = ["UNREADABLE", "Pick", "Generated", "NativeDialect", "ChatTokenizing", "PromptScoring", "SampledBatches", "SampledStep", "count", "reading", "rendered_bytes", "server_root", "spelling"]
 
@@ -92,7 +92,7 @@ class NativeDialect(Protocol):
         ids: Sequence[int],
         fields: Mapping[str, Any],
         max_tokens: int | None,
-        stop: Sequence[str] | None,
+        stop: tuple[str, ...],
         meter: Meter,
         *,
         options: Mapping[str, Any],

@@ -1,4 +1,4 @@
-"""What one endpoint offers, as the capability probe (`specapi.probe`) found it.
+"""What one endpoint offers, as the capability probe (`specapi.parts.probe`) found it.
 
 The fields are named as the wire names what they stand for (`prompt_logprobs`: vLLM scores a chat
 request's prompt tokens), since `specapi probe --json` reports them under these names.

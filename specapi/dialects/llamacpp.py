@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .._calls import Meter, RoleClient
+from ..transport._calls import Meter, RoleClient
 from .base import Generated, Pick, count, reading, server_root
 
 __all__ = ["LlamaCppDialect", "Processed", "native_fields"]
@@ -113,7 +113,7 @@ class LlamaCppDialect:
         ids: Sequence[int],
         fields: Mapping[str, Any],
         max_tokens: int | None,
-        stop: Sequence[str] | None,
+        stop: tuple[str, ...],
         meter: Meter,
         *,
         options: Mapping[str, Any],

@@ -15,8 +15,8 @@ from collections.abc import Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .._exceptions import ConfigurationError
-from ..alignment import ScoredToken, token_bytes
+from ..transport._exceptions import ConfigurationError
+from ..core.alignment import ScoredToken, token_bytes
 
 __all__ = [
     "completion_tokens", "chat_tokens", "prompt_logprob_tokens", "WireError",

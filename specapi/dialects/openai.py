@@ -26,8 +26,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ..alignment import ScoredToken
-from ..context import Context
+from ..core.alignment import ScoredToken
+from ..core.context import Context
 from .logprobs import caller_fields, chat_tokens, completion_tokens
 
 __all__ = [
@@ -215,7 +215,7 @@ def generation_request(
     context: Context,
     max_tokens: int | None,
     seed: int | None,
-    stop: list[str] | None,
+    stop: tuple[str, ...],
     prefill: Prefill = Prefill(),
     *,
     count_tokens: bool = False,
@@ -231,7 +231,7 @@ def generation_request(
     if max_tokens is not None:
         body["max_tokens"] = max_tokens
     if stop:
-        body["stop"] = stop
+        body["stop"] = list(stop)  # the wire's form: a list
     body.update(form.prompt_fields(context, prefill=prefill))
     if count_tokens:
         body.update(form.logprobs())

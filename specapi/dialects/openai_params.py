@@ -21,7 +21,7 @@ import inspect
 from typing import Any, Callable, Dict, Iterable, List, Literal, Optional, TypeVar, Union
 
 import httpx2
-from openai._types import Body, Headers, NotGiven, Omit, Query, SequenceNotStr, not_given, omit
+from openai import NotGiven, Omit, not_given, omit
 from openai.types import ChatModel, Metadata, ReasoningEffort
 from openai.types.chat import (
     ChatCompletionAudioParam,
@@ -33,6 +33,8 @@ from openai.types.chat import (
     completion_create_params,
 )
 from typing_extensions import Required, TypedDict, get_type_hints
+
+from ..transport._sdk import Body, Headers, Query, SequenceNotStr
 
 __all__ = [
     "ChatCompletionCreateParams",

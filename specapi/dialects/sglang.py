@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .._calls import Meter, RoleClient
+from ..transport._calls import Meter, RoleClient
 from .base import Generated, Pick, count, reading, rendered_bytes, server_root
 
 __all__ = ["SglangDialect", "sampling_params"]
@@ -95,7 +95,7 @@ class SglangDialect:
         ids: Sequence[int],
         fields: Mapping[str, Any],
         max_tokens: int | None,
-        stop: Sequence[str] | None,
+        stop: tuple[str, ...],
         meter: Meter,
         *,
         options: Mapping[str, Any],

@@ -19,10 +19,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .._calls import Meter, RoleClient
-from ..alignment import ScoredToken, token_bytes
-from ..context import Context
-from ..scoring import PrefixCache
+from ..transport._calls import Meter, RoleClient
+from ..core.alignment import ScoredToken, token_bytes
+from ..core.context import Context
+from ..core.scoring import PrefixCache
 from .base import UNREADABLE, Generated, Pick, SampledStep, count, reading, rendered_bytes, server_root
 from .logprobs import chat_tokens, prompt_logprob_tokens
 from .openai import Prefill, chat_request, fixed_sampling, sampling_fields

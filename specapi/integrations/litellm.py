@@ -51,9 +51,9 @@ from litellm.llms.custom_llm import CustomLLMError
 from litellm.types.utils import GenericStreamingChunk, ModelResponse, Usage
 import openai
 
-from .._exceptions import ConfigurationError, EndpointError, InvalidRequestError, UnsupportedRequestError
-from ..client import AsyncSpeculativeOpenAI
-from ..endpoint import Endpoint
+from ..transport._exceptions import ConfigurationError, EndpointError, InvalidRequestError, UnsupportedRequestError
+from ..surface.client import AsyncSpeculativeOpenAI
+from ..transport.endpoint import Endpoint
 
 __all__ = ["SpecapiLLM", "handler", "PROVIDER"]
 

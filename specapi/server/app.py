@@ -36,13 +36,13 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from .._exceptions import EndpointError, MalformedResponseError
-from ..client import AsyncSpeculativeOpenAI
-from .._calls import Meter, RoleClient
-from ..checks import EndpointChecker
-from ..stats import SpeculativeStats
-from ..suffix import SuffixIndex
-from ..streaming import SpeculativeStream
+from ..transport._exceptions import EndpointError, MalformedResponseError
+from ..surface.client import AsyncSpeculativeOpenAI
+from ..transport._calls import Meter, RoleClient
+from ..surface.checks import EndpointChecker
+from ..core.stats import SpeculativeStats
+from ..parts.suffix import SuffixIndex
+from ..surface.streaming import SpeculativeStream
 from .arguments import CHAT_FIELDS, COMPLETION_FIELDS, chat_arguments, completion_arguments, parse_json_object, read_body
 from .config import ServerConfig
 from .disconnect import ClientDisconnected, run_unless_disconnected

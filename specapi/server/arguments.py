@@ -13,9 +13,9 @@ from typing import Any
 
 from starlette.requests import Request
 
-from .._exceptions import ConfigurationError
+from ..transport._exceptions import ConfigurationError
 from ..dialects.openai import CHAT_FIELDS, COMPLETION_FIELDS
-from ..validation import sendable
+from ..surface.validation import sendable
 from .errors import ProxyError
 
 __all__ = ["read_body", "parse_json_object", "completion_arguments", "chat_arguments", "COMPLETION_FIELDS", "CHAT_FIELDS"]

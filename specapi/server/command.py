@@ -23,7 +23,7 @@ worker, and each drains its in-flight requests for up to `--shutdown-timeout` se
 The draft endpoint is optional with `--drafter lookup` (prompt lookup drafts from the request itself)
 or `--verification none`.
 
-Before it serves, it checks both endpoints: each must answer and serve its model (`specapi.checks`). A
+Before it serves, it checks both endpoints: each must answer and serve its model (`specapi.surface.checks`). A
 problem (a dead port, a refused key, a mistyped model) is printed naming the role, and the proxy does not
 start, unless `--allow-degraded`: then it serves with what answers (without the draft, the target alone),
 and `/ready` reports each role.
@@ -53,13 +53,22 @@ import uvicorn
 from uvicorn.supervisors.multiprocess import Multiprocess
 from starlette.applications import Starlette
 
-from .._exceptions import ConfigurationError
-from ..cli_options import (
-    ENDPOINTS, EXIT_FAILED, Option, UsageError, acceptance_options, acceptance_values, add_options, boolean, listening_socket, resolve,
+from ..transport._exceptions import ConfigurationError
+from ..core.cli_options import (
+    ENDPOINTS,
+    EXIT_FAILED,
+    Option,
+    UsageError,
+    acceptance_options,
+    acceptance_values,
+    add_options,
+    boolean,
+    listening_socket,
+    resolve,
     speculation_options,
 )
-from ..checks import EndpointStatus
-from ..endpoint import Endpoint
+from ..surface.checks import EndpointStatus
+from ..transport.endpoint import Endpoint
 from .app import build_client, create_app
 from .config import DEFAULT_MAX_REQUEST_BYTES, DEFAULT_MAX_TOKENS_LIMIT, SUFFIX_SCOPES, ServerConfig
 from .errors import redact

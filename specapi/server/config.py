@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from .._exceptions import ConfigurationError
-from ..endpoint import Endpoint
+from ..transport._exceptions import ConfigurationError
+from ..transport.endpoint import Endpoint
 
 __all__ = ["ServerConfig", "DEFAULT_MAX_REQUEST_BYTES", "DEFAULT_MAX_TOKENS_LIMIT", "DEFAULT_MAX_TENANTS", "SUFFIX_SCOPES"]
 

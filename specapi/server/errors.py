@@ -28,7 +28,7 @@ from typing import Any
 
 import openai
 
-from .._exceptions import ConfigurationError, EndpointError, MalformedResponseError, UnsupportedRequestError
+from ..transport._exceptions import ConfigurationError, EndpointError, MalformedResponseError, UnsupportedRequestError
 
 __all__ = ["ProxyError", "error_from_exception", "redact", "hide_addresses", "guess_param", "PASSED_THROUGH_STATUSES"]
 

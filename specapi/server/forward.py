@@ -19,8 +19,8 @@ import openai
 from starlette.background import BackgroundTask
 from starlette.responses import Response, StreamingResponse
 
-from .._calls import RoleClient
-from .._http import Reply
+from ..transport._calls import RoleClient
+from ..transport._http import Reply
 from ..dialects import server_root
 
 __all__ = ["upstream_url", "forwarded_headers", "forward"]

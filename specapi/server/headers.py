@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..stats import HEADER_PREFIX as PREFIX
-from ..stats import SpeculativeStats, header_value
+from ..core.stats import HEADER_PREFIX as PREFIX
+from ..core.stats import SpeculativeStats, header_value
 
 __all__ = ["stats_headers", "header_value", "PREFIX"]
 

@@ -54,7 +54,7 @@ from typing import Any
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest, values
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
-from ..stats import RoleUsage, SpeculativeStats
+from ..core.stats import RoleUsage, SpeculativeStats
 
 __all__ = ["ProxyMetrics", "fallback_category", "reason_label", "CONTENT_TYPE", "MULTIPROCESS_DIR_VARIABLE", "MAX_POSITION_LABEL"]
 

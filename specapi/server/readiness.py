@@ -9,7 +9,7 @@ and on upstream failures.
 5xx, marks the proxy not ready at once and checks again without waiting for the interval, so one check
 decides whether the failure was the target's or the request's.
 
-The default check of each role is `specapi.checks.EndpointChecker`: `GET {base URL}/models` with the
+The default check of each role is `specapi.surface.checks.EndpointChecker`: `GET {base URL}/models` with the
 proxy's key for that endpoint (no answer, a refused key or a 5xx is a problem), and a model the server
 does not list asked for one token until it has answered once. `target_check` builds one for an endpoint
 alone. Time is injectable (`sleep`, `clock`) and so are the checks.
@@ -23,9 +23,9 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from .._calls import RoleClient
-from ..checks import EndpointChecker
-from ..endpoint import Endpoint
+from ..transport._calls import RoleClient
+from ..surface.checks import EndpointChecker
+from ..transport.endpoint import Endpoint
 
 __all__ = ["Readiness", "Check", "target_check", "DEFAULT_INTERVAL", "CHECK_TIMEOUT"]
 

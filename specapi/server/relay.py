@@ -22,11 +22,11 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
-from .._calls import Meter, RoleClient
-from .._exceptions import MalformedResponseError
-from ..stats import SpeculativeStats, passed_on
-from ..streaming import SpeculativeStream
-from ..target_alone import AloneStream
+from ..transport._calls import Meter, RoleClient
+from ..transport._exceptions import MalformedResponseError
+from ..core.stats import SpeculativeStats, passed_on
+from ..surface.streaming import SpeculativeStream
+from ..engine.target_alone import AloneStream
 
 __all__ = ["TargetStream", "RELAY_REASON", "stream_path", "relayed_stream", "handed_over_stream"]
 

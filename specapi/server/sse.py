@@ -12,7 +12,7 @@ from typing import Any
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from .._json import dumps
+from ..transport._json import dumps
 from .disconnect import ClientDisconnected, run_unless_disconnected
 
 __all__ = ["encode_event", "DONE_EVENT", "EventStreamResponse"]

@@ -15,7 +15,7 @@ import argparse
 import os
 import sys
 
-from ..cli_options import EXIT_FAILED, EXIT_OK, EXIT_USAGE, Option, UsageError, add_options, fraction, listening_socket, resolve
+from ..core.cli_options import EXIT_FAILED, EXIT_OK, EXIT_USAGE, Option, UsageError, add_options, fraction, listening_socket, resolve
 from .faults import Faults
 from .latency import LATENCY_PROFILES
 from .models import MODEL_SPECS

@@ -19,7 +19,7 @@ from .provider import SimProvider
 from .transport import SimTransport
 
 if TYPE_CHECKING:
-    from ..endpoint import Endpoint
+    from ..transport.endpoint import Endpoint
 
 __all__ = ["simulated_endpoints"]
 
@@ -34,7 +34,7 @@ def simulated_endpoints(
     provider: SimProvider | None = None,
 ) -> tuple[Endpoint, Endpoint]:
     """``(target, draft)`` endpoints on ``provider`` (a new one from ``profile``/``latency``/``seed`` if none)."""
-    from ..endpoint import Endpoint
+    from ..transport.endpoint import Endpoint
 
     if provider is None:
         provider = SimProvider(capabilities=profile, latency=latency, seed=seed, deduct_compute_time=True)

@@ -22,10 +22,10 @@ import pytest
 
 from real_helpers import Server, ServerPair
 from specapi import MalformedResponseError
-from specapi._calls import Meter, RoleClient
+from specapi.transport._calls import Meter, RoleClient
 from specapi.dialects.logprobs import CHAT_MAX_TOP, chat_tokens, completion_tokens, prompt_logprob_tokens
-from specapi.acceptance import SamplingParams
-from specapi.context import Context
+from specapi.core.acceptance import SamplingParams
+from specapi.core.context import Context
 from specapi.dialects.vllm import VllmDialect, prompt_scores_probe, prompt_scores_request, read_prompt_scores, scores_prompt
 
 CODE = "def read_lines(path):\n    with open(path) as handle:\n"

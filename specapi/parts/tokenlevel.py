@@ -1,0 +1,578 @@
+"""Token-id verification: the target is sent its own token ids, never text it would read back.
+
+The context is kept as the target's ids (`Context.token_ids`: the prompt tokenized once by the target,
+then every token it chose). For a draft d1..dK in the target's ids, the prompts `context + d1..dj`
+(j = 0..K) each ask the target for one token; d(j+1) is kept while it equals the target's pick after
+`context + d1..dj`, and the first pick that differs (or the pick after all K) is emitted. Every emitted
+token is the target's own choice on exactly the ids it generated, so the output is the target's, at
+token boundaries too, by construction: no re-tokenization check is needed.
+
+Greedy rounds send all prompts in one request where the dialect batches them (llama.cpp's multi-prompt
+`/completion`, vLLM's list of token-id prompts, SGLang's batched `input_ids`). A sampled round with the
+caller's seed sends one request per prompt, concurrently, each with its position's seed: a batch shares
+one seed, so its draws would be correlated across positions. A sampled round without a seed goes as one
+request without a seed where each prompt draws independently (vLLM): the draft samples chains on the
+context's ids, in one request with `n`, each position listing its likeliest ids; the nodes the target
+is likely enough to reach make a tree (`drafttree.plan_tree`), the target draws after each of its
+nodes, and the output walks the tree along the draws. A drawn token is always kept, its bytes read back
+where the answer hid them (`drafttree.decide_batched`; docs/algorithm.md).
+
+The draft's tokens go as ids when the draft shows them and shares the target's tokenizer (checked
+once, by tokenizing a probe text on both); otherwise the draft's text is tokenized by the target.
+
+Where the servers list whole distributions after their sampler chains (llama.cpp's `post_sampling_probs`
+with a `top_k`), a sampled round is instead one draft request and one target request, and specapi runs
+the full rejection sampler on exact p and q itself (`decide_processed`; docs/algorithm.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, cast
+
+from ..transport._calls import Meter, RoleClient
+from ..transport._exceptions import EndpointError, MalformedResponseError
+from ..core.acceptance import Emitted, RoundDecision
+from ..core.alignment import ScoredToken, complete_utf8_prefix
+from ..core.context import Context
+from ..dialects import NativeDialect, Pick
+from ..dialects.base import ChatTokenizing, PromptScoring, SampledBatches, spelling
+from ..dialects.openai import sampling_fields
+from .drafttree import DraftTree, decide_batched, plan_tree
+from ..core.sampling import acceptance_probability
+from ..core.scoring import PICKS, SCORED, PrefixCache, choose_scoring
+from .verifiers import PlainStep, SeedSource, Verification, VerifierBase
+
+__all__ = ["TargetFacts", "TokenIdVerifier", "TOKENIZER_PROBE", "decide_processed", "covers"]
+
+#: A list after the sampler chain is the whole distribution when its probabilities sum to 1 within this.
+WHOLE_TOLERANCE = 1e-6
+#: The longest list asked after the sampler chain (the caller's top_k bounds the support).
+MAX_PROCESSED_LIST = 100
+
+#: Chains the draft samples after the context on the unseeded batched path, in one request with `n`,
+#: each position listing its `LISTED` likeliest ids: their nodes, kept where the draft's tempered
+#: probabilities say the target walks to them often enough (`drafttree.plan_tree`), make the round's tree.
+#: On lan-code at T=0.7 / 1.0, exact expected tokens a round (`python benchmarks/draft_trees.py`): 4.37 /
+#: 4.03, where the draft's likeliest chain with an alternative a position and 8 chains sampled beside it
+#: in a second request, cut to the ids two of them share, gave 4.16 / 3.78 for as many prompts;
+#: `specapi bench --scenario lan-code --requests 16`: 1.68x / 1.61x against 1.58x / 1.37x (docs/algorithm.md).
+SAMPLED_CHAINS = 8
+LISTED = 2
+#: The draft samples its chains at the caller's temperature, but not above this: a tree is worth the
+#: paths the target is likeliest to take, and a cooler draft finds more of them, down to a point
+#: (`python benchmarks/draft_trees.py`, exact expected tokens a round for a caller at 1.0: chains at 0.7
+#: 4.03, at 1.0 4.02, at 0.5 3.97).
+DRAFT_TEMPERATURE = 0.7
+#: Where the draft server takes no `n`: the draft's most likely ids, each position with this many next
+#: most likely ones beside it (the target draws after each).
+ALTERNATIVES = 1
+#: Request fields that leave a greedy pick the model's own argmax, which prompt scores show: a request
+#: with any other field (`logit_bias`, `allowed_token_ids`, ...) has its rounds checked by K + 1 prompts.
+SCORED_NEUTRAL = frozenset({"top_k", "top_p", "min_p", "typical_p", "seed", "user", "metadata", "store", "cache_prompt", "stream_options"})
+#: The most tokens drawn after a token whose bytes the target's answer hid, to read them back.
+_MAX_HELD_STEP = 16
+
+#: Text whose tokenization tells tokenizers apart: code, CJK, emoji and a combining mark.
+TOKENIZER_PROBE = "def f(x):\n    return x  # 中文テキスト 😀 e\u0301"
+
+
+@dataclass
+class TargetFacts:
+    """What token-id verification learns of a target once, for every request after: whether the draft
+    server shares its tokenizer (two tokenize calls) and its prefix cache (its `/metrics`)."""
+
+    same_tokenizer: bool | None = None
+    prefix_cache: PrefixCache | None = None
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+@dataclass
+class TokenIdVerifier(VerifierBase):
+    client: RoleClient
+    dialect: NativeDialect
+    #: The draft's endpoint, to check once whether it shares the target's tokenizer.
+    draft_client: RoleClient | None = None
+    name: str = "token-ids"
+    #: Every kept token is one the target chose itself, so any sampler settings are reproduced.
+    draws_target_tokens: bool = True
+    sends_token_ids = True
+    #: What the target's verifiers learn once and share across requests (the resolver holds one).
+    facts: TargetFacts = field(default_factory=TargetFacts, repr=False)
+    _processed_refused: bool = field(default=False, repr=False)
+    #: The draft server refused (or answered unreadably) a draft on ids named by id: this request's
+    #: drafts go as text.
+    _ids_draft_refused: bool = field(default=False, repr=False)
+    #: The draft server refused (or answered unreadably) sampled chains with `n`: rounds go without them.
+    _sampled_refused: bool = field(default=False, repr=False)
+    #: The target refused (or answered unreadably) a scored prompt: its rounds go as K + 1 prompts.
+    _scored_refused: bool = field(default=False, repr=False)
+    #: The target's context window (vLLM's `max_model_len`), where known: a chat request without a limit
+    #: runs to its end, as vLLM's chat endpoint lets it.
+    context_window: int | None = None
+
+    async def prompt_ids(self, context: Context, meter: Meter) -> tuple[int, ...]:
+        """The prompt as the target tokenizes it for a request of its own; a chat request's messages as
+        its chat endpoint renders and tokenizes them (vLLM's `/tokenize` with `messages`)."""
+        if context.is_chat:
+            if not self.dialect.tokenizes_chat or context.accepted:
+                raise self.client.malformed("token-id verification of chat needs the server's chat tokenizer")
+            assert context.messages is not None
+            chat = cast(ChatTokenizing, self.dialect)
+            return tuple(await chat.tokenize_chat(self.client, context.messages, context.extras, meter, options=context.options))
+        return tuple(i for i, _ in await self.dialect.tokenize(self.client, context.completion_prompt(), meter, special=True, options=context.options))
+
+    @property
+    def verifies_chat(self) -> bool:  # type: ignore[override]
+        """Chat requests can run on token ids here: the server renders and tokenizes a chat's messages."""
+        return self.dialect.tokenizes_chat
+
+    async def _cache(self) -> PrefixCache:
+        """The target's prefix cache as its server reports it (asked once), else vLLM's usual one."""
+        facts = self.facts
+        async with facts.lock:
+            if facts.prefix_cache is None:
+                reported = await cast(PromptScoring, self.dialect).prefix_cache(self.client)
+                facts.prefix_cache = reported if reported is not None else PrefixCache()
+            return facts.prefix_cache
+
+    async def scoring(self, context: Context, drafted: int) -> str:
+        """How a greedy round checks `drafted` ids (`scoring.choose_scoring`): one scored prompt where the
+        server offers it and it recomputes less than K + 1 prompts on the cached context. The cache holds
+        the context once a call has run on it: the prompt alone has never been sent by this request."""
+        if not self.dialect.scores_prompts or self._scored_refused or not context.sampling.greedy:
+            return PICKS
+        if any(key not in SCORED_NEUTRAL for key in context.extras):
+            return PICKS  # a field that may move the pick (logit_bias, ...): prompt scores are the model's own
+        assert context.token_ids is not None
+        n = len(context.token_ids)
+        known = n - 1 if context.accepted else 0
+        return choose_scoring(n, drafted, known, await self._cache())
+
+    async def _shares_tokenizer(self, meter: Meter, draft_meter: Meter | None) -> bool:
+        facts = self.facts
+        async with facts.lock:
+            if facts.same_tokenizer is None:
+                facts.same_tokenizer = False
+                if self.draft_client is not None:
+                    try:
+                        mine = await self.dialect.tokenize(self.client, TOKENIZER_PROBE, meter, special=False)
+                        theirs = await self.dialect.tokenize(self.draft_client, TOKENIZER_PROBE, draft_meter or Meter(self.draft_client.endpoint), special=False)
+                        facts.same_tokenizer = [i for i, _ in mine] == [i for i, _ in theirs]
+                    except Exception:  # a draft that cannot tokenize (another kind of server): not shared
+                        facts.same_tokenizer = False
+            return facts.same_tokenizer
+
+    async def _draft_ids(self, draft: Sequence[ScoredToken], meter: Meter, draft_meter: Meter | None) -> list[tuple[int, bytes | None]]:
+        """The draft's text in the target's token ids (with their bytes where shown). A draft server
+        with the same tokenizer splits it (a draft call, not one more target call); else the target."""
+        text = b"".join(t.data for t in draft).decode("utf-8")
+        if not text:
+            return []
+        if self.draft_client is not None and await self._shares_tokenizer(meter, draft_meter):
+            return await self.dialect.tokenize(self.draft_client, text, draft_meter or Meter(self.draft_client.endpoint), special=False)
+        return await self.dialect.tokenize(self.client, text, meter, special=False)
+
+    def processed_list(self, context: Context) -> int | None:
+        """How long a list after the sampler chain shows a sampled request's whole support here (the
+        caller's or the server's top_k), or None where it cannot (greedy, no top_k, no such API)."""
+        top_k = context.extras.get("top_k")
+        if context.sampling.greedy or not self.dialect.lists_processed or context.token_ids is None or self._processed_refused:
+            return None
+        if not isinstance(top_k, int) or isinstance(top_k, bool) or not 0 < top_k <= MAX_PROCESSED_LIST:
+            return None
+        return top_k
+
+    def batched_sampling(self, context: Context) -> bool:
+        """Whether a sampled round goes as one unseeded request (`decide_batched`): no caller's seed to
+        keep, and a server whose prompts of one request draw independently."""
+        return (
+            not context.sampling.greedy and context.seed is None and context.token_ids is not None
+            and self.dialect.batches and self.dialect.batches_sampled
+        )
+
+    async def native_draft(
+        self, context: Context, k: int, meter: Meter, draft_meter: Meter, seed: int | None, *, model: bool = True
+    ) -> tuple[ScoredToken, ...] | None:
+        """A draft drawn by the draft server on the context's ids, each token with the distribution it
+        was drawn from (after the sampler chain), where both servers list those and share a tokenizer;
+        on the unseeded batched path (`model`: the request's drafter is the draft model), the draft's
+        most likely ids with their alternatives and sampled chains as branches (`_tree_draft`); None
+        otherwise (the engine's drafter proposes instead)."""
+        ids_draft = model and not self._ids_draft_refused and context.sampling.point_mass_draft
+        if ids_draft and self.draft_client is not None and self.batched_sampling(context):
+            if not await self._shares_tokenizer(meter, draft_meter):
+                return None
+            return await self._tree_draft(context, k, draft_meter)
+        list_length = self.processed_list(context)
+        if list_length is None or self.draft_client is None or not self.dialect.lists_processed:
+            return None
+        if not await self._shares_tokenizer(meter, draft_meter):
+            return None
+        assert context.token_ids is not None
+        drawn = await self.dialect.processed_draft(
+            self.draft_client, context.token_ids, k, sampling_fields(context, seed), list_length, draft_meter, options=context.options
+        )
+        tokens: list[ScoredToken] = []
+        for token, data, dist in drawn:
+            if not covers(dist):
+                break  # the draw is exact only where the list is the whole distribution
+            q = {t: v for t, (v, _) in dist.items()}
+            tokens.append(ScoredToken(text=spelling(data), logprob=math.log(q[token]) if q[token] > 0 else None, id=token, drawn_from=q))
+        return tuple(tokens)
+
+    async def _tree_draft(self, context: Context, k: int, draft_meter: Meter) -> tuple[ScoredToken, ...] | None:
+        """The draft's proposals as a tree (`DraftTree`): `SAMPLED_CHAINS` chains it samples in one request,
+        pruned by `plan_tree`; where the server takes no `n`, its most likely ids, each with its next most
+        likely ones. The tree travels as its chain, the first token holding the other nodes as branches."""
+        assert context.token_ids is not None and self.draft_client is not None
+        dialect = cast(SampledBatches, self.dialect)
+        if not self._sampled_refused and SAMPLED_CHAINS:
+            cool = replace(context.sampling, temperature=min(context.sampling.temperature, DRAFT_TEMPERATURE), point_mass_draft=False)
+            try:
+                chains = await dialect.sampled_drafts(
+                    self.draft_client, context.token_ids, k, sampling_fields(replace(context, sampling=cool), None, target=False),
+                    SAMPLED_CHAINS, LISTED, draft_meter, options=context.options,
+                )
+            except EndpointError as exc:
+                if not _declined(exc):
+                    raise
+                self._sampled_refused = True  # a server without `n` (or unreadable choices): the chain and its alternatives
+            else:
+                tree = plan_tree(chains, context.sampling.temperature)
+                if tree.chain:
+                    on_chain = set(tree.nodes[: len(tree.chain) + 1])
+                    branches = tuple(node for node in tree.nodes if node not in on_chain)
+                    tokens = [_id_only(i) for i in tree.chain]
+                    tokens[0] = replace(tokens[0], branches=branches)
+                    return tuple(tokens)
+        try:
+            chain = await dialect.ids_draft(
+                self.draft_client, context.token_ids, k, sampling_fields(context, None, target=False), ALTERNATIVES, draft_meter, options=context.options
+            )
+        except EndpointError as exc:
+            if not _declined(exc):
+                raise
+            self._ids_draft_refused = True  # an older server: the draft model proposes text, without alternatives
+            return None
+        return tuple(_id_only(i, tuple((a,) for a in alternatives)) for i, alternatives in chain)
+
+    async def verify(
+        self, context: Context, draft: Sequence[ScoredToken], meter: Meter, next_seed: SeedSource, top_k: int, draft_meter: Meter | None = None
+    ) -> Verification:
+        if context.token_ids is None:
+            raise self.client.malformed("token-id verification needs the context's token ids")
+        list_length = self.processed_list(context)
+        refused = False  # the target refused the processed-list request of this round
+        if list_length is not None and draft and all(t.drawn_from is not None and t.id is not None for t in draft):
+            proposals = [(int(t.id), t.data, dict(t.drawn_from or {})) for t in draft]  # type: ignore[arg-type]
+            verification = await self._verify_processed(context, proposals, len(draft), meter, next_seed, list_length)
+            if verification is not None:
+                return verification
+            refused = True
+        if self.batched_sampling(context):
+            return await self._verify_batched(context, draft, meter, next_seed, draft_meter)
+        pieces = await self._draft_ids(draft, meter, draft_meter)
+        if list_length is not None and not refused and pieces and all(t.logprob == 0.0 for t in draft):
+            # A point-mass draft (prompt lookup, the suffix index, a prediction, the draft model's most
+            # likely tokens: q(x) = 1): its ids are a function of the context, so q_j is a point mass on
+            # each of them, whole, and the same rejection sampler applies.
+            proposals = [(i, data or b"", {i: 1.0}) for i, data in pieces]
+            verification = await self._verify_processed(context, proposals, len(draft), meter, next_seed, list_length)
+            if verification is not None:
+                return verification
+            refused = True
+        drafted = [i for i, _ in pieces]
+        base = list(context.token_ids)
+        prompts = [base + drafted[:j] for j in range(len(drafted) + 1)]
+        started = self.client.clock()
+        if context.sampling.greedy and self.dialect.batches:
+            seeds = [next_seed()] * len(prompts)
+            picks = await self._greedy_picks(context, drafted, prompts, sampling_fields(context, seeds[0]), meter)
+        else:
+            seeds = [next_seed() for _ in prompts]
+            answers = await asyncio.gather(
+                *(self.dialect.next_tokens(self.client, [p], sampling_fields(context, seed), meter, options=context.options) for p, seed in zip(prompts, seeds))
+            )
+            picks = [a[0] for a in answers]
+        if refused:
+            # The same fields were accepted for picks: the processed lists' shape was refused (e.g. a server
+            # without post_sampling_probs), not the caller's parameters, which would have been refused again.
+            self._processed_refused = True
+        latency = self.client.clock() - started
+        return Verification(
+            positions=(),
+            straddle=0,
+            bonus=None,
+            finish_reason=None,
+            latency_s=latency,
+            prompt_tokens=picks[0].prompt_tokens,
+            decision=_decide(pieces, picks, len(draft)),
+            seeds=tuple(seeds),
+        )
+
+    async def _greedy_picks(
+        self, context: Context, drafted: Sequence[int], prompts: Sequence[Sequence[int]], fields: Mapping[str, Any], meter: Meter
+    ) -> list[Pick]:
+        """The target's greedy picks after each prompt, by the scoring that recomputes least (`scoring`)."""
+        shape = await self.scoring(context, len(drafted)) if drafted else PICKS
+        if shape == SCORED:
+            assert context.token_ids is not None
+            try:
+                scorer = cast(PromptScoring, self.dialect)
+                picks = await scorer.scored_next(self.client, context.token_ids, drafted, fields, meter, options=context.options)
+            except EndpointError as exc:
+                if not _declined(exc):
+                    raise
+                self._scored_refused = True  # the target's picks on K + 1 prompts from now on
+            else:
+                return picks
+        return await self.dialect.next_tokens(self.client, prompts, fields, meter, options=context.options)
+
+    async def _verify_batched(
+        self, context: Context, draft: Sequence[ScoredToken], meter: Meter, next_seed: SeedSource, draft_meter: Meter | None
+    ) -> Verification:
+        """One unseeded request: the target draws after every node of the draft's tree (`DraftTree`,
+        `decide_batched`). A drawn token whose bytes the answer hid is kept, and its bytes read back."""
+        assert context.token_ids is not None
+        native = all(_is_id_only(t) for t in draft)
+        pieces = [(int(t.id), None) for t in draft] if native else await self._draft_ids(draft, meter, draft_meter)  # type: ignore[arg-type]
+        drafted = tuple(i for i, _ in pieces)
+        branches = (drafted[:j] + b for j, t in enumerate(draft[: len(drafted)]) if native for b in t.branches)
+        tree = DraftTree.grow(pieces, branches)
+        base = list(context.token_ids)
+        started = self.client.clock()
+        picks = await self.dialect.next_tokens(
+            self.client, [base + list(node) for node in tree.nodes], sampling_fields(context, None), meter, options=context.options
+        )
+        decision, held = decide_batched(tree, dict(zip(tree.nodes, picks)), len(draft))
+        if held is not None:
+            decision = await self._read_held(context, decision, held, meter, next_seed)
+        return Verification(
+            positions=(), straddle=0, bonus=None, finish_reason=None, latency_s=self.client.clock() - started,
+            prompt_tokens=picks[0].prompt_tokens, decision=decision,
+        )
+
+    async def _read_held(self, context: Context, decision: RoundDecision, held: int, meter: Meter, next_seed: SeedSource) -> RoundDecision:
+        """The round's last drawn token, `held`, came without its bytes (part of a character): it is kept
+        (drawing it again because of what was drawn would bias the draw). The target continues after it,
+        seeded by position so that a longer step repeats a shorter one, until the tokens together make
+        whole characters, which the server detokenizes. Where they never do, the decision says the
+        token is drawn again (`redrawn`: the response is approximate)."""
+        assert context.token_ids is not None
+        prefix = [i for e in decision.emitted for i in (e.ids or ())]
+        seed = None
+        for _ in range(len(prefix) + 2):
+            seed = next_seed()  # the seed of the position after the held token
+        dialect = cast(SampledBatches, self.dialect)
+        ids = list(context.token_ids) + prefix + [held]
+        steps = 1
+        while True:
+            generated = await self.dialect.generate(self.client, ids, sampling_fields(context, seed), steps, (), meter, options=context.options)
+            group = [held, *(generated.ids or ())]
+            data = await dialect.detokenize(self.client, group, meter)
+            if data is not None and data and complete_utf8_prefix(data) == data:
+                emitted = Emitted(token=spelling(data), data=data, ids=tuple(group), count=len(group))
+                end = (Emitted(token="", data=b"", eos=True, count=0),) if generated.finish_reason != "length" else ()
+                return replace(decision, emitted=decision.emitted + (emitted,) + end, stalled=False, handover=False)
+            if generated.finish_reason != "length" or steps >= _MAX_HELD_STEP:
+                return replace(decision, handover=True, redrawn=True)
+            steps *= 2
+
+    async def _verify_processed(
+        self,
+        context: Context,
+        proposals: Sequence[tuple[int, bytes, Mapping[int, float]]],
+        draft_tokens: int,
+        meter: Meter,
+        next_seed: SeedSource,
+        list_length: int,
+    ) -> Verification | None:
+        """The full rejection sampler on exact distributions: one request lists the target's distribution
+        after its sampler chain at every draft position and after the draft, and specapi draws (see
+        `decide_processed`). The seed is not a position's: the server's own draws here only decide where it
+        lists nothing, and a step that draws such a position again must draw independently of them."""
+        assert context.token_ids is not None
+        seed = next_seed()
+        own = _other_seed(seed)
+        base = list(context.token_ids)
+        prompts = [base + [token for token, _, _ in proposals[:j]] for j in range(len(proposals) + 1)]
+        started = self.client.clock()
+        try:
+            targets, prompt_tokens = await self.dialect.processed_next(  # type: ignore[attr-defined]
+                self.client, prompts, sampling_fields(context, own), list_length, meter, options=context.options
+            )
+        except EndpointError as exc:
+            if not exc.refused_shape:
+                raise
+            return None  # the target's picks decide this round (`verify` learns whether the shape was at fault)
+        latency = self.client.clock() - started
+        decision = decide_processed(proposals, targets, random.Random(own))
+        if len(proposals) != draft_tokens:
+            # Draft positions as the draft proposed them, counted by their share of the kept target tokens.
+            accepted = min(draft_tokens, round(decision.accepted * draft_tokens / max(1, len(proposals))))
+            decision = replace(decision, accepted=accepted, accepted_by_position=tuple(i < accepted for i in range(draft_tokens)))
+        return Verification(
+            positions=(),
+            straddle=0,
+            bonus=None,
+            finish_reason=None,
+            latency_s=latency,
+            prompt_tokens=prompt_tokens,
+            decision=decision,
+        )
+
+    async def plain(
+        self, context: Context, max_tokens: int | None, meter: Meter, seed: int | None, stop: tuple[str, ...], *, streamed: bool = False,
+        whole_characters: bool = False,
+    ) -> PlainStep:
+        """The target alone continues the context's ids (the engine's plain steps on this path);
+        `streamed` renders the text as a stream would (a streaming caller's last step)."""
+        assert context.token_ids is not None
+        if max_tokens is None and context.is_chat and self.context_window is not None:
+            # vLLM's chat endpoint lets a request without a limit run to the end of the window; its
+            # completions endpoint would stop at 16 tokens.
+            max_tokens = max(1, self.context_window - len(context.token_ids))
+        started = self.client.clock()
+        generated = await self.dialect.generate(
+            self.client, context.token_ids, sampling_fields(context, seed), max_tokens, stop, meter, options=context.options, stream=streamed,
+            whole_characters=whole_characters,
+        )
+        return PlainStep(
+            text=generated.data.decode("utf-8", errors="replace"),
+            finish_reason=generated.finish_reason,
+            completion_tokens=generated.completion_tokens,
+            prompt_tokens=generated.prompt_tokens,
+            latency_s=self.client.clock() - started,
+            data=generated.data,
+            ids=generated.ids,
+            held_back=generated.held_back,
+        )
+
+
+def _decide(pieces: Sequence[tuple[int, bytes | None]], picks: Sequence[Pick], draft_tokens: int) -> RoundDecision:
+    """Keep draft ids while they equal the target's picks; emit the first pick that differs (or the
+    pick after the whole draft). A pick's bytes are the server's, or the draft piece's when it is the
+    same id; a pick whose bytes nobody showed ends the round before it (a plain step decides it)."""
+    drafted = [i for i, _ in pieces]
+    emitted: list[Emitted] = []
+    kept = 0
+    unread = False
+    for j, pick in enumerate(picks):
+        if pick.end:
+            if pick.uncounted:
+                # The server counts its end-of-text token as generated: so does the response.
+                emitted.append(Emitted(token="", data=b"", count=pick.uncounted))
+            emitted.append(Emitted(token="", data=b"", eos=True, count=0))
+            break
+        data = pick.data
+        if data is None and j < len(pieces) and pieces[j][0] == pick.id:
+            data = pieces[j][1]
+        if data is None:
+            unread = True  # drawn, but its bytes are unknown: the target alone decides it again
+            break
+        pick = replace(pick, data=data)
+        emitted.append(Emitted(token=pick.data.decode("utf-8", errors="replace"), data=pick.data, ids=(pick.id,) if pick.id is not None else None))
+        if j < len(drafted) and pick.id == drafted[j]:
+            kept += 1
+            continue
+        break
+    all_kept = kept == len(drafted)
+    # Accepted draft positions as the draft proposed them: the draft's tokens are counted by their share
+    # of the kept target tokens (tokenizers may differ).
+    accepted = min(draft_tokens, kept if len(drafted) == draft_tokens else round(kept * draft_tokens / max(1, len(drafted))))
+    return RoundDecision(
+        emitted=tuple(emitted),
+        accepted=accepted,
+        accepted_by_position=tuple(i < accepted for i in range(draft_tokens)),
+        all_accepted=all_kept,
+        stalled=not emitted,
+        handover=unread,
+    )
+
+
+def _declined(exc: EndpointError) -> bool:
+    """The draft server refused the request's shape or answered it unreadably: it lacks that way of asking."""
+    return exc.refused_shape or isinstance(exc, MalformedResponseError)
+
+
+def _id_only(token_id: int, branches: tuple[tuple[int, ...], ...] = ()) -> ScoredToken:
+    """A draft token known by its id alone (the draft on ids; its bytes come with the target's draw),
+    written as a server writes a token it names by id, so that its text stands for no bytes."""
+    return ScoredToken(text=f"token_id:{token_id}", logprob=0.0, id=token_id, branches=branches)
+
+
+def _is_id_only(token: ScoredToken) -> bool:
+    return token.id is not None and token.text == f"token_id:{token.id}"
+
+
+def _other_seed(seed: int | None) -> int:
+    """A seed unrelated to `seed` (a position's), derived from it so that runs repeat."""
+    return random.Random(0x5EED ^ (seed if seed is not None else random.randrange(2**31))).randrange(2**31)
+
+
+def covers(dist: Mapping[int, Any]) -> bool:
+    """Whether a list after the sampler chain is the whole distribution (its probabilities sum to 1)."""
+    total = math.fsum((v[0] if isinstance(v, tuple) else v) for v in dist.values())
+    return abs(total - 1.0) <= WHOLE_TOLERANCE
+
+
+def _draw(weights: Mapping[int, float], rng: random.Random) -> int:
+    """Inverse CDF over the ids in a fixed order, so a seeded rng repeats."""
+    order = sorted(weights)
+    u = rng.random() * math.fsum(weights.values())
+    cumulative = 0.0
+    for token in order:
+        cumulative += weights[token]
+        if u < cumulative:
+            return token
+    return order[-1]
+
+
+def decide_processed(
+    draft: Sequence[tuple[int, bytes, Mapping[int, float]]], targets: Sequence[Mapping[int, tuple[float, bytes]] | None], rng: random.Random
+) -> RoundDecision:
+    """Speculative sampling on whole distributions (pure). `draft[j]` is the token drawn at position j,
+    its bytes and the whole distribution q_j it was drawn from; `targets[j]` the target's whole
+    distribution p_j after the sampler chain at position j (j = len(draft): after the draft), or None
+    where the server listed nothing. Keep x_j with probability min(1, p_j(x_j)/q_j(x_j)); at the first
+    rejection draw from max(0, p_j - q_j) renormalised; after a whole kept draft draw from p_K. A
+    position whose p is missing or not whole is handed to the target alone, before anything is drawn
+    there. Tokens that end inside a character are kept: the context continues in ids, and cutting a
+    token because of what was drawn would bias the draw."""
+    emitted: list[Emitted] = []
+    accepted = 0
+    handover = False
+    for j, target in enumerate(targets):
+        if target is None or not covers(target):
+            handover = True
+            break
+        p = {t: v for t, (v, _) in target.items()}
+        if j < len(draft):
+            token, data, q = draft[j]
+            if rng.random() < acceptance_probability(p.get(token, 0.0), q.get(token, 0.0)):
+                data = target[token][1]  # kept: p(token) > 0, so the server spelled it
+                emitted.append(Emitted(token=spelling(data), data=data, ids=(token,)))
+                accepted += 1
+                continue
+            residual = {t: v - q.get(t, 0.0) for t, v in p.items() if v > q.get(t, 0.0)}
+            choice = _draw(residual if math.fsum(residual.values()) > 1e-12 else p, rng)
+        else:
+            choice = _draw(p, rng)
+        data = target[choice][1]
+        # A candidate with no bytes is the end of the text (the only token a chain keeps that spells nothing).
+        emitted.append(Emitted(token=spelling(data), data=data, ids=(choice,)) if data else Emitted(token="", data=b"", eos=True))
+        break
+    return RoundDecision(
+        emitted=tuple(emitted),
+        accepted=accepted,
+        accepted_by_position=tuple(i < accepted for i in range(len(draft))),
+        all_accepted=accepted == len(draft) and not handover,
+        stalled=not emitted,
+        handover=handover,
+        keeps_partial=True,
+    )

@@ -1,0 +1,1 @@
+"""The SDK-shaped clients: `AsyncSpeculativeOpenAI`, `SpeculativeOpenAI` and their resources."""
