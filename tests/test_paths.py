@@ -192,7 +192,7 @@ async def test_vllm_auto_verifies_on_the_targets_own_ids(chat):
     assert len(verify_calls) == rounds
     # No text goes back to the target: no echoed prompt, no assistant message continued (the probe aside).
     texts = [c for c in provider.calls[start:] if isinstance(c.body, dict) and c.model == "sim-target"
-             and (c.body.get("echo") or c.body.get("continue_final_message")) and c.body.get("prompt") != specapi.probe._PROBE_PROMPT
+             and (c.body.get("echo") or c.body.get("continue_final_message")) and c.body.get("prompt") != specapi.parts.probe._PROBE_PROMPT
              and "a b c" not in str(c.body.get("messages"))]
     assert not texts
     if chat:

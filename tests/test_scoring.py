@@ -1,11 +1,11 @@
-"""The cheapest exact scoring of a draft on token ids (specapi/scoring.py): pure, no HTTP; and vLLM's
+"""The cheapest exact scoring of a draft on token ids (specapi/core/scoring.py): pure, no HTTP; and vLLM's
 cache settings and scored prompts as its dialect reads them."""
 
 from __future__ import annotations
 
 import pytest
 
-from specapi.scoring import (
+from specapi.core.scoring import (
     ENTRY_COST,
     PROMPT_COST,
     PICKS,
