@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Coroutine, Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import replace
-from typing import Any
 
 from ..transport._calls import Clock, Meter, RoleClient
 from ..transport._exceptions import DraftError, EndpointError, MalformedResponseError
@@ -23,15 +22,16 @@ from ..transport.degraded import FallbackWarnings
 from ..core.acceptance import Emitted, RoundDecision, decide_round
 from ..core.alignment import token_bytes
 from ..core.context import Context
-from ..parts.drafters import Draft, Drafter, ModelDrafter, as_drafter, usable_prefix
+from ..parts.drafters import Draft, Drafter, ModelDrafter, as_drafter
 from ..core.load import current_request, queue_delay
 from .output import Output, complete_characters, room, with_pick_scores, within_limit
 from ..parts.paths import PathResolver, VerificationPath
 from .plan import Plan, plan
 from ..parts.policy import RECHECK, TARGET_ALONE, DraftLengthPolicy, PolicyState, Start, as_policy
 from ..parts.probe import Capabilities
-from .request import Finished, GenerationRequest, Piece, Prefetched, RequestState
+from .request import Finished, GenerationRequest, Piece, RequestState
 from ..core.stats import MODEL_DRAFTER, RoleUsage, RoundRecord, SpeculativeStats
+from .prefetch import first_draft, settle, start_prefetch, take_prefetch
 from .target_alone import AloneStream, can_stream, plain, plain_streamed, regenerate, whole_answer
 from ..parts.verifiers import Verification
 
@@ -119,7 +119,7 @@ class Engine:
                 state.stale.append(state.prefetch.task)
             if finished_normally:
                 # A draft call the server has answered is billed: wait for stale prefetches and count them.
-                await _settle(state)
+                await settle(state)
             else:
                 for task in state.stale:
                     task.cancel()
@@ -313,8 +313,8 @@ class Engine:
             # with it (`benchmarks/README.md`).
             await asyncio.sleep(0)
         prefetched, state.prefetch = state.prefetch, None
-        taken = _take_prefetch(prefetched, context, k, self.clock, state) if prefetched is not None else None
-        draft = await taken if taken is not None else _first_draft(state, context, k)
+        taken = take_prefetch(prefetched, context, k, self.clock, state) if prefetched is not None else None
+        draft = await taken if taken is not None else first_draft(state, context, k)
         if draft is None:
             draft = await self._draft(context, k, state)
         if draft is None:
@@ -329,7 +329,7 @@ class Engine:
             # Guess that every draft token is kept, and draft the next round meanwhile
             # (no longer than the model is asked for in a round sized for free drafts).
             length = state.drafter.paid_length(k)
-            state.prefetch = _start_prefetch(draft.model, context.advanced(draft.text), length + 1, state)
+            state.prefetch = start_prefetch(draft.model, context.advanced(draft.text), length + 1, state)
         return await self._round(context, draft, state)
 
     def _learn_refusal(self, state: RequestState) -> None:
@@ -554,65 +554,3 @@ def _runs_to_window(caps: Capabilities | None) -> bool:
     """The server runs a request whose limit is past its window up to the window (llama-server), where
     others refuse it (vLLM, OpenAI)."""
     return caps is not None and caps.server in ("llama-server", "llama-cpp-python")
-
-
-def _first_draft(state: RequestState, context: Context, k: int) -> Draft | None:
-    """The draft made before the prompt was tokenized, for the first round (cut to its `k` tokens)."""
-    draft, state.first_draft = state.first_draft, None
-    if draft is None:
-        return None
-    if context.accepted:  # the first round went otherwise: the draft is billed, never verified
-        state.discarded_draft_tokens += len(draft.tokens)
-        return None
-    if len(draft.tokens) <= k:
-        return draft
-    rest = usable_prefix(draft.tokens[:k])  # cut at a complete character
-    state.discarded_draft_tokens += len(draft.tokens) - len(rest)
-    return replace(draft, tokens=rest, confidence=draft.confidence[: len(rest)])
-
-
-def _start_prefetch(model: ModelDrafter, context: Context, k: int, state: RequestState) -> Prefetched:
-    """Draft the next round while this one is verified, guessing that every draft token is kept."""
-    assert state.draft_meter is not None
-    task = asyncio.ensure_future(model.draft(context, k, state.draft_meter, state.seed()))
-    return Prefetched(task=task, assumed=context.accepted)
-
-
-def _take_prefetch(prefetched: Prefetched, context: Context, k: int, clock: Clock, state: RequestState) -> Coroutine[Any, Any, Draft | None] | None:
-    """The prefetched draft minus the tokens the round already produced, if the guess held.
-
-    A stale guess is not cancelled: the server may have processed it already, and what it bills
-    is counted when the request ends."""
-    if not context.accepted.startswith(prefetched.assumed):
-        state.stale.append(prefetched.task)
-        return None
-    produced = context.accepted[len(prefetched.assumed) :].encode("utf-8")
-
-    async def usable() -> Draft | None:
-        started = clock()
-        try:
-            draft = await prefetched.task
-        except Exception:
-            return None  # a failed guess costs nothing but the call: draft afresh
-        skipped, offset = 0, 0
-        while offset < len(produced) and skipped < len(draft.tokens):
-            offset += len(draft.tokens[skipped].data)
-            skipped += 1
-        if draft.text.encode("utf-8")[: len(produced)] != produced or offset != len(produced):
-            return None
-        rest = usable_prefix(draft.tokens[skipped : skipped + k])  # cut at a complete character
-        state.discarded_draft_tokens += len(draft.tokens) - skipped - len(rest)
-        if not rest:
-            return None
-        return Draft(tokens=rest, latency_s=clock() - started, drafter=draft.drafter, pipelined=True, model=draft.model)
-
-    return usable()
-
-
-async def _settle(state: RequestState) -> None:
-    """Wait for the stale prefetches (their usage reaches the draft meter) and count their tokens."""
-    if not state.stale:
-        return
-    results = await asyncio.gather(*state.stale, return_exceptions=True)
-    state.discarded_draft_tokens += sum(len(r.tokens) for r in results if isinstance(r, Draft))
-    state.stale.clear()
