@@ -474,6 +474,21 @@ async def test_vllm_pick_of_a_token_inside_a_character_has_unknown_bytes() -> No
     assert pick.id == 3635 and pick.data is None and not pick.end
 
 
+async def test_vllm_pick_after_a_prompt_ending_inside_a_character_never_takes_the_text() -> None:
+    """After a token-id prompt that ends inside a character, vLLM's text starts with the prompt's own text
+    again (seen on the real server: "Python 是一种…" came back inside the answer); the token's own rendering
+    holds no whole character, so the pick's bytes are unknown, never the text."""
+    client, meter = role()
+    answer = recorded("vllm", "completions_token_ids")
+    choice = answer["choices"][0]
+    choice.update(text="Python 是一种解释型语言。稇", token_ids=[3635],
+                  logprobs={"text_offset": [0], "token_logprobs": [-0.5], "tokens": ["\ufffd稇"], "top_logprobs": [{"\ufffd稇": -0.5}]})
+    with respx.mock(base_url=ROOT + "/v1") as router:
+        router.post("/completions").respond(200, json=answer)
+        (pick,) = await VllmDialect().next_tokens(client, [[755, 16178]], {"temperature": 0}, meter, options={})
+    assert pick.id == 3635 and pick.data is None and not pick.end
+
+
 async def test_vllm_pick_of_a_special_token_writes_nothing() -> None:
     """A special token other than the end (generated mid-text) is listed by its name but left out of the
     text by vLLM (skip_special_tokens, seen on the real server): the pick writes nothing."""

@@ -299,7 +299,9 @@ def _pick(choice: Mapping[str, Any], prompt_tokens: int | None) -> Pick:
     data = _data(tokens[0]) if tokens else None
     if data and text == "":
         data = b""  # a special token other than the end (e.g. a BOS): listed by its name, left out of the text
-    if data is None and text:
+    if data is None and text and not tokens:
+        # Only without the token's own rendering: after a prompt that ends inside a character, vLLM's
+        # text starts with the prompt's text again, so a token rendered "" leaves its bytes unknown.
         data = rendered_bytes(text)
     return Pick(id=int(token_ids[0]), data=data, prompt_tokens=prompt_tokens)
 
