@@ -199,15 +199,17 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-def start_process(name: str, argv: list[str], logs: pathlib.Path, ready: str, *, env: dict[str, str] | None = None, port: int | None = None) -> Process:
-    """Start `argv` ("{port}" replaced by a free port) and wait until GET `ready` answers 200."""
+def start_process(
+    name: str, argv: list[str], logs: pathlib.Path, ready: str, *, env: dict[str, str] | None = None, port: int | None = None, startup_s: float = STARTUP_S
+) -> Process:
+    """Start `argv` ("{port}" replaced by a free port) and wait until GET `ready` answers 200 (at most `startup_s`)."""
     port = port or free_port()
     argv = [a.replace("{port}", str(port)) for a in argv]
     log = logs / f"{name.replace(' ', '-')}.log"
     with open(log, "wb") as out:
         popen = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=logs, preexec_fn=_die_with_parent)
     process = Process(name, port, popen, log)
-    deadline, last = time.monotonic() + STARTUP_S, "no answer"
+    deadline, last = time.monotonic() + startup_s, "no answer"
     while time.monotonic() < deadline:
         if popen.poll() is not None:
             raise RuntimeError(f"{name} exited with {popen.returncode} while starting:\n{process.log_tail()}")
@@ -220,7 +222,7 @@ def start_process(name: str, argv: list[str], logs: pathlib.Path, ready: str, *,
             last = repr(exc)
         time.sleep(0.2)
     stop_process(process)
-    raise RuntimeError(f"{name} did not answer {ready} within {STARTUP_S:.0f} s ({last}):\n{process.log_tail()}")
+    raise RuntimeError(f"{name} did not answer {ready} within {startup_s:.0f} s ({last}):\n{process.log_tail()}")
 
 
 def stop_process(process: Process) -> None:
@@ -242,6 +244,16 @@ def llama_server_argv(binary: pathlib.Path, model: pathlib.Path, alias: str, *, 
         str(binary), "--model", str(model), "--alias", alias, "--host", "127.0.0.1", "--port", "{port}",
         "--ctx-size", str(1024 * slots), "--parallel", str(slots), "--threads", "1", "--threads-batch", str(threads_batch),
         "--threads-http", "32", "--no-webui", "--metrics", *extra,
+    ]  # fmt: skip
+
+
+def llama_cpp_python_argv(model: pathlib.Path, alias: str, *, threads_batch: int = 1) -> list[str]:
+    """llama-cpp-python's OpenAI server (as tests/real/conftest.py starts it) on one thread; requests wait
+    for each other (`--interrupt_requests False`) instead of ending the one streaming."""
+    return [
+        sys.executable, "-m", "llama_cpp.server", "--model", str(model), "--model_alias", alias,
+        "--host", "127.0.0.1", "--port", "{port}", "--n_ctx", "4096", "--n_threads", "1",
+        "--n_threads_batch", str(threads_batch), "--interrupt_requests", "False", "--verbose", "False",
     ]  # fmt: skip
 
 
@@ -312,11 +324,15 @@ def _sampling(temperature: float, seed: int) -> dict[str, Any]:
     return {"temperature": temperature, "seed": seed, "top_p": CHAIN["top_p"], "extra_body": extra}
 
 
-def sdk_route(name: str, base_url: str, model: str, processes: list[Process], *, stats: str | None = None, tokenize_url: str = "") -> Route:
+def sdk_route(
+    name: str, base_url: str, model: str, processes: list[Process], *, stats: str | None = None, tokenize_url: str = "", sampling: Callable[[float, int], dict[str, Any]] | None = None
+) -> Route:
     """Completions through the openai SDK. `stats`: where the answer says what was drafted and kept:
     "timings" (llama-server's in-engine speculation: draft_n, draft_n_accepted), "speculative"
     (specapi serve's extra field) or "tightwad" (none in the answer: its status's totals before and
-    after, requests being one at a time; its tokens counted by `tokenize_url`, the target's /tokenize)."""
+    after, requests being one at a time; its tokens counted by `tokenize_url`, the target's /tokenize).
+    `sampling`: the request's sampling fields from (temperature, seed) (default: llama-server's chain, pinned)."""
+    fields = sampling or _sampling
     client = openai.AsyncOpenAI(base_url=base_url, api_key="none", max_retries=0, timeout=REQUEST_TIMEOUT_S)
     status_url = base_url.removesuffix("/v1") + "/v1/tightwad/status"
 
@@ -329,7 +345,7 @@ def sdk_route(name: str, base_url: str, model: str, processes: list[Process], *,
         if stats == "tightwad":  # read before the clock starts: its status is not part of a request
             drafted_before, accepted_before = await tightwad_counts()
         started = time.perf_counter()
-        response = await client.completions.create(model=model, prompt=prompt, max_tokens=max_tokens, **_sampling(temperature, seed))
+        response = await client.completions.create(model=model, prompt=prompt, max_tokens=max_tokens, **fields(temperature, seed))
         wall = time.perf_counter() - started
         extra = response.model_extra or {}
         sample = Sample(prompt, response.choices[0].text, response.usage.completion_tokens if response.usage else 0, wall)
@@ -360,13 +376,16 @@ def _note(spec: dict[str, Any]) -> str:
     return f"{spec.get('verification')} rounds={spec.get('num_rounds')} {' '.join(reasons)}".strip()
 
 
-def specapi_client_route(name: str, target: Endpoint, draft: Endpoint, processes: list[Process], **options: Any) -> Route:
-    """specapi's client, every option at its default unless given."""
+def specapi_client_route(
+    name: str, target: Endpoint, draft: Endpoint, processes: list[Process], *, sampling: Callable[[float, int], dict[str, Any]] | None = None, **options: Any
+) -> Route:
+    """specapi's client, every option at its default unless given (`sampling` as in `sdk_route`)."""
+    fields = sampling or _sampling
     client = AsyncSpeculativeOpenAI(target=target, draft=draft, **options)
 
     async def complete(prompt: str, max_tokens: int, temperature: float, seed: int) -> Sample:
         started = time.perf_counter()
-        response = await client.completions.create(prompt=prompt, max_tokens=max_tokens, **_sampling(temperature, seed))
+        response = await client.completions.create(prompt=prompt, max_tokens=max_tokens, **fields(temperature, seed))
         wall = time.perf_counter() - started
         stats = response.speculative
         sample = Sample(prompt, response.choices[0].text, stats.generated_tokens, wall, stats.drafted_tokens, stats.accepted_tokens, stats.exact)
@@ -544,6 +563,11 @@ def servers(args: argparse.Namespace, logs: pathlib.Path) -> Iterator[dict[str, 
     try:
         target_flags = args.target_flags.split()
         started["target"] = start_process("target llama-server", llama_server_argv(binary, target_model, "compute-target", slots=args.target_slots, extra=target_flags, threads_batch=args.threads_batch), logs, "/health")
+        if args.target_server == "llama-cpp-python":
+            # The target llama-server stays, for the target alone on llama-server, the step costs and the
+            # distribution check (the same model and sampler chain); specapi's rows go to llama-cpp-python's.
+            started["native target"] = started["target"]
+            started["target"] = start_process("target llama-cpp-python", llama_cpp_python_argv(target_model, "compute-target", threads_batch=args.threads_batch), logs, "/v1/models")
         started["draft"] = start_process("draft llama-server", llama_server_argv(binary, draft_model, "compute-draft", slots=TARGET_SLOTS), logs, "/health")
         started["in-engine"] = start_process("in-engine llama-server (defaults)", llama_server_argv(binary, target_model, "compute-target", slots=4, extra=in_engine + target_flags, threads_batch=args.threads_batch), logs, "/health")
         for flags in args.tuned:
@@ -581,6 +605,8 @@ def build_routes(started: dict[str, Process], diagnose: list[int] = ()) -> list[
     (what a round costs when the adaptive policy would not speculate)."""
     target, draft = started["target"], started["draft"]
     routes = [sdk_route("target alone", target.root + "/v1", "compute-target", [target])]
+    if "native target" in started:
+        routes.append(sdk_route("target alone on llama-server", started["native target"].root + "/v1", "compute-target", [started["native target"]]))
     routes.append(sdk_route("llama.cpp in-engine, defaults", started["in-engine"].root + "/v1", "compute-target", [started["in-engine"]], stats="timings"))
     for key, process in started.items():
         if key.startswith("in-engine "):
@@ -708,12 +734,13 @@ async def run(args: argparse.Namespace) -> int:
         routes = build_routes(started, args.diagnose)
         try:
             async with httpx2.AsyncClient(timeout=REQUEST_TIMEOUT_S) as http:
-                costs = {"target": await step_costs(http, started["target"].root), "draft": await step_costs(http, started["draft"].root)}
+                native = started.get("native target", started["target"])
+                costs = {"target": await step_costs(http, native.root), "draft": await step_costs(http, started["draft"].root)}
                 rows = await measure(routes, args.prompt_list, args.max_tokens, 0.0, repeats=args.repeats)
                 checks: dict[str, dict[str, Any]] = {}
                 if not args.greedy_only:
                     rows += await measure(routes, args.prompt_list, args.max_tokens, TEMPERATURE, repeats=args.repeats)
-                    dist = await two_token_distribution(http, started["target"].root, CHI_PROMPT, args.samples)
+                    dist = await two_token_distribution(http, native.root, CHI_PROMPT, args.samples)
                     for route in routes:
                         checks[route.name] = await distribution_check(route, dist, args.samples)
         finally:
@@ -738,6 +765,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--tuned", action="append", help=f"extra llama-server flags of a tuned in-engine row (repeatable; default {DEFAULT_TUNED!r}; 'none' leaves it out)")
     parser.add_argument("--threads-batch", type=int, default=1, help="threads of the target's batches (verify calls, prompts) on the target and in-engine servers; decode steps keep one (default 1)")
     parser.add_argument("--target-flags", default=TARGET_FLAGS, help=f"llama-server flags of the target and in-engine servers (default {TARGET_FLAGS!r})")
+    parser.add_argument("--target-server", choices=("llama-server", "llama-cpp-python"), default="llama-server", help="the target server of specapi's rows and of the target alone (default llama-server; llama-cpp-python: its OpenAI server, checked by echo + logprobs, with llama-server's target alone beside it)")
     parser.add_argument("--target-slots", type=int, default=TARGET_SLOTS, help=f"--parallel of the target's llama-server (default {TARGET_SLOTS})")
     parser.add_argument("--diagnose", type=int, action="append", metavar="K", help="a row of specapi's client with a fixed draft length K (repeatable; default 4; 0 leaves it out): what its rounds cost, and a distribution check of rounds that happen")
     parser.add_argument("--proxy-flag", dest="proxy_flags", action="append", default=[], metavar="FLAG", help="a word added to `specapi serve`'s command line (repeatable)")
