@@ -80,10 +80,15 @@ async def test_rows_are_the_target_alones_and_rounds_are_one_request(vllm: Serve
         assert sum(s.accepted for s in row.samples) > 0, f"{name}: no draft token kept: {[s.note for s in row.samples]}"
     fixed = rows[f"specapi client, fixed K={K}"]
     assert fixed.rounds >= len(PROMPTS), [s.note for s in fixed.samples]
+    whole = [sample for sample in fixed.samples if "\ufffd" not in sample.text]
+    assert whole, "no answer of whole characters to count requests on"
     for sample in fixed.samples:
         assert sample.note.startswith("token-ids"), sample.note
+    for sample in whole:
         # Counted by the target itself: each round one engine request (one scored prompt), and a plain
-        # step or two to finish (the last tokens, a character left whole).
+        # step or two to finish (the last tokens, a character left whole). (Where the target's own text
+        # holds bytes that never make a character, U+FFFD in its answer, the target alone writes those
+        # tokens a step at a time: that answer is checked for its text only.)
         engine = _growth(sample).get("engine_requests", 0)
         assert sample.rounds <= engine <= sample.rounds + 2, (sample.rounds, _growth(sample), sample.note)
 
