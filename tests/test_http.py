@@ -346,3 +346,60 @@ def test_timeouts_are_read_as_the_sdk_takes_them():
     assert timeout_of(3) == Timeout(3.0, 3.0)
     assert timeout_of(None) == Timeout(None, None)
     assert timeout_of(httpx2.Timeout(10.0, connect=2.0, pool=1.0)) == Timeout(3.0, 10.0)
+
+
+async def test_a_pooled_connection_is_let_go_before_the_server_may_close_it():
+    """A server closes a keep-alive connection left idle for its timeout; a request that meets the close
+    fails (a POST is not retried). The pool drops idle connections first: below the 5 s that uvicorn
+    (vLLM, SGLang) and llama.cpp's server wait, and in the scaled-down run below, below the server's."""
+    import asyncio
+    import time
+
+    from specapi.transport._http import KEEPALIVE_S, AiohttpTransport
+
+    server_idle = 0.4
+    opened = 0
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal opened
+        opened += 1
+        last = time.monotonic()
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")), 0)
+                await reader.readexactly(length)
+                if time.monotonic() - last >= server_idle:
+                    return  # the server's idle timer fired as the request came in: closed, no answer
+                body = json.dumps(_completion()).encode()
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
+                await writer.drain()
+                last = time.monotonic()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1/completions"
+    timeout = Timeout(connect=5.0, read=5.0)
+
+    async def twice(keepalive_s: float) -> None:
+        transport = AiohttpTransport(keepalive_s=keepalive_s)
+        try:
+            for _ in range(2):
+                reply = await transport.send("POST", url, {"content-type": "application/json"}, b"{}", timeout)
+                assert reply.status == 200
+                await asyncio.sleep(server_idle + 0.1)
+        finally:
+            await transport.aclose()
+
+    try:
+        await twice(keepalive_s=server_idle / 2)
+        assert opened == 2  # the idle connection was dropped, the second request took a new one
+        with pytest.raises(openai.APIConnectionError):
+            await twice(keepalive_s=server_idle * 10)  # kept past the server's timeout: the request meets the close
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert KEEPALIVE_S < 5.0

@@ -196,10 +196,17 @@ async def _closed_at_shutdown(session: Any) -> AsyncIterator[None]:
             await session.close()
 
 
+#: How long an idle pooled connection is kept. Servers close idle keep-alive connections after 5 s
+#: (uvicorn under vLLM and SGLang, llama.cpp's server, Node); a POST sent on a connection the server
+#: is closing fails with "Server disconnected" and is not retried (not idempotent), so the pool lets a
+#: connection go well before then.
+KEEPALIVE_S = 3.0
+
+
 class AiohttpTransport:
     """aiohttp with one pooled session per event loop (made on first use, closed by `aclose`)."""
 
-    def __init__(self, *, max_connections: int = 1000, keepalive_s: float = 5.0) -> None:
+    def __init__(self, *, max_connections: int = 1000, keepalive_s: float = KEEPALIVE_S) -> None:
         self._max_connections = max_connections
         self._keepalive_s = keepalive_s
         self._session: Any = None
