@@ -4,8 +4,10 @@ same request itself) and specapi's answer collected the same way."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
+import os
 import pathlib
 import subprocess
 from typing import Any
@@ -163,3 +165,52 @@ def check_equal(answer: Answer, expected: str, request: str) -> None:
         assert answer.text == expected, f"{request}: specapi {answer.text!r} != server {expected!r}; {answer.describe()}"
     else:
         assert answer.stats.exact_reason, f"{request}: exact=False without a reason; {answer.describe()}"
+
+
+def connections_to(*ports: int) -> int:
+    """This process's established TCP connections to the given ports (Linux /proc)."""
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            link = os.readlink(f"/proc/self/fd/{fd}")
+            if link.startswith("socket:["):
+                inodes.add(link[8:-1])
+    count = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError), open(table) as rows:
+            for row in list(rows)[1:]:
+                fields = row.split()
+                remote_port = int(fields[2].rsplit(":", 1)[1], 16)
+                if fields[3] == "01" and remote_port in ports and fields[9] in inodes:
+                    count += 1
+    return count
+
+
+class Unavailable:
+    """A small HTTP proxy in front of one server (its port): 503 to the next `failing` requests, then the
+    server's own answers. `app()` is the Starlette app to run with `BackgroundServer`."""
+
+    def __init__(self, port: int, timeout: float) -> None:
+        self.port = port
+        self.timeout = timeout
+        self.failing = 0
+        self.refused = 0
+
+    async def handle(self, request: Any) -> Any:
+        from starlette.responses import Response
+
+        if self.failing > 0:
+            self.failing -= 1
+            self.refused += 1
+            return Response(json.dumps({"error": {"message": "overloaded", "type": "server_error"}}), status_code=503,
+                            media_type="application/json", headers={"retry-after-ms": "20"})  # fmt: skip
+        async with httpx2.AsyncClient(timeout=self.timeout) as http:
+            upstream = await http.request(request.method, f"http://127.0.0.1:{self.port}{request.url.path}",
+                                          content=await request.body(), headers={"content-type": "application/json"})  # fmt: skip
+        return Response(upstream.content, status_code=upstream.status_code, media_type=upstream.headers.get("content-type"))
+
+    def app(self) -> Any:
+        from starlette.applications import Starlette
+        from starlette.routing import Route
+
+        return Starlette(routes=[Route("/{path:path}", self.handle, methods=["GET", "POST"])])

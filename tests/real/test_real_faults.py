@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import signal
 import subprocess
 import time
@@ -26,12 +25,9 @@ from typing import Any
 import httpx2
 import openai
 import pytest
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Route
 
 from conftest import _die_with_parent, free_port
+from real_helpers import Unavailable, connections_to
 from specapi import AsyncSpeculativeOpenAI, DraftError, Endpoint, TargetError
 from specapi.server import BackgroundServer, ServerConfig, create_app
 
@@ -119,33 +115,14 @@ async def _oracle(target: Process, **request: Any) -> str:
     return response.json()["choices"][0]["text"]
 
 
-def _connections(*ports: int) -> int:
-    """This process's established TCP connections to the given ports (Linux /proc)."""
-    inodes = set()
-    for fd in os.listdir("/proc/self/fd"):
-        with contextlib.suppress(OSError):
-            link = os.readlink(f"/proc/self/fd/{fd}")
-            if link.startswith("socket:["):
-                inodes.add(link[8:-1])
-    count = 0
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        with contextlib.suppress(OSError), open(table) as rows:
-            for row in list(rows)[1:]:
-                fields = row.split()
-                remote_port = int(fields[2].rsplit(":", 1)[1], 16)
-                if fields[3] == "01" and remote_port in ports and fields[9] in inodes:
-                    count += 1
-    return count
-
-
 async def _settled(ports: tuple[int, ...], tasks: int) -> None:
     """No task and no connection left: what was open before the test is open after it."""
     for _ in range(50):
-        if len(asyncio.all_tasks()) <= tasks and _connections(*ports) == 0:
+        if len(asyncio.all_tasks()) <= tasks and connections_to(*ports) == 0:
             return
         await asyncio.sleep(0.1)
     assert len(asyncio.all_tasks()) <= tasks, [t.get_coro() for t in asyncio.all_tasks()]
-    assert _connections(*ports) == 0
+    assert connections_to(*ports) == 0
 
 
 # -- the target --------------------------------------------------------------------------------------
@@ -260,33 +237,10 @@ async def test_draft_killed_mid_request_leaves_the_targets_text_and_its_return_r
 # -- a server answering 503 for a while ------------------------------------------------------------
 
 
-class Unavailable:
-    """A small proxy in front of the target: 503 to the next `failing` requests, then the target's answers."""
-
-    def __init__(self, target: Process) -> None:
-        self.target = target
-        self.failing = 0
-        self.refused = 0
-
-    async def handle(self, request: Request) -> Response:
-        if self.failing > 0:
-            self.failing -= 1
-            self.refused += 1
-            return Response(json.dumps({"error": {"message": "overloaded", "type": "server_error"}}), status_code=503,
-                            media_type="application/json", headers={"retry-after-ms": "20"})
-        async with httpx2.AsyncClient(timeout=60) as http:
-            upstream = await http.request(request.method, f"http://127.0.0.1:{self.target.port}{request.url.path}",
-                                          content=await request.body(), headers={"content-type": "application/json"})
-        return Response(upstream.content, status_code=upstream.status_code, media_type=upstream.headers.get("content-type"))
-
-    def app(self) -> Starlette:
-        return Starlette(routes=[Route("/{path:path}", self.handle, methods=["GET", "POST"])])
-
-
 async def test_a_target_answering_503_for_a_while_is_retried_then_named(up: tuple[Process, Process]) -> None:
     target, draft = up
     expected = await _oracle(target, max_tokens=40)
-    front = Unavailable(target)
+    front = Unavailable(target.port, 60)
     with BackgroundServer(front.app()) as server:
         endpoints = _endpoints(target, draft, target_url=server.url + "/v1", retries=3)
         async with AsyncSpeculativeOpenAI(**endpoints, policy="fixed") as client:

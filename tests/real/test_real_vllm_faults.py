@@ -30,13 +30,10 @@ from typing import Any
 import httpx2
 import openai
 import pytest
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Route
 
 import vllm_setup
 from conftest import _die_with_parent, free_port
+from real_helpers import Unavailable, connections_to
 from specapi import AsyncSpeculativeOpenAI, Endpoint, TargetError
 from specapi.server import BackgroundServer, ServerConfig, create_app
 
@@ -174,25 +171,6 @@ def _request(max_tokens: int, **more: Any) -> dict[str, Any]:
 # -- leaks -----------------------------------------------------------------------------------------
 
 
-def _connections(*ports: int) -> int:
-    """This process's established TCP connections to the given ports (Linux /proc)."""
-    inodes = set()
-    for fd in os.listdir("/proc/self/fd"):
-        with contextlib.suppress(OSError):
-            link = os.readlink(f"/proc/self/fd/{fd}")
-            if link.startswith("socket:["):
-                inodes.add(link[8:-1])
-    count = 0
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        with contextlib.suppress(OSError), open(table) as rows:
-            for row in list(rows)[1:]:
-                fields = row.split()
-                remote_port = int(fields[2].rsplit(":", 1)[1], 16)
-                if fields[3] == "01" and remote_port in ports and fields[9] in inodes:
-                    count += 1
-    return count
-
-
 def _descriptors() -> int:
     return len(os.listdir("/proc/self/fd"))
 
@@ -202,14 +180,14 @@ async def no_leaks(*servers: VllmProcess) -> AsyncIterator[None]:
     """What the block opens it closes: asyncio tasks, connections to the servers, file descriptors."""
     ports = tuple(server.port for server in servers)
     tasks, descriptors = len(asyncio.all_tasks()), _descriptors()
-    assert _connections(*ports) == 0
+    assert connections_to(*ports) == 0
     yield
     for _ in range(100):
-        if len(asyncio.all_tasks()) <= tasks and _connections(*ports) == 0 and _descriptors() <= descriptors:
+        if len(asyncio.all_tasks()) <= tasks and connections_to(*ports) == 0 and _descriptors() <= descriptors:
             return
         await asyncio.sleep(0.1)
     assert len(asyncio.all_tasks()) <= tasks, [task.get_coro() for task in asyncio.all_tasks()]
-    assert _connections(*ports) == 0
+    assert connections_to(*ports) == 0
     assert _descriptors() <= descriptors, os.listdir("/proc/self/fd")
 
 
@@ -299,33 +277,10 @@ async def test_the_proxy_answers_a_hung_target_with_a_504_naming_it_and_ready_fo
 # -- a server answering 503 for a while --------------------------------------------------------------
 
 
-class Unavailable:
-    """A small HTTP proxy in front of one server: 503 to the next `failing` requests, then its answers."""
-
-    def __init__(self, server: VllmProcess) -> None:
-        self.server = server
-        self.failing = 0
-        self.refused = 0
-
-    async def handle(self, request: Request) -> Response:
-        if self.failing > 0:
-            self.failing -= 1
-            self.refused += 1
-            return Response(json.dumps({"error": {"message": "overloaded", "type": "server_error"}}), status_code=503,
-                            media_type="application/json", headers={"retry-after-ms": "20"})  # fmt: skip
-        async with httpx2.AsyncClient(timeout=TIMEOUT) as http:
-            upstream = await http.request(request.method, f"http://127.0.0.1:{self.server.port}{request.url.path}",
-                                          content=await request.body(), headers={"content-type": "application/json"})  # fmt: skip
-        return Response(upstream.content, status_code=upstream.status_code, media_type=upstream.headers.get("content-type"))
-
-    def app(self) -> Starlette:
-        return Starlette(routes=[Route("/{path:path}", self.handle, methods=["GET", "POST"])])
-
-
 async def test_a_target_answering_503_for_a_while_is_retried_then_named(up: tuple[VllmProcess, VllmProcess]) -> None:
     target, draft = up
     expected = await _oracle(target, SHORT)
-    front = Unavailable(target)
+    front = Unavailable(target.port, TIMEOUT)
     async with no_leaks(target, draft):
         with BackgroundServer(front.app()) as server:
             endpoints = _endpoints(target, draft, target_url=server.url + "/v1", retries=3)
@@ -345,7 +300,7 @@ async def test_a_target_answering_503_for_a_while_is_retried_then_named(up: tupl
 async def test_the_proxy_in_front_of_a_target_answering_503_says_502_naming_it_and_ready_follows(up: tuple[VllmProcess, VllmProcess]) -> None:
     target, draft = up
     expected = await _oracle(target, SHORT)
-    front = Unavailable(target)
+    front = Unavailable(target.port, TIMEOUT)
     async with no_leaks(target, draft):
         with BackgroundServer(front.app()) as server, _proxy(target, draft, target_url=server.url + "/v1") as proxy:
             async with httpx2.AsyncClient(base_url=proxy.url, timeout=TIMEOUT) as http:
@@ -367,7 +322,7 @@ async def test_the_proxy_in_front_of_a_target_answering_503_says_502_naming_it_a
 async def test_a_draft_answering_503_for_a_while_leaves_the_targets_text_then_speculation_resumes(up: tuple[VllmProcess, VllmProcess]) -> None:
     target, draft = up
     expected = await _oracle(target, SHORT)
-    front = Unavailable(draft)
+    front = Unavailable(draft.port, TIMEOUT)
     async with no_leaks(target, draft):
         with BackgroundServer(front.app()) as server:
             async with AsyncSpeculativeOpenAI(**_endpoints(target, draft, draft_url=server.url + "/v1"), **_options()) as client:
