@@ -41,3 +41,51 @@ def test_unreadable_logprobs_leave_the_text_as_it_is() -> None:
     choice = _choice("文", None)
     choice["logprobs"] = {"content": "not a list"}
     assert _whole_runs(CHAT, choice, "文") == "文"
+
+
+async def test_a_long_run_of_tokens_inside_characters_is_written_whole_by_the_target_not_drawn_again() -> None:
+    """A text prompt cannot go on from inside a character, so a step that ends inside one is asked
+    again longer. Past a few tokens the target writes the rest in one call: going on from the text so
+    far (none) would draw the same tokens again and answer other text than the target alone's."""
+    from specapi import AsyncSpeculativeOpenAI, Endpoint
+    from wireserver import WireReply, WireServer
+
+    answer_tokens = 12  # the first 11 end inside characters (no text yet); the 12th completes "X"
+    asked: list[int] = []
+    seen: list[dict] = []
+
+    def handler(request: Any) -> WireReply:
+        if not request.path.endswith("/completions"):
+            return WireReply(status=404, body={"error": {"message": "not found"}})
+        body = request.json()
+        seen.append({k: v for k, v in body.items() if k != "prompt"})
+        if body["model"] == "draft":
+            logprobs = {"tokens": ["y", "z"], "token_logprobs": [-0.1, -0.1], "top_logprobs": [{"y": -0.1}, {"z": -0.1}], "text_offset": [0, 1]}
+            return WireReply(body={"id": "d", "object": "text_completion", "model": "draft", "choices": [{"index": 0, "text": "yz", "logprobs": logprobs, "finish_reason": "length"}]})
+        if body.get("echo"):  # the prompt and the draft scored: the target's pick after the prompt ends inside a character
+            prompt = body["prompt"]
+            logprobs = {
+                "tokens": [*prompt, ""], "token_logprobs": [None, *[-1.0] * (len(prompt) - 1), -0.5],
+                "top_logprobs": [None, *[{c: -1.0} for c in prompt[1:3]], *[{"": -0.5}] * (len(prompt) - 2)], "text_offset": list(range(len(prompt) + 1)),
+            }  # fmt: skip
+            return WireReply(body={"id": "e", "object": "text_completion", "model": "target", "choices": [{"index": 0, "text": prompt, "logprobs": logprobs, "finish_reason": "length"}],
+                                   "usage": {"prompt_tokens": len(prompt), "completion_tokens": 1, "total_tokens": len(prompt) + 1}})  # fmt: skip
+        k = body["max_tokens"]
+        asked.append(k)
+        text = "X" if k >= answer_tokens else ""
+        return WireReply(
+            body={
+                "id": "t", "object": "text_completion", "model": "target",
+                "choices": [{"index": 0, "text": text, "finish_reason": "length"}],
+                "usage": {"prompt_tokens": 3, "completion_tokens": k, "total_tokens": 3 + k},
+            }
+        )  # fmt: skip
+
+    async with WireServer(handler) as server:
+        target = Endpoint(base_url=server.base_url, model="target", api_key="x", max_retries=0)
+        draft = Endpoint(base_url=server.base_url, model="draft", api_key="x", max_retries=0)
+        async with AsyncSpeculativeOpenAI(target=target, draft=draft, verification="echo", policy="fixed", num_speculative_tokens=4) as client:
+            got = await client.completions.create(prompt="abc", max_tokens=answer_tokens, temperature=0)
+    assert got.choices[0].text == "X", seen
+    assert got.usage.completion_tokens == answer_tokens
+    assert asked[-1] == answer_tokens and asked.count(1) == 1, seen  # never drawn again from the start

@@ -43,6 +43,9 @@ __all__ = [
 
 #: The longest plain step on token ids that waits for a character to end (see `plain`).
 _MAX_COMPLETE_CHARACTER_STEP = 64
+#: On text, the longest step asked again one token longer for a character to end; past it the target
+#: writes the rest of the answer in one call (see `plain`).
+_MAX_TEXT_STEP = 8
 
 
 async def plain_step(
@@ -273,8 +276,14 @@ async def plain(target: RoleClient, clock: Clock, state: RequestState, context: 
         if not partial or step_tokens is None or last:
             break
         if step.ids is None:
-            if step_tokens >= 8:
-                break
+            if step_tokens >= _MAX_TEXT_STEP:
+                # Text goes on only from a whole character: past a few tokens, the target writes the
+                # rest of the answer in this one call (the caller's last tokens).
+                if remaining is None:
+                    step_tokens = None
+                else:
+                    step_tokens = remaining
+                continue
             step_tokens += 1
         else:
             # Token ids: a run of characters that each straddle a token boundary can be long, and
