@@ -43,22 +43,41 @@ def test_unreadable_logprobs_leave_the_text_as_it_is() -> None:
     assert _whole_runs(CHAT, choice, "文") == "文"
 
 
-async def test_a_long_run_of_tokens_inside_characters_is_written_whole_by_the_target_not_drawn_again() -> None:
-    """A text prompt cannot go on from inside a character, so a step that ends inside one is asked
+def _own_text(case: str, k: int) -> str:
+    """The target's text for its first k tokens of the test's answer (12 tokens): in "empty" the first 11
+    end inside characters and the 12th completes "X"; in "replacement" tokens 1-4 are bytes that are
+    no character, written U+FFFD once token 5 completes "X" after them, and token 12 completes "Y"."""
+    if case == "empty":
+        return "X" if k >= 12 else ""
+    return "" if k < 5 else "\ufffdX" if k < 12 else "\ufffdXY"
+
+
+@pytest.mark.parametrize("case", ["empty", "replacement"])
+async def test_a_run_of_tokens_inside_characters_is_written_whole_by_the_target_not_drawn_again(case: str) -> None:
+    """A text prompt goes on only from whole characters the target would read back as its own bytes, so
+    a step that ends inside one, or holds a U+FFFD written for bytes that are no character, is asked
     again longer. Past a few tokens the target writes the rest in one call: going on from the text so
-    far (none) would draw the same tokens again and answer other text than the target alone's."""
+    far would draw the same tokens again, or others, and answer other text than the target alone's. The
+    caller's logprobs are then the target's own, as it sent them."""
     from specapi import AsyncSpeculativeOpenAI, Endpoint
     from wireserver import WireReply, WireServer
 
-    answer_tokens = 12  # the first 11 end inside characters (no text yet); the 12th completes "X"
+    answer_tokens = 12
     asked: list[int] = []
     seen: list[dict] = []
+
+    def own_logprobs(k: int) -> dict[str, Any]:
+        tokens = ["" for _ in range(k)]
+        for position, char in ((4, "X" if case == "replacement" else None), (11, "X" if case == "empty" else "Y")):
+            if char is not None and position < k:
+                tokens[position] = char
+        return {"tokens": tokens, "token_logprobs": [-1.0 - i / 10 for i in range(k)], "top_logprobs": [{t: -1.0 - i / 10} for i, t in enumerate(tokens)], "text_offset": [0] * k}
 
     def handler(request: Any) -> WireReply:
         if not request.path.endswith("/completions"):
             return WireReply(status=404, body={"error": {"message": "not found"}})
         body = request.json()
-        seen.append({k: v for k, v in body.items() if k != "prompt"})
+        seen.append(body)
         if body["model"] == "draft":
             logprobs = {"tokens": ["y", "z"], "token_logprobs": [-0.1, -0.1], "top_logprobs": [{"y": -0.1}, {"z": -0.1}], "text_offset": [0, 1]}
             return WireReply(body={"id": "d", "object": "text_completion", "model": "draft", "choices": [{"index": 0, "text": "yz", "logprobs": logprobs, "finish_reason": "length"}]})
@@ -72,20 +91,20 @@ async def test_a_long_run_of_tokens_inside_characters_is_written_whole_by_the_ta
                                    "usage": {"prompt_tokens": len(prompt), "completion_tokens": 1, "total_tokens": len(prompt) + 1}})  # fmt: skip
         k = body["max_tokens"]
         asked.append(k)
-        text = "X" if k >= answer_tokens else ""
-        return WireReply(
-            body={
-                "id": "t", "object": "text_completion", "model": "target",
-                "choices": [{"index": 0, "text": text, "finish_reason": "length"}],
-                "usage": {"prompt_tokens": 3, "completion_tokens": k, "total_tokens": 3 + k},
-            }
-        )  # fmt: skip
+        choice = {"index": 0, "text": _own_text(case, k), "finish_reason": "length"}
+        if body.get("logprobs") is not None:
+            choice["logprobs"] = own_logprobs(k)
+        return WireReply(body={"id": "t", "object": "text_completion", "model": "target", "choices": [choice], "usage": {"prompt_tokens": 3, "completion_tokens": k, "total_tokens": 3 + k}})
 
     async with WireServer(handler) as server:
         target = Endpoint(base_url=server.base_url, model="target", api_key="x", max_retries=0)
         draft = Endpoint(base_url=server.base_url, model="draft", api_key="x", max_retries=0)
         async with AsyncSpeculativeOpenAI(target=target, draft=draft, verification="echo", policy="fixed", num_speculative_tokens=4) as client:
-            got = await client.completions.create(prompt="abc", max_tokens=answer_tokens, temperature=0)
-    assert got.choices[0].text == "X", seen
+            got = await client.completions.create(prompt="abc", max_tokens=answer_tokens, temperature=0, logprobs=1)
+    assert got.choices[0].text == _own_text(case, answer_tokens), seen
     assert got.usage.completion_tokens == answer_tokens
-    assert asked[-1] == answer_tokens and asked.count(1) == 1, seen  # never drawn again from the start
+    assert all(body["prompt"] == "abc" for body in seen if body["model"] == "target" and not body.get("echo")), seen  # never from the text so far
+    assert asked[-1] == answer_tokens and asked.count(1) == 1, asked  # never drawn again from the start
+    own = own_logprobs(answer_tokens)
+    assert got.choices[0].logprobs.tokens == own["tokens"] and got.choices[0].logprobs.token_logprobs == own["token_logprobs"]
+    assert got.speculative.exact, got.speculative.exact_reason

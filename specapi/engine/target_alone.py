@@ -268,21 +268,22 @@ async def plain(target: RoleClient, clock: Clock, state: RequestState, context: 
             target, clock, state, context, step_tokens, seed, streamed=state.request.stream and last, count_tokens=counting, whole_runs=whole_runs,
             last=last,
         )
-        state.plain_calls += 1
+        # Only the last step's text goes into the answer: one asked again longer replaces the one before.
         state.plain_usage = state.target_meter.last_usage
         state.plain_logprobs = step.logprobs
         state.learn_offsets(step.logprobs)
-        partial = step.finish_reason == "length" and (not step.text or step.text.endswith("\ufffd"))
+        # Text goes on only from text the target would read back as its own bytes: not from inside a
+        # character, nor past a U+FFFD a server wrote for bytes that are no character (on token ids the
+        # ids go on, whatever the text shows).
+        unreadable = step.text.endswith("\ufffd") if step.ids is not None else "\ufffd" in step.text
+        partial = step.finish_reason == "length" and (not step.text or unreadable)
         if not partial or step_tokens is None or last:
             break
         if step.ids is None:
             if step_tokens >= _MAX_TEXT_STEP:
                 # Text goes on only from a whole character: past a few tokens, the target writes the
                 # rest of the answer in this one call (the caller's last tokens).
-                if remaining is None:
-                    step_tokens = None
-                else:
-                    step_tokens = remaining
+                step_tokens = remaining
                 continue
             step_tokens += 1
         else:
@@ -291,6 +292,7 @@ async def plain(target: RoleClient, clock: Clock, state: RequestState, context: 
             if step_tokens >= _MAX_COMPLETE_CHARACTER_STEP:
                 break
             step_tokens = min(2 * step_tokens, _MAX_COMPLETE_CHARACTER_STEP if remaining is None else remaining)
+    state.plain_calls += 1
     if state.prompt_tokens is None and not context.accepted and step.prompt_tokens is not None:
         state.prompt_tokens = step.prompt_tokens
     state.check_prompt_count(step.prompt_tokens, context, out.produced)
