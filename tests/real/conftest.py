@@ -101,6 +101,10 @@ def tiny_models() -> tuple[pathlib.Path, pathlib.Path]:
     return make_models(model_dir())
 
 
+#: The module whose tests take the session's vLLM pair over (they run last; see the ordering hook below).
+FAULTS_MODULE = "tests/real/test_real_vllm_faults.py"
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
@@ -149,8 +153,10 @@ def _servers(
     *,
     env: dict[str, str] | None = None,
     startup_s: float = STARTUP_S,
+    own_group: bool = False,
 ) -> Iterator[list[Server]]:
-    """Start (family, role, model, argv, ready path) processes together, wait for all, stop all."""
+    """Start (family, role, model, argv, ready path) processes together, wait for all, stop all.
+    `own_group`: each in its own process group (a server with child processes that a test signals whole)."""
     started: list[Server] = []
     try:
         for family, role, model, argv, _ in specs:
@@ -158,7 +164,9 @@ def _servers(
             argv = [a.replace("{port}", str(port)) for a in argv]
             log = logs / f"{family}-{role}.log"
             with open(log, "wb") as out:
-                process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=logs, env=env, preexec_fn=_die_with_parent)
+                process = subprocess.Popen(
+                    argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=logs, env=env, preexec_fn=_die_with_parent, start_new_session=own_group
+                )
             started.append(Server(family, role, model, port, process, log))
         for server, (*_, ready) in zip(started, specs):
             _wait_ready(server, ready, startup_s)
@@ -271,15 +279,21 @@ def vllm(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
         model = f"tiny-{role}"
         argv = vllm_setup.serve_argv(vllm_python, vllm_models[role], model)
         specs.append(("vllm", role, model, argv, "/v1/models"))
-    with _servers(specs, logs, env=vllm_setup.serve_env(), startup_s=vllm_setup.STARTUP_S) as (target, draft):
+    with _servers(specs, logs, env=vllm_setup.serve_env(), startup_s=vllm_setup.STARTUP_S, own_group=True) as (target, draft):
         yield ServerPair(target, draft)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The tests of the real vLLM run last, together: its servers start on the first of them and keep
     polling for work while idle (a share of a core each) until the session ends, so every other test
-    runs before they start."""
-    items.sort(key=lambda item: "vllm" in getattr(item, "fixturenames", ()))
+    runs before they start. The fault tests come after every other: they take the session's pair over
+    (stopping, killing and restarting it), which saves a start of their own."""
+
+    def order(item: pytest.Item) -> tuple[bool, bool]:
+        faults = item.nodeid.startswith(FAULTS_MODULE)
+        return faults or "vllm" in getattr(item, "fixturenames", ()), faults
+
+    items.sort(key=order)
     from vllm_known_differences import KNOWN_DIFFERENCES
 
     for item in items:

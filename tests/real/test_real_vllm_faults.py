@@ -8,10 +8,12 @@ marked complete (no finish_reason after the fault); `/ready` follows the target;
 resumes speculation (rounds and drafted tokens after the restart); no task, connection or file
 descriptor is left behind (counted before and after).
 
-The servers are this module's own pair (the session's `vllm` pair, which other tests use, is never
-touched), each `vllm serve` in its own process group. A vLLM start costs about a minute (several under
-load), so the tests run in order and restart once: the draft is killed in one test and the target in
-the next, and the last restarts both together (`SPECAPI_VLLM_FAULT_PORTS=TARGET,DRAFT` fixes the ports).
+The servers are the session's `vllm` pair, taken over: this module runs after every other test of the
+real vLLM (conftest.py orders them), and each `vllm serve` runs in its own process group. A vLLM start
+costs about a minute (several under load), so the tests run in order and restart once: the draft is
+killed in one test and the target in the next, and the last restarts both together. Where the session's
+pair was not started by this run (`SPECAPI_VLLM_PORTS`), or `SPECAPI_VLLM_FAULT_PORTS=TARGET,DRAFT` asks
+for fixed ports, the module starts a pair of its own.
 """
 
 from __future__ import annotations
@@ -116,11 +118,18 @@ def start_all(*servers: VllmProcess) -> None:
 
 
 @pytest.fixture(scope="module")
-def pair(vllm_python: pathlib.Path, vllm_models: dict[str, pathlib.Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[VllmProcess, VllmProcess]]:
+def pair(request: pytest.FixtureRequest, vllm_python: pathlib.Path, vllm_models: dict[str, pathlib.Path], tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[VllmProcess, VllmProcess]]:
+    """The session's pair, taken over (this module runs last), or, where it was not started by this run
+    (`SPECAPI_VLLM_PORTS`) or fixed ports are asked for (`SPECAPI_VLLM_FAULT_PORTS`), a pair of its own."""
     logs = tmp_path_factory.mktemp("vllm-faults")
     fixed = os.environ.get("SPECAPI_VLLM_FAULT_PORTS")
-    ports = [int(port) for port in fixed.split(",")] if fixed else [free_port(), free_port()]
+    session = None if fixed else request.getfixturevalue("vllm")
+    if session is not None and session.target.process is not None and session.draft.process is not None:
+        ports, running = [session.target.port, session.draft.port], [session.target.process, session.draft.process]
+    else:
+        ports, running = ([int(port) for port in fixed.split(",")] if fixed else [free_port(), free_port()]), [None, None]
     target, draft = (VllmProcess(vllm_setup.serve_argv(vllm_python, vllm_models[role], f"tiny-{role}"), role, port, logs) for role, port in zip(("target", "draft"), ports))
+    target.process, draft.process = running
     with contextlib.suppress(ImportError):  # libuv's process-wide signal pipe, made with the first loop: not a leak
         import uvloop
 

@@ -108,8 +108,9 @@ async def test_one_target_request_a_round(vllm: ServerPair, chat: bool) -> None:
     server's engine: counted by the server, every target
     request specapi made (the prompt's tokenize call aside) is one engine request, and rounds happened."""
     # A short prompt: its contexts stay under 60 tokens, which one scored prompt checks whatever the
-    # server's block size (16 or more; scoring.choose_scoring), so every round is one engine request.
-    prompt = [{"role": "user", "content": "List three colours."}] if chat else "Tabs\tand spaces  mixed \t"
+    # server's block size (16 or more; scoring.choose_scoring), so every round is one engine request. Its
+    # answer is ASCII: a token that ends inside a character is drawn again by a plain step (more requests).
+    prompt = [{"role": "user", "content": "List three colours."}] if chat else "class Point:\n"
     request = {"messages" if chat else "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0}
     async with client_for(vllm, **FIXED) as client:
         await _specapi(client, chat, False, request)  # the probe, once per client
