@@ -251,13 +251,13 @@ def _completion_top(s: TokenScore, shape: LogprobShape) -> dict[str, float]:
 
 def render(shape: LogprobShape, scores: Sequence[TokenScore]) -> dict[str, Any]:
     """The `logprobs` object of a choice (or of one chunk) holding `scores`. A token rendered by the server
-    (`listed`) keeps its rendering: its bytes are its text's (vLLM's chat shows `[]` for a token holding
-    part of a character, which it renders as "")."""
+    (`listed`) keeps its rendering: its bytes are the ones its spelling shows (vLLM's chat shows `[]` for a
+    token holding part of a character, which it renders as "")."""
     if shape.chat:
         return {
             "content": [
                 {
-                    "token": s.text, "logprob": s.logprob, "bytes": list(s.text.encode("utf-8") if s.listed is not None else s.data),
+                    "token": s.text, "logprob": s.logprob, "bytes": _spelled_bytes(s.text) if s.listed is not None else list(s.data),
                     "top_logprobs": [{"token": t, "logprob": v, "bytes": _spelled_bytes(t)} for t, v in _chat_top(s, shape.top)],
                 }
                 for s in scores

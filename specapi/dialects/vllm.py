@@ -16,7 +16,7 @@ chat request scores a draft written as the assistant's text (`ChatPromptLogprobs
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..transport._calls import Meter, RoleClient
@@ -373,8 +373,8 @@ class ScoredPick:
     id: int
     text: str | None
     #: The rank-1 token's logprob and the position's top entries by rank (every one: keyed by id).
-    logprob: float | None = None
-    listed: Listed | None = None
+    logprob: float | None = field(default=None, compare=False)
+    listed: Listed | None = field(default=None, compare=False)
 
 
 def read_scored_picks(entries: Any, prompt_ids: Any, context: int, k: int, top: int = 1) -> list[ScoredPick]:

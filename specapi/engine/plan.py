@@ -65,7 +65,7 @@ def plan(
         # Greedy needs the argmax only; the typical rule (when this path applies it) reads the
         # target's whole list (its entropy) even when greedy.
         top_k = 1
-    shape = _logprob_shape(request, caps, path)
+    shape = _logprob_shape(request, caps)
     base = Plan(
         path=path, request=request, top_k=top_k, speculate=False, acceptance=acceptance, acceptance_note=acceptance_note, logprob_shape=shape
     )
@@ -125,7 +125,7 @@ _OWN_LOGPROB_SHAPES = {
 }
 
 
-def _logprob_shape(request: GenerationRequest, caps: Capabilities | None, path: VerificationPath | None = None) -> LogprobShape | None:
+def _logprob_shape(request: GenerationRequest, caps: Capabilities | None) -> LogprobShape | None:
     """How the target alone writes the caller's logprobs (None: not asked). Completions offsets start at
     the prompt's start (OpenAI), at the answer's (vLLM), or are -1 (SGLang); on a server not known, the
     request's first token comes from a target-alone step, whose offsets show which."""
@@ -135,8 +135,8 @@ def _logprob_shape(request: GenerationRequest, caps: Capabilities | None, path: 
     server = caps.server if caps is not None else None
     base: int | None = 0 if server == "vllm" else (None if server == "sglang" else len(context.prompt or ""))
     learn = not context.is_chat and server not in ("vllm", "sglang")  # the first target-alone step shows the convention
-    # On token ids every entry is the server's rendering: vLLM counts offsets in the rendered tokens' lengths.
-    spelled = server == "vllm" and path is not None and path.verifier is not None and path.verifier.sends_token_ids
+    # vLLM counts offsets in the lengths of the tokens as it renders them (observed), not in the text's characters.
+    spelled = server == "vllm"
     return LogprobShape(
         chat=context.is_chat, top=context.logprobs, offset_base=base, with_chosen=server == "vllm" and not context.is_chat, learn_offsets=learn,
         offsets_spelled=spelled,

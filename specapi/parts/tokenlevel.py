@@ -37,7 +37,7 @@ from typing import Any, cast
 from ..transport._calls import Meter, RoleClient
 from ..transport._exceptions import EndpointError, MalformedResponseError
 from ..core.acceptance import Emitted, RoundDecision
-from ..core.alignment import Listed, ScoredToken, complete_utf8_prefix
+from ..core.alignment import Listed, ScoredToken, complete_utf8_prefix, token_bytes
 from ..core.context import Context
 from ..dialects import NativeDialect, Pick
 from ..dialects.base import Generated
@@ -525,30 +525,31 @@ def step_entries(generated: Generated, chat: bool, count: int) -> tuple[Emitted,
     ids = generated.ids or ()
     if not isinstance(tokens, list) or not isinstance(values, list) or not isinstance(tops, list) or min(len(tokens), len(values), len(tops)) < len(ids):
         return None
-    text = generated.data.decode("utf-8", errors="replace")
-    pieces: list[str] = []
-    cursor, empty = 0, None  # where the text not yet held starts; the last "" token's index
+    data = generated.data
+    pieces: list[bytes] = []
+    cursor, empty = 0, None  # where the bytes not yet held start; the last token showing none
     for index, token in enumerate(tokens[: len(ids)]):
-        if not isinstance(token, str):
+        shown = token_bytes(token) if isinstance(token, str) else None
+        if shown is None:
             return None
-        found = text.find(token, cursor) if token else -1
-        if token and found >= 0 and (found == cursor or empty is not None):
+        found = data.find(shown, cursor) if shown else -1
+        if shown and found >= 0 and (found == cursor or empty is not None):
             if found > cursor:
-                pieces[empty] += text[cursor:found]  # type: ignore[index]
-            pieces.append(token)
-            cursor, empty = found + len(token), None
-        elif token and index == len(ids) - 1 and generated.finish_reason != "length":
-            pieces.append(text[cursor:])  # the end of text (its name) or a token past a stop string
-            cursor = len(text)
-        elif token:
+                pieces[empty] += data[cursor:found]  # type: ignore[index]
+            pieces.append(shown)
+            cursor, empty = found + len(shown), None
+        elif shown and index == len(ids) - 1 and generated.finish_reason != "length":
+            pieces.append(data[cursor:])  # the end of text (its name) or a token past a stop string
+            cursor = len(data)
+        elif shown:
             return None
         else:
             empty = len(pieces)
-            pieces.append("")
-    if cursor < len(text):
+            pieces.append(b"")
+    if cursor < len(data):
         if empty is None:
             return None
-        pieces[empty] += text[cursor:]
+        pieces[empty] += data[cursor:]
     emitted = []
     for index, (token, piece) in enumerate(zip(tokens, pieces)):
         top = tops[index] if isinstance(tops[index], Mapping) else {}
@@ -558,7 +559,7 @@ def step_entries(generated: Generated, chat: bool, count: int) -> tuple[Emitted,
             listed = chat_listed(listed, token, value, count)  # type: ignore[arg-type]
             if listed is None:
                 return None
-        emitted.append(Emitted(token=token, data=piece.encode("utf-8"), logprob=None if value is None else float(value), ids=(ids[index],), listed=listed))
+        emitted.append(Emitted(token=token, data=piece, logprob=None if value is None else float(value), ids=(ids[index],), listed=listed))
     return tuple(emitted)
 
 
