@@ -161,17 +161,18 @@ async def test_toy_server_offsets_are_learnt_from_the_first_target_step() -> Non
     same_completion_logprobs(got.choices[0].logprobs, own.choices[0].logprobs)
 
 
-# ----------------------------------------------------------------------------- chat, prompt-logprobs verification
+# ----------------------------------------------------------------------------- chat on vLLM: token ids (the default)
 
 
 @pytest.mark.parametrize("top", [0, 3])
 async def test_chat_logprobs_speculate_and_equal_the_targets(top: int) -> None:
+    """vLLM's default path runs chat on the target's token ids, each kept token's entry its own pick's."""
     provider, sdk = _sim("vllm")
     async with _client(provider) as client, sdk:
         got = await client.chat.completions.create(messages=MESSAGES, max_tokens=40, temperature=0, logprobs=True, top_logprobs=top)
         own = await sdk.chat.completions.create(model="sim-target", messages=MESSAGES, max_tokens=40, temperature=0, logprobs=True, top_logprobs=top)
     s = got.speculative
-    assert s.verification == "prompt-logprobs" and s.accepted_tokens > 0 and s.exact, s.fallback_reason
+    assert s.verification == "token-ids" and s.accepted_tokens > 0 and s.exact, s.fallback_reason
     assert got.choices[0].message.content == own.choices[0].message.content
     same_chat_logprobs(got.choices[0].logprobs.content, own.choices[0].logprobs.content)
     assert all(len(c.top_logprobs) == top for c in got.choices[0].logprobs.content)
@@ -188,7 +189,8 @@ async def test_streamed_chat_logprobs_join_to_the_targets() -> None:
                 text += choice.delta.content or ""
                 items += choice.logprobs.content if choice.logprobs is not None else []
         own = await sdk.chat.completions.create(model="sim-target", messages=MESSAGES, max_tokens=40, temperature=0, logprobs=True, top_logprobs=2)
-    assert stream.speculative is not None and stream.speculative.accepted_tokens > 0
+    s = stream.speculative
+    assert s is not None and s.verification == "token-ids" and s.accepted_tokens > 0 and s.exact, s.fallback_reason
     assert text == own.choices[0].message.content
     same_chat_logprobs(items, own.choices[0].logprobs.content)
 
@@ -328,3 +330,70 @@ async def test_bad_chat_logprobs_arguments_fail_before_any_request(arguments: di
         with pytest.raises(openai.BadRequestError):
             await client.chat.completions.create(messages=MESSAGES, max_tokens=5, temperature=0, **arguments)
     assert [c for c in provider.calls if c.model == "sim-target" and "logprobs" in str(c.body)] == []
+
+
+# ----------------------------------------------------------------------------- completions on vLLM: token ids (the default)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+@pytest.mark.parametrize("prompt", [CJK_PROMPT, CODE], ids=["cjk", "code"])
+async def test_completions_logprobs_on_vllm_speculate_on_token_ids(prompt: str, stream: bool) -> None:
+    """With the caller's logprobs, vLLM's default path stays on token ids and speculates: each kept
+    token's entry is its own pick's or scored position's, the answer the target alone's."""
+    provider, sdk = _sim("vllm")
+    async with _client(provider) as client, sdk:
+        asked = {"prompt": prompt, "max_tokens": 40, "temperature": 0, "logprobs": 3}
+        own = await sdk.completions.create(model="sim-target", **asked)
+        if stream:
+            response = await client.completions.create(**asked, stream=True)
+            text, joined, finish = await _completion_stream(response)
+            got: Any = openai.types.Completion.model_validate(
+                {"id": "x", "created": 0, "model": "m", "object": "text_completion",
+                 "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": joined}]}
+            )  # fmt: skip
+            s = response.speculative
+        else:
+            got = await client.completions.create(**asked)
+            s = got.speculative
+    assert s is not None and s.verification == "token-ids" and s.accepted_tokens > 0 and s.exact, (s and s.fallback_reason)
+    assert (got.choices[0].text, got.choices[0].finish_reason) == (own.choices[0].text, own.choices[0].finish_reason)
+    same_completion_logprobs(got.choices[0].logprobs, own.choices[0].logprobs)
+
+
+def test_a_chat_list_is_read_back_from_a_completions_entry_where_it_can_be() -> None:
+    """vLLM's completions top object merges entries rendered alike (tokens holding part of a character are
+    all "" there), keeping the last value: a chat list of two is recovered, a longer one is not."""
+    from specapi.core.alignment import Listed
+    from specapi.dialects.logprobs import chat_listed
+
+    whole = Listed((("a", -0.1), ("b", -2.0), ("c", -3.0)), collapsed=True)
+    assert chat_listed(whole, "a", -0.1, 2) == Listed((("a", -0.1), ("b", -2.0)))
+    assert chat_listed(Listed((("", -3.6),), collapsed=True), "", -3.5, 2) == Listed((("", -3.5), ("", -3.6)))
+    assert chat_listed(Listed((("", -3.6), ("x", -4.0)), collapsed=True), "", -3.5, 3) is None
+    assert chat_listed(Listed((("", -3.6),), collapsed=True), "", -3.5, 0) == Listed(())
+    assert chat_listed(Listed((("", -3.5), ("", -3.6))), "", -3.5, 2) == Listed((("", -3.5), ("", -3.6)))  # by id: every one
+
+
+def test_a_steps_tokens_hold_the_text_as_vllm_renders_them() -> None:
+    """Observed on real vLLM: a token holding part of a character renders as "" (its bytes wait for the
+    token that ends the character, which renders as the whole character), bytes that make no character
+    show as U+FFFD in the text only, and the end of text is listed by its name, outside the text."""
+    from specapi.dialects.base import Generated
+    from specapi.parts.tokenlevel import step_entries
+
+    logprobs = {
+        "tokens": ["", "。", "", "樇", "</s>"],
+        "token_logprobs": [-3.5, -3.6, -2.7, -2.6, -0.5],
+        "top_logprobs": [{"": -3.6}, {"。": -3.6, "ミ": -3.8}, {"": -3.5}, {"樇": -2.6, "": -3.5}, {"</s>": -0.5, "\n": -1.0}],
+        "text_offset": [0, 0, 1, 1, 2],
+    }
+    text = "\ufffd。樇"
+    generated = Generated(ids=(958, 990, 167, 234, 2), data=text.encode(), finish_reason="stop", prompt_tokens=5, completion_tokens=5, logprobs=logprobs)
+    tokens = step_entries(generated, False, 2)
+    assert tokens is not None
+    assert [t.token for t in tokens] == logprobs["tokens"]
+    assert [t.data for t in tokens] == ["\ufffd".encode(), "。".encode(), b"", "樇".encode(), b""]
+    assert [t.ids for t in tokens] == [(958,), (990,), (167,), (234,), (2,)]
+    chat = step_entries(generated, True, 2)
+    assert chat is not None and chat[0].listed is not None and chat[0].listed.pairs == (("", -3.5), ("", -3.6))
+    assert step_entries(replace(generated, data=b"other"), False, 2) is None  # entries that do not spell the text

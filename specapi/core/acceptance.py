@@ -13,7 +13,7 @@ import random
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
-from .alignment import ScoredToken, spans, token_bytes
+from .alignment import Listed, ScoredToken, spans, token_bytes
 from .lossy import EXACT, AcceptanceRule, divergence
 from .sampling import TokenDist, acceptance_probability, argmax_token, residual, sample_token
 
@@ -63,6 +63,9 @@ class Emitted:
     finish_reason: str = "stop"  # with `eos`: why the text ended ("length": the server's own limit)
     #: The target's ids of the `count` tokens, when known (token-id verification keeps them).
     ids: tuple[int, ...] | None = None
+    #: The caller's logprobs as the server rendered this token's entry (`token` its spelling there, `logprob`
+    #: its value): its top entries in the server's order. None: `top` alone says them.
+    listed: Listed | None = None
 
 
 @dataclass(frozen=True)

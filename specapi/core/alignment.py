@@ -12,7 +12,7 @@ import codecs
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["ScoredToken", "token_bytes", "locate_suffix", "complete_utf8_prefix", "spans"]
+__all__ = ["Listed", "ScoredToken", "token_bytes", "locate_suffix", "complete_utf8_prefix", "spans"]
 
 
 def token_bytes(token: str) -> bytes | None:
@@ -28,6 +28,17 @@ def token_bytes(token: str) -> bytes | None:
     if token.startswith("token_id:"):
         return None
     return token.encode("utf-8")
+
+
+@dataclass(frozen=True)
+class Listed:
+    """A position's top entries as the target alone lists them for the caller: `(token, logprob)` pairs
+    in the server's order. `collapsed`: read from a completions `top_logprobs` object, where entries
+    rendered alike (tokens holding part of a character, all `""` on vLLM) share one key, the last one's
+    value kept; else every entry is there (vLLM's prompt logprobs, keyed by id)."""
+
+    pairs: tuple[tuple[str, float], ...]
+    collapsed: bool = False
 
 
 @dataclass(frozen=True)

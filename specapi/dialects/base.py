@@ -16,9 +16,10 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..transport._calls import Meter, RoleClient
+from ..core.alignment import Listed
 from ..core.scoring import PrefixCache
 
-__all__ = ["UNREADABLE", "Pick", "Generated", "NativeDialect", "ChatTokenizing", "PromptScoring", "SampledBatches", "SampledStep", "count", "reading", "rendered_bytes", "server_root", "spelling"]
+__all__ = ["UNREADABLE", "Listed", "Pick", "Generated", "NativeDialect", "ChatTokenizing", "PromptScoring", "SampledBatches", "SampledStep", "count", "reading", "rendered_bytes", "server_root", "spelling"]
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,11 @@ class Pick:
     prompt_tokens: int | None = None
     #: Tokens the server counts for this answer that are no text (its end-of-text token, if counted).
     uncounted: int = 0
+    #: With the caller's logprobs asked: the token as the server rendered it in its logprobs, its
+    #: logprob, and its top entries in the server's order (`Listed`). None where not asked or not shown.
+    token: str | None = None
+    logprob: float | None = None
+    listed: Listed | None = None
 
 
 @dataclass(frozen=True)
@@ -46,6 +52,8 @@ class Generated:
     completion_tokens: int
     #: Generated tokens left out of `ids`, `data` and `completion_tokens` (see `PlainStep.held_back`).
     held_back: int = 0
+    #: The choice's completions `logprobs` object, where the caller's logprobs were asked.
+    logprobs: Any = None
 
 
 @dataclass(frozen=True)

@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..transport._exceptions import ConfigurationError
-from ..core.alignment import ScoredToken, token_bytes
+from ..core.alignment import Listed, ScoredToken, token_bytes
 
 __all__ = [
     "completion_tokens", "chat_tokens", "prompt_logprob_tokens", "WireError",
-    "caller_logprobs", "caller_fields", "LogprobShape", "TokenScore", "joined", "learnt_offsets", "render", "top_list",
+    "caller_logprobs", "caller_fields", "chat_listed", "LogprobShape", "TokenScore", "joined", "learnt_offsets", "render", "top_list",
 ]
 
 #: The longest top list a chat request may ask (OpenAI's and vLLM's cap).
@@ -168,6 +168,10 @@ class TokenScore:
     logprob: float | None
     top: Mapping[str, float] | None
     offset: int
+    #: The entry's top list as the server rendered it (`Emitted.listed`), and where the token starts
+    #: counted in the lengths of the rendered tokens before it (vLLM's `text_offset`).
+    listed: Listed | None = None
+    spelled: int = 0
 
 
 @dataclass(frozen=True)
@@ -184,6 +188,9 @@ class LogprobShape:
     #: The server's convention is not known: it is read from the first target-alone step's own offsets
     #: (`learnt_offsets`), and `offset_base` holds the prompt's length until then.
     learn_offsets: bool = False
+    #: Offsets count the lengths of the tokens as rendered before each (vLLM's), not the text's characters
+    #: (they differ where a token holding part of a character renders as "" and the text shows U+FFFD).
+    offsets_spelled: bool = False
 
 
 def learnt_offsets(shape: LogprobShape, logprobs: Any, prompt_chars: int) -> LogprobShape:
@@ -195,7 +202,7 @@ def learnt_offsets(shape: LogprobShape, logprobs: Any, prompt_chars: int) -> Log
         return shape
     first = offsets[0]
     base = None if first < 0 else (prompt_chars if first == prompt_chars else 0)
-    return LogprobShape(chat=shape.chat, top=shape.top, offset_base=base, with_chosen=shape.with_chosen)
+    return LogprobShape(chat=shape.chat, top=shape.top, offset_base=base, with_chosen=shape.with_chosen, offsets_spelled=shape.offsets_spelled)
 
 
 def top_list(score: TokenScore, count: int) -> list[tuple[str, float]]:
@@ -213,30 +220,55 @@ def _spelled_bytes(text: str) -> list[int]:
     return list(data if data is not None else text.encode("utf-8"))
 
 
+def chat_listed(listed: Listed, token: str, logprob: float | None, count: int) -> Listed | None:
+    """A chat item's top list (the `count` likeliest, every one) from a greedy pick's completions entry:
+    the top object holds the chosen token first, then the others by rank, entries rendered alike under
+    one key with the last one's value. Whole where no entries merged, or where two did and only two are
+    asked (the chosen one's value is its own); None where merged entries hide values."""
+    pairs = listed.pairs
+    if not listed.collapsed or len(pairs) >= max(count, 1):
+        return Listed(pairs[:count])
+    if count == 2 and len(pairs) == 1 and pairs[0][0] == token and logprob is not None:
+        return Listed(((token, logprob), pairs[0]))
+    return None
+
+
+def _chat_top(s: TokenScore, count: int) -> list[tuple[str, float]]:
+    return list(s.listed.pairs[:count]) if s.listed is not None else top_list(s, count)
+
+
+def _completion_top(s: TokenScore, shape: LogprobShape) -> dict[str, float]:
+    if s.listed is not None:
+        # The server's own object: the chosen token first, then its entries in order (alike ones merge).
+        top = {s.text: s.logprob} if s.logprob is not None else {}
+        top.update(s.listed.pairs)
+        return top
+    top = dict(top_list(s, shape.top))
+    if shape.with_chosen and s.logprob is not None:
+        top.setdefault(s.text, s.logprob)
+    return top
+
+
 def render(shape: LogprobShape, scores: Sequence[TokenScore]) -> dict[str, Any]:
-    """The `logprobs` object of a choice (or of one chunk) holding `scores`."""
+    """The `logprobs` object of a choice (or of one chunk) holding `scores`. A token rendered by the server
+    (`listed`) keeps its rendering: its bytes are the ones its spelling shows (vLLM's chat shows `[]` for a
+    token holding part of a character, which it renders as "")."""
     if shape.chat:
         return {
             "content": [
                 {
-                    "token": s.text, "logprob": s.logprob, "bytes": list(s.data),
-                    "top_logprobs": [{"token": t, "logprob": v, "bytes": _spelled_bytes(t)} for t, v in top_list(s, shape.top)],
+                    "token": s.text, "logprob": s.logprob, "bytes": _spelled_bytes(s.text) if s.listed is not None else list(s.data),
+                    "top_logprobs": [{"token": t, "logprob": v, "bytes": _spelled_bytes(t)} for t, v in _chat_top(s, shape.top)],
                 }
                 for s in scores
             ]
         }  # fmt: skip
-    tops = []
-    for s in scores:
-        top = dict(top_list(s, shape.top))
-        if shape.with_chosen and s.logprob is not None:
-            top.setdefault(s.text, s.logprob)
-        tops.append(top)
     base = shape.offset_base
     return {
         "tokens": [s.text for s in scores],
         "token_logprobs": [s.logprob for s in scores],
-        "top_logprobs": tops,
-        "text_offset": [-1 if base is None else base + s.offset for s in scores],
+        "top_logprobs": [_completion_top(s, shape) for s in scores],
+        "text_offset": [-1 if base is None else base + (s.spelled if shape.offsets_spelled else s.offset) for s in scores],
     }
 
 

@@ -16,14 +16,14 @@ chat request scores a draft written as the assistant's text (`ChatPromptLogprobs
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..transport._calls import Meter, RoleClient
 from ..core.alignment import ScoredToken, token_bytes
 from ..core.context import Context
 from ..core.scoring import PrefixCache
-from .base import UNREADABLE, Generated, Pick, SampledStep, count, reading, rendered_bytes, server_root
+from .base import UNREADABLE, Generated, Listed, Pick, SampledStep, count, reading, rendered_bytes, server_root
 from .logprobs import chat_tokens, prompt_logprob_tokens
 from .openai import Prefill, chat_request, fixed_sampling, sampling_fields
 
@@ -111,6 +111,9 @@ class VllmDialect:
     tokenizes_chat: bool = True
     #: A token-id prompt scored with `prompt_logprobs` (`scored_next`); the cache from `/metrics`.
     scores_prompts: bool = True
+    #: Picks and generations carry the caller's logprobs (`logprobs=N`): each kept token's entry is the
+    #: target's own scoring of its position, rendered by the server.
+    carries_logprobs: bool = True
 
     async def tokenize(
         self, client: RoleClient, text: str, meter: Meter, *, special: bool, options: Mapping[str, Any] | None = None
@@ -141,30 +144,41 @@ class VllmDialect:
         return read_cache_config(text) if isinstance(text, str) else None
 
     async def scored_next(
-        self, client: RoleClient, context: Sequence[int], draft: Sequence[int], fields: Mapping[str, Any], meter: Meter, *, options: Mapping[str, Any]
+        self, client: RoleClient, context: Sequence[int], draft: Sequence[int], fields: Mapping[str, Any], meter: Meter, *,
+        options: Mapping[str, Any], logprobs: int | None = None,
     ) -> list[Pick]:
         """The target's greedy picks after `context + d1..dj` for j = 0..K, from one prompt `context +
-        draft` scored with prompt logprobs (the top entry at each draft position) and one generated token."""
+        draft` scored with prompt logprobs (the top entry at each draft position) and one generated token.
+        `logprobs`: the caller's top count, listed at every position (prompt logprobs by id, the
+        generated token's own logprobs)."""
         prompt = list(context) + list(draft)
-        body = {**fields, "prompt": prompt, "max_tokens": 1, "logprobs": 1, "prompt_logprobs": 1, "return_token_ids": True}
+        listed = max(1, logprobs or 0)
+        body = {**fields, "prompt": prompt, "max_tokens": 1, "logprobs": listed if logprobs is None else logprobs, "prompt_logprobs": listed, "return_token_ids": True}
         response = await client.post("/completions", body, meter, options=options)
         with reading(client, "scored token-id /completions"):
             choice = response["choices"][0]
             prompt_ids = choice.get("prompt_token_ids") or response.get("prompt_token_ids")
             if list(prompt_ids or ()) != prompt:
                 raise ValueError("the scored prompt is not the one sent")
-            scored = read_scored_picks(choice.get("prompt_logprobs") or response.get("prompt_logprobs"), prompt_ids, len(context), len(draft))
+            scored = read_scored_picks(choice.get("prompt_logprobs") or response.get("prompt_logprobs"), prompt_ids, len(context), len(draft), listed)
             usage = response.get("usage") or {}
             prompt_tokens = count(usage.get("prompt_tokens"))
             own = prompt_tokens - len(draft) if prompt_tokens is not None else None
-            picks = [Pick(id=p.id, data=_data(p.text), prompt_tokens=own) for p in scored]
-            return picks + [_pick(choice, own)]
+            picks = [
+                Pick(id=p.id, data=_data(p.text), prompt_tokens=own, token=p.listed.pairs[0][0] if logprobs is not None and p.listed and p.listed.pairs else None,
+                     logprob=p.logprob if logprobs is not None else None, listed=p.listed if logprobs is not None else None)
+                for p in scored
+            ]  # fmt: skip
+            return picks + [_pick(choice, own, listed=logprobs is not None)]
 
     async def next_tokens(
-        self, client: RoleClient, prompts: Sequence[Sequence[int]], fields: Mapping[str, Any], meter: Meter, *, options: Mapping[str, Any]
+        self, client: RoleClient, prompts: Sequence[Sequence[int]], fields: Mapping[str, Any], meter: Meter, *,
+        options: Mapping[str, Any], logprobs: int | None = None,
     ) -> list[Pick]:
+        """The target's next token after each prompt (one choice each, in order); `logprobs`: the caller's
+        top count, each pick then carrying its position's entry as the target alone would list it."""
         body = {**fields, "prompt": [list(p) for p in prompts] if len(prompts) > 1 else list(prompts[0])}
-        body.update({"max_tokens": 1, "logprobs": 1, "return_token_ids": True})
+        body.update({"max_tokens": 1, "logprobs": 1 if logprobs is None else logprobs, "return_token_ids": True})
         response = await client.post("/completions", body, meter, options=options)
         with reading(client, "token-id /completions"):
             choices = sorted(response["choices"], key=lambda c: int(c.get("index", 0)))
@@ -174,7 +188,8 @@ class VllmDialect:
             single = usage.get("prompt_tokens") if len(prompts) == 1 else None
             # Each choice's prompt_token_ids (return_token_ids) say what its prompt was billed: a batch's
             # usage sums them all.
-            return [_pick(choice, count(single) if single is not None else _prompt_count(choice)) for choice in choices]
+            counts = [count(single) if single is not None else _prompt_count(choice) for choice in choices]
+            return [_pick(choice, n, listed=logprobs is not None) for choice, n in zip(choices, counts)]
 
     async def ids_draft(
         self, client: RoleClient, ids: Sequence[int], k: int, fields: Mapping[str, Any], alternatives: int, meter: Meter, *, options: Mapping[str, Any]
@@ -220,8 +235,12 @@ class VllmDialect:
         options: Mapping[str, Any],
         stream: bool = False,
         whole_characters: bool = False,
+        logprobs: int | None = None,
     ) -> Generated:
+        """The target alone continues `ids`; `logprobs`: the caller's top count (`Generated.logprobs`)."""
         body: dict[str, Any] = {**fields, "prompt": list(ids), "return_token_ids": True}
+        if logprobs is not None:
+            body["logprobs"] = logprobs
         if whole_characters and body.get("logprobs") is None:
             body["logprobs"] = 0  # each token's rendering: "" for one inside a character
         if max_tokens is not None:
@@ -247,6 +266,7 @@ class VllmDialect:
                 prompt_tokens=count(usage.get("prompt_tokens")),
                 completion_tokens=completion_tokens - held,
                 held_back=held,
+                logprobs=choice.get("logprobs") if logprobs is not None else None,
             )
 
 
@@ -288,11 +308,13 @@ def _sampled_chain(logprobs: Mapping[str, Any]) -> tuple[SampledStep, ...]:
     return tuple(steps)
 
 
-def _pick(choice: Mapping[str, Any], prompt_tokens: int | None) -> Pick:
+def _pick(choice: Mapping[str, Any], prompt_tokens: int | None, *, listed: bool = False) -> Pick:
+    """One generated token of a choice; `listed`: with its logprobs entry as the server rendered it."""
     token_ids = choice.get("token_ids") or []
     text = choice.get("text")
+    scores = _own_entry(choice) if listed else {}
     if choice.get("finish_reason") == "stop" and not text:
-        return Pick(id=None, data=None, end=True, prompt_tokens=prompt_tokens, uncounted=len(token_ids))
+        return Pick(id=None, data=None, end=True, prompt_tokens=prompt_tokens, uncounted=len(token_ids), **scores)
     if len(token_ids) != 1:
         raise ValueError(f"expected one generated token id, got {token_ids!r}")
     tokens = (choice.get("logprobs") or {}).get("tokens") or []
@@ -303,7 +325,19 @@ def _pick(choice: Mapping[str, Any], prompt_tokens: int | None) -> Pick:
         # Only without the token's own rendering: after a prompt that ends inside a character, vLLM's
         # text starts with the prompt's text again, so a token rendered "" leaves its bytes unknown.
         data = rendered_bytes(text)
-    return Pick(id=int(token_ids[0]), data=data, prompt_tokens=prompt_tokens)
+    return Pick(id=int(token_ids[0]), data=data, prompt_tokens=prompt_tokens, **scores)
+
+
+def _own_entry(choice: Mapping[str, Any]) -> dict[str, Any]:
+    """A one-token choice's logprobs entry: its token as rendered, its logprob and its top object (whose
+    entries rendered alike share a key: `Listed.collapsed`). Empty where the answer lists none."""
+    logprobs = choice.get("logprobs") or {}
+    tokens, values, tops = logprobs.get("tokens") or [], logprobs.get("token_logprobs") or [], logprobs.get("top_logprobs") or []
+    if len(tokens) != 1 or len(values) != 1 or not isinstance(tokens[0], str):
+        return {}
+    top = tops[0] if len(tops) == 1 and isinstance(tops[0], Mapping) else {}
+    pairs = tuple((str(t), float(v)) for t, v in top.items() if v is not None)
+    return {"token": tokens[0], "logprob": None if values[0] is None else float(values[0]), "listed": Listed(pairs, collapsed=True)}
 
 
 def read_cache_config(metrics: str) -> PrefixCache | None:
@@ -338,9 +372,12 @@ class ScoredPick:
 
     id: int
     text: str | None
+    #: The rank-1 token's logprob and the position's top entries by rank (every one: keyed by id).
+    logprob: float | None = field(default=None, compare=False)
+    listed: Listed | None = field(default=None, compare=False)
 
 
-def read_scored_picks(entries: Any, prompt_ids: Any, context: int, k: int) -> list[ScoredPick]:
+def read_scored_picks(entries: Any, prompt_ids: Any, context: int, k: int, top: int = 1) -> list[ScoredPick]:
     """The target's pick after `context + d1..dj` for j = 0..k-1, from vLLM's `prompt_logprobs` of a prompt
     `context + d1..dk` (`entries[i]` scores token i given the tokens before it: `{id: {logprob, rank,
     decoded_token}}`, the rank-1 entry being the target's most likely token there). Raises ValueError
@@ -359,5 +396,11 @@ def read_scored_picks(entries: Any, prompt_ids: Any, context: int, k: int) -> li
             raise ValueError(f"position {position} lists {len(best)} tokens of rank 1")
         key, value = best[0]
         text = value.get("decoded_token")
-        picks.append(ScoredPick(id=int(key), text=text if isinstance(text, str) and text and "\ufffd" not in text else None))
+        ranked = sorted((v for v in entry.values() if isinstance(v, Mapping) and isinstance(v.get("rank"), int) and v.get("logprob") is not None), key=lambda v: v["rank"])
+        pairs = tuple((str(v.get("decoded_token") or ""), float(v["logprob"])) for v in ranked if v["rank"] <= top)
+        logprob = value.get("logprob")
+        picks.append(ScoredPick(
+            id=int(key), text=text if isinstance(text, str) and text and "\ufffd" not in text else None,
+            logprob=float(logprob) if isinstance(logprob, (int, float)) else None, listed=Listed(pairs),
+        ))  # fmt: skip
     return picks

@@ -139,10 +139,14 @@ class Output:
     def _score(self, token: Emitted) -> None:
         """Keep the target's scores of `token` (before its text is added: its offset is the text's length)."""
         assert self.scores is not None
-        if token.count != 1 or (token.logprob is None and not token.top):
+        if token.count != 1 or (token.logprob is None and not token.top and token.listed is None):
             self.scores_lost = self.scores_lost or token.count > 0
             return
-        self.scores.append(TokenScore(text=token.token, data=token.data, logprob=token.logprob, top=token.top, offset=len(self.text)))
+        last = self.scores[-1] if self.scores else None
+        spelled = last.spelled + len(last.text) if last is not None else 0
+        self.scores.append(
+            TokenScore(text=token.token, data=token.data, logprob=token.logprob, top=token.top, offset=len(self.text), listed=token.listed, spelled=spelled)
+        )
 
     def take_scores(self, final: bool) -> list[TokenScore]:
         """The scores of the tokens whose text has been handed out (all of them once `final`), each once."""

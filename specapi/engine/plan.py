@@ -135,8 +135,11 @@ def _logprob_shape(request: GenerationRequest, caps: Capabilities | None) -> Log
     server = caps.server if caps is not None else None
     base: int | None = 0 if server == "vllm" else (None if server == "sglang" else len(context.prompt or ""))
     learn = not context.is_chat and server not in ("vllm", "sglang")  # the first target-alone step shows the convention
+    # vLLM counts offsets in the lengths of the tokens as it renders them (observed), not in the text's characters.
+    spelled = server == "vllm"
     return LogprobShape(
-        chat=context.is_chat, top=context.logprobs, offset_base=base, with_chosen=server == "vllm" and not context.is_chat, learn_offsets=learn
+        chat=context.is_chat, top=context.logprobs, offset_base=base, with_chosen=server == "vllm" and not context.is_chat, learn_offsets=learn,
+        offsets_spelled=spelled,
     )
 
 
@@ -147,7 +150,7 @@ def _logprobs_reason(request: GenerationRequest, path: VerificationPath, caps: C
     count = context.logprobs or 0
     server = caps.server if caps is not None else None
     alone = "the target alone generates, with its own logprobs"
-    if verifier is None or verifier.sends_token_ids:
+    if verifier is None or (verifier.sends_token_ids and not _ids_carry_logprobs(verifier, context.sampling.greedy)):
         name = verifier.name if verifier is not None else path.name
         return f"logprobs: the {name} path does not score every kept token with the caller's top list: {alone}"
     if server in _OWN_LOGPROB_SHAPES:
@@ -157,11 +160,18 @@ def _logprobs_reason(request: GenerationRequest, path: VerificationPath, caps: C
     if cap is not None and count > cap:
         return f"logprobs: the caller's top {count} is longer than the {cap} the target lists when verifying: {alone}"
     if verifier.draws_target_tokens:
-        return None  # each kept token is a pick of a one-token call: its logprobs are the target's own
+        return None  # each kept token is a pick of a one-token call (or a scored position): its logprobs are the target's own
     if not context.sampling.greedy and (not context.sampling.raw_logprobs or server == "sglang"):
         # Prompt scores are raw (temperature 1); the target's own logprobs of sampled tokens must be too.
         return f"logprobs: the target's logprobs of sampled tokens are not the raw ones its prompt scores give: {alone}"
     return None
+
+
+def _ids_carry_logprobs(verifier: Any, greedy: bool) -> bool:
+    """Token ids carry the caller's logprobs where the server's picks and steps list each position's entry
+    as the target alone renders it (vLLM), on greedy requests (sampled ones draw in batches and trees)."""
+    dialect = getattr(verifier, "dialect", None)
+    return greedy and bool(getattr(dialect, "carries_logprobs", False))
 
 
 def _with_sampling(request: GenerationRequest, **changes: Any) -> GenerationRequest:

@@ -326,6 +326,8 @@ def _step_tokens(step: PlainStep, step_tokens: int | None, remaining: int | None
 def _scored_tokens(step: PlainStep, count: int) -> list[Emitted] | None:
     """A step's tokens one by one with their scores (the caller asked for logprobs), when they spell its
     text (the last ones may go past a stop string the server cut) and its count holds them; else None."""
+    if step.tokens is not None:  # rendered by the server, each holding its share of the text (token ids)
+        return list(step.tokens) if 0 <= count - len(step.tokens) <= (0 if step.finish_reason == "length" else 1) else None
     if not step.scored or not 0 <= count - len(step.scored) <= (0 if step.finish_reason == "length" else 1):
         return None  # the list is not one entry per counted token (the end of text may be left out)
     tokens = []

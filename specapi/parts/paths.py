@@ -157,7 +157,7 @@ class PathResolver:
     ) -> VerificationPath:
         """The path for a request. `needs_lists`: its acceptance rule reads the target's top lists (a
         lossy rule the caller opted into), so a sampled request keeps the list paths. `logprobs`: the
-        caller asked for the tokens' logprobs, which the scoring paths (echo, prompt logprobs) carry."""
+        caller asked for the tokens' logprobs, which the scoring paths (echo, prompt logprobs) and, greedy, vLLM's token ids carry."""
         if chat in self.refused:
             return VerificationPath("none", note=self.refused[chat], prefill=self.prefill())
         if self.verification == "none":
@@ -178,9 +178,10 @@ class PathResolver:
         name = choose_verification(self.capabilities, chat=chat)
         caps = self.capabilities
         sampled = not greedy and not needs_lists
-        if caps.server == "vllm" and caps.token_ids and not needs_lists and not logprobs:
+        if caps.server == "vllm" and caps.token_ids and not needs_lists and (greedy or not logprobs):
             # The target's own ids, never text it would read back with other token boundaries; a greedy
-            # round checks the draft by the scoring that recomputes least (scoring.py, docs/verification.md).
+            # round checks the draft by the scoring that recomputes least (scoring.py, docs/verification.md),
+            # and each kept token's logprobs entry, where the caller asked, is the target's own there.
             name = "token-ids"
         elif name == "echo" and caps.token_ids and (sampled or (greedy and context_chars >= LONG_CONTEXT_CHARS)):
             # Sampled: top lists of 20 rarely cover a tempered distribution, so echo would hand most

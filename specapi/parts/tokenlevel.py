@@ -37,10 +37,12 @@ from typing import Any, cast
 from ..transport._calls import Meter, RoleClient
 from ..transport._exceptions import EndpointError, MalformedResponseError
 from ..core.acceptance import Emitted, RoundDecision
-from ..core.alignment import ScoredToken, complete_utf8_prefix
+from ..core.alignment import Listed, ScoredToken, complete_utf8_prefix, token_bytes
 from ..core.context import Context
 from ..dialects import NativeDialect, Pick
+from ..dialects.base import Generated
 from ..dialects.base import ChatTokenizing, PromptScoring, SampledBatches, spelling
+from ..dialects.logprobs import chat_listed
 from ..dialects.openai import sampling_fields
 from .drafttree import DraftTree, decide_batched, plan_tree
 from ..core.sampling import acceptance_probability
@@ -293,6 +295,8 @@ class TokenIdVerifier(VerifierBase):
         if context.sampling.greedy and self.dialect.batches:
             seeds = [next_seed()] * len(prompts)
             picks = await self._greedy_picks(context, drafted, prompts, sampling_fields(context, seeds[0]), meter)
+            if self.caller_logprobs(context) is not None:
+                picks = [_for_caller(p, context) for p in picks]
         else:
             seeds = [next_seed() for _ in prompts]
             answers = await asyncio.gather(
@@ -315,23 +319,33 @@ class TokenIdVerifier(VerifierBase):
             seeds=tuple(seeds),
         )
 
+    def caller_logprobs(self, context: Context) -> int | None:
+        """The caller's top count, where its logprobs are asked and this target's picks and steps carry
+        them (`NativeDialect.carries_logprobs`, greedy requests); else None."""
+        if context.logprobs is None or not context.sampling.greedy or not getattr(self.dialect, "carries_logprobs", False):
+            return None
+        return context.logprobs
+
     async def _greedy_picks(
         self, context: Context, drafted: Sequence[int], prompts: Sequence[Sequence[int]], fields: Mapping[str, Any], meter: Meter
     ) -> list[Pick]:
-        """The target's greedy picks after each prompt, by the scoring that recomputes least (`scoring`)."""
+        """The target's greedy picks after each prompt, by the scoring that recomputes least (`scoring`),
+        each with its position's logprobs entry where the caller asked for them."""
+        count = self.caller_logprobs(context)
+        listing = {"logprobs": count} if count is not None else {}
         shape = await self.scoring(context, len(drafted)) if drafted else PICKS
         if shape == SCORED:
             assert context.token_ids is not None
             try:
                 scorer = cast(PromptScoring, self.dialect)
-                picks = await scorer.scored_next(self.client, context.token_ids, drafted, fields, meter, options=context.options)
+                picks = await scorer.scored_next(self.client, context.token_ids, drafted, fields, meter, options=context.options, **listing)
             except EndpointError as exc:
                 if not _declined(exc):
                     raise
                 self._scored_refused = True  # the target's picks on K + 1 prompts from now on
             else:
                 return picks
-        return await self.dialect.next_tokens(self.client, prompts, fields, meter, options=context.options)
+        return await self.dialect.next_tokens(self.client, prompts, fields, meter, options=context.options, **listing)
 
     async def _verify_batched(
         self, context: Context, draft: Sequence[ScoredToken], meter: Meter, next_seed: SeedSource, draft_meter: Meter | None
@@ -438,9 +452,10 @@ class TokenIdVerifier(VerifierBase):
             # completions endpoint would stop at 16 tokens.
             max_tokens = max(1, self.context_window - len(context.token_ids))
         started = self.client.clock()
+        count = self.caller_logprobs(context)
         generated = await self.dialect.generate(
             self.client, context.token_ids, sampling_fields(context, seed), max_tokens, stop, meter, options=context.options, stream=streamed,
-            whole_characters=whole_characters,
+            whole_characters=whole_characters, **({"logprobs": count} if count is not None else {}),
         )
         return PlainStep(
             text=generated.data.decode("utf-8", errors="replace"),
@@ -451,6 +466,7 @@ class TokenIdVerifier(VerifierBase):
             data=generated.data,
             ids=generated.ids,
             held_back=generated.held_back,
+            tokens=step_entries(generated, context.is_chat, count) if count is not None else None,
         )
 
 
@@ -465,8 +481,9 @@ def _decide(pieces: Sequence[tuple[int, bytes | None]], picks: Sequence[Pick], d
     for j, pick in enumerate(picks):
         if pick.end:
             if pick.uncounted:
-                # The server counts its end-of-text token as generated: so does the response.
-                emitted.append(Emitted(token="", data=b"", count=pick.uncounted))
+                # The server counts its end-of-text token as generated: so does the response (and lists
+                # it among the caller's logprobs, by its name).
+                emitted.append(Emitted(token=pick.token or "", data=b"", count=pick.uncounted, logprob=pick.logprob, listed=pick.listed))
             emitted.append(Emitted(token="", data=b"", eos=True, count=0))
             break
         data = pick.data
@@ -476,7 +493,8 @@ def _decide(pieces: Sequence[tuple[int, bytes | None]], picks: Sequence[Pick], d
             unread = True  # drawn, but its bytes are unknown: the target alone decides it again
             break
         pick = replace(pick, data=data)
-        emitted.append(Emitted(token=pick.data.decode("utf-8", errors="replace"), data=pick.data, ids=(pick.id,) if pick.id is not None else None))
+        token = pick.token if pick.listed is not None and pick.token is not None else pick.data.decode("utf-8", errors="replace")
+        emitted.append(Emitted(token=token, data=pick.data, ids=(pick.id,) if pick.id is not None else None, logprob=pick.logprob, listed=pick.listed))
         if j < len(drafted) and pick.id == drafted[j]:
             kept += 1
             continue
@@ -493,6 +511,71 @@ def _decide(pieces: Sequence[tuple[int, bytes | None]], picks: Sequence[Pick], d
         stalled=not emitted,
         handover=unread,
     )
+
+
+def step_entries(generated: Generated, chat: bool, count: int) -> tuple[Emitted, ...] | None:
+    """A target-alone step's tokens one by one, each with its logprobs entry as the server rendered it
+    and the text it holds. The text is the server's own: a token rendered as "" (part of a character)
+    holds none, the token that ends the character holds all of it, and text the rendered tokens do not
+    show (U+FFFD for bytes that make no character) goes to the "" token before it; the end of text or a
+    token past a stop string holds what is left. None where the entries do not spell the text so, or a
+    chat list cannot be told whole (`chat_listed`)."""
+    logprobs = generated.logprobs if isinstance(generated.logprobs, Mapping) else {}
+    tokens, values, tops = logprobs.get("tokens"), logprobs.get("token_logprobs"), logprobs.get("top_logprobs")
+    ids = generated.ids or ()
+    if not isinstance(tokens, list) or not isinstance(values, list) or not isinstance(tops, list) or min(len(tokens), len(values), len(tops)) < len(ids):
+        return None
+    data = generated.data
+    pieces: list[bytes] = []
+    cursor, empty = 0, None  # where the bytes not yet held start; the last token showing none
+    for index, token in enumerate(tokens[: len(ids)]):
+        shown = token_bytes(token) if isinstance(token, str) else None
+        if shown is None:
+            return None
+        found = data.find(shown, cursor) if shown else -1
+        if shown and found >= 0 and (found == cursor or empty is not None):
+            if found > cursor:
+                pieces[empty] += data[cursor:found]  # type: ignore[index]
+            pieces.append(shown)
+            cursor, empty = found + len(shown), None
+        elif shown and index == len(ids) - 1 and generated.finish_reason != "length":
+            pieces.append(data[cursor:])  # the end of text (its name) or a token past a stop string
+            cursor = len(data)
+        elif shown:
+            return None
+        else:
+            empty = len(pieces)
+            pieces.append(b"")
+    if cursor < len(data):
+        if empty is None:
+            return None
+        pieces[empty] += data[cursor:]
+    emitted = []
+    for index, (token, piece) in enumerate(zip(tokens, pieces)):
+        top = tops[index] if isinstance(tops[index], Mapping) else {}
+        value = values[index]
+        listed: Listed | None = Listed(tuple((str(t), float(v)) for t, v in top.items() if v is not None), collapsed=True)
+        if chat:
+            listed = chat_listed(listed, token, value, count)  # type: ignore[arg-type]
+            if listed is None:
+                return None
+        emitted.append(Emitted(token=token, data=piece, logprob=None if value is None else float(value), ids=(ids[index],), listed=listed))
+    return tuple(emitted)
+
+
+def _for_caller(pick: Pick, context: Context) -> Pick:
+    """A pick whose logprobs entry is written for the caller: a chat item lists every one of its top
+    entries, which a completions object may have merged (`chat_listed`); where it did past recovery, or
+    the pick shows no entry, its bytes count as unknown, so the round ends before it and the target alone
+    writes that position (with its own entry)."""
+    if pick.listed is None or pick.token is None:
+        return pick if pick.end else replace(pick, data=None)
+    if not context.is_chat:
+        return pick
+    listed = chat_listed(pick.listed, pick.token, pick.logprob, context.logprobs or 0)
+    if listed is None:
+        return replace(pick, listed=None) if pick.end else replace(pick, data=None)
+    return replace(pick, listed=listed)
 
 
 def _declined(exc: EndpointError) -> bool:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..transport._calls import Meter, RoleClient
-from ..core.acceptance import DEFAULT_EOS_TOKENS, RoundDecision
+from ..core.acceptance import DEFAULT_EOS_TOKENS, Emitted, RoundDecision
 from ..core.alignment import ScoredToken, complete_utf8_prefix, locate_suffix, token_bytes
 from ..core.context import Context
 from ..dialects.base import reading
@@ -76,6 +76,9 @@ class PlainStep:
     #: Tokens the call generated but the step leaves out (an unfinished character at its token budget,
     #: drawn again by the next step): with `completion_tokens`, what the budget allowed.
     held_back: int = 0
+    #: The step's tokens one by one with the caller's logprobs entries as the server rendered them (the
+    #: token-id path: `scored` tokens spell their bytes, these carry the bytes of the text they hold).
+    tokens: tuple[Emitted, ...] | None = None
 
 
 class Verifier(Protocol):

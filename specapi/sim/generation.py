@@ -24,7 +24,7 @@ from .models import Mixture, NGramModel
 Sampler = Callable[[NGramModel, Mixture, np.random.Generator], int]
 """Draws the next token from a model's mixture: ``sampler(model, mix, rng)``."""
 
-__all__ = ["Generation", "Sampler", "TokenRecord", "generate", "score_prompt", "stop_reason", "text_offsets"]
+__all__ = ["Generation", "Sampler", "TokenRecord", "generate", "score_prompt", "stop_reason", "rendered_offsets", "text_offsets"]
 
 
 @dataclass(frozen=True)
@@ -123,6 +123,15 @@ def score_prompt(
     return [TokenRecord(int(prompt_ids[first]))] + [
         TokenRecord(s.token_id, s.logprob, s.top, s.rank) for s in scored
     ]
+
+
+def rendered_offsets(token_ids: Sequence[int], render: Callable[[int], str]) -> list[int]:
+    """Each token's offset as vLLM counts it: the lengths of the tokens before it as rendered."""
+    offsets, length = [], 0
+    for token in token_ids:
+        offsets.append(length)
+        length += len(render(token))
+    return offsets
 
 
 def text_offsets(token_ids: Sequence[int]) -> list[int]:

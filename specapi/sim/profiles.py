@@ -81,6 +81,9 @@ class Capabilities:
     dialect: str = "openai"
     batch_prompts: bool = False
     offsets_unknown: bool = False
+    #: ``text_offset`` counts the lengths of the tokens as rendered before each (vLLM), not the text's
+    #: characters: they differ where a token holding part of a character is rendered otherwise.
+    offsets_rendered: bool = False
     completions_zero_max_tokens: bool = True
     token_id_extras: bool = False
     cut_at_context_end: bool = False
@@ -100,6 +103,7 @@ CAPABILITY_PROFILES: Mapping[str, Capabilities] = {
             prompt_logprobs_skip_cache=True,
             continue_final_message=True,
             dialect="vllm",
+            offsets_rendered=True,
             batch_prompts=True,
             token_id_extras=True,
             cut_at_context_end=True,

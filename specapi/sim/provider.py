@@ -40,7 +40,7 @@ import numpy as np
 
 from .corpus import encode_text, token_id_str, token_str
 from .faults import FaultInjector, FaultPlan, Faults, drop_logprobs, mismatch_logprobs, truncate
-from .generation import Sampler, generate, score_prompt, stop_reason, text_offsets
+from .generation import Sampler, generate, rendered_offsets, score_prompt, stop_reason, text_offsets
 from . import extra_api, llamacpp_api, sglang_api, vllm_api
 from .jobs import Job, PromptWork, total_usage
 from .latency import (
@@ -488,7 +488,8 @@ class SimProvider:
                     lp = {"content": chat_logprob_items(shown, render=render)}
                 elif logprobs is not None:
                     records = list(job.prompt_records or []) + shown if echo else shown
-                    offsets = text_offsets([r.token_id for r in records])
+                    ids = [r.token_id for r in records]
+                    offsets = rendered_offsets(ids, render) if caps.offsets_rendered else text_offsets(ids)
                     if caps.offsets_unknown:
                         offsets = [-1] * len(records)
                     elif not echo:

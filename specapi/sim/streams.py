@@ -126,13 +126,15 @@ def completion_chunks(
         chunks.extend(Chunk(0, chunk(index, prompt_text, lp, None)) for index in range(len(choices)))
     base = len(prompt_text) if (caps.offsets_from_prompt_start or echo) else 0
     last_step = {index: len(_pieces(gen)) - 1 for index, gen in enumerate(choices)}
+    rendered = dict.fromkeys(range(len(choices)), 0)  # the rendered length so far, per choice (`offsets_rendered`)
     for step, index, (record, text, offset, billed) in _interleave(choices, caps.lists_end_token):
         lp = None
         if logprobs is not None:
             if caps.completions_logprobs_chat_shape:
                 lp = {"content": chat_logprob_items([record] if record else [], render=render)}
             else:
-                at = -1 if caps.offsets_unknown else base + offset
+                at = -1 if caps.offsets_unknown else base + (rendered[index] if caps.offsets_rendered else offset)
+                rendered[index] += len(render(record.token_id)) if record else 0
                 lp = completion_logprobs([record] if record else [], [at] if record else [],
                                          include_chosen=caps.logprobs_all, render=render)
         finish = choices[index].finish_reason if step == last_step[index] else None

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import pathlib
 import signal
@@ -214,6 +215,68 @@ async def test_the_default_path_rewrites_no_answer_because_of_re_tokenization(vl
             problems.append((fmt, PROMPTS[index % len(PROMPTS)], got.differences(expected)))
     assert not rewrites, f"{len(rewrites)} answers rewritten on {Counter(rewrites)}"
     assert not problems, f"{len(problems)} of {len(results)} differ: {problems[:6]}"
+
+
+@pytest.mark.asyncio(loop_scope="module")
+@pytest.mark.parametrize("chat", [False, True], ids=["completions", "chat"])
+async def test_caller_logprobs_speculate_on_token_ids_with_every_entry_vllm_alones(vllm: ServerPair, alone: openai.AsyncOpenAI, chat: bool) -> None:
+    """With the caller's logprobs, the default path on vLLM is token ids and accepts draft tokens; every
+    entry (token, logprob, top list, `text_offset`, chat `bytes`) is vLLM alone's, plain and streamed, on
+    prompts whose answers hold tokens that are parts of characters."""
+    prompts = PROPERTY_CASES + CJK + EMOJI + CODE[:6]
+    extra = {"logprobs": True, "top_logprobs": 2} if chat else {"logprobs": 2}
+    client = speculative(vllm, "auto")
+    try:
+        calls = [_whole_logprobs(client, alone, vllm.target.model, chat, stream, _request(p, chat, max_tokens=16, **extra)) for stream in (False, True) for p in prompts]
+        results = await gather_limited(calls)
+    finally:
+        await client.close()
+    problems = [(prompts[i % len(prompts)], got, expected) for i, (got, expected, _) in enumerate(results) if not _same(got, expected)]
+    assert not problems, f"{len(problems)} of {len(results)} differ: {problems[:3]}"
+    stats = [s for _, _, s in results]
+    assert all(s is not None and s.verification in ("token-ids", "none") for s in stats), Counter(s.verification for s in stats if s)
+    assert all(s.fallback_reason is None or not s.fallback_reason.startswith("logprobs:") for s in stats)
+    assert sum(s.accepted_tokens for s in stats) > 0 and sum(s.verification == "token-ids" and s.accepted_tokens > 0 for s in stats) >= len(stats) // 2
+
+
+async def _whole_logprobs(client: AsyncSpeculativeOpenAI, alone: openai.AsyncOpenAI, model: str, chat: bool, stream: bool, request: dict[str, Any]) -> tuple[Any, Any, Any]:
+    """(specapi's, vLLM alone's) text, finish_reason, usage and whole logprobs (a stream's joined), and specapi's stats."""
+    async def run(create: Any, **args: Any) -> tuple[Any, Any]:
+        if not stream:
+            response = await create(**args)
+            choice = response.choices[0]
+            logprobs = choice.logprobs.model_dump() if choice.logprobs is not None else None
+            text = (choice.message.content if chat else choice.text)
+            return (text, choice.finish_reason, _counts(response.usage), logprobs), getattr(response, "speculative", None)
+        response = await create(stream=True, stream_options={"include_usage": True}, **args)
+        text, finish, usage, joined = "", None, None, {}
+        async for chunk in response:
+            usage = _counts(chunk.usage) if chunk.usage is not None else usage
+            for choice in chunk.choices:
+                text += (choice.delta.content or "") if chat else choice.text
+                finish = choice.finish_reason or finish
+                for key, value in (choice.logprobs.model_dump() if choice.logprobs is not None else {}).items():
+                    joined[key] = joined.get(key, []) + list(value or [])
+        return (text, finish, usage, joined), getattr(response, "speculative", None)
+
+    expected, _ = await run(alone.chat.completions.create if chat else alone.completions.create, model=model, **request)
+    got, stats = await run(client.chat.completions.create if chat else client.completions.create, **request)
+    return got, expected, stats
+
+
+def _counts(usage: Any) -> tuple[int, int]:
+    return (usage.prompt_tokens, usage.completion_tokens)
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal, floats within the conformance tolerance (1e-4), dicts in the same key order."""
+    if isinstance(a, float) and isinstance(b, float):
+        return math.isclose(a, b, abs_tol=1e-4)
+    if isinstance(a, dict) and isinstance(b, dict):
+        return list(a) == list(b) and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return a == b
 
 
 # -- the matrix and the property cases ----------------------------------------------------------------------
