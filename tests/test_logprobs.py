@@ -379,7 +379,7 @@ def test_a_steps_tokens_hold_the_text_as_vllm_renders_them() -> None:
     token that ends the character, which renders as the whole character), bytes that make no character
     show as U+FFFD in the text only, and the end of text is listed by its name, outside the text."""
     from specapi.dialects.base import Generated
-    from specapi.parts.tokenlevel import step_entries
+    from specapi.dialects.logprobs import step_entries
 
     logprobs = {
         "tokens": ["", "。", "", "樇", "</s>"],

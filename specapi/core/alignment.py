@@ -33,7 +33,7 @@ def token_bytes(token: str) -> bytes | None:
 @dataclass(frozen=True)
 class Listed:
     """A position's top entries as the target alone lists them for the caller: `(token, logprob)` pairs
-    in the server's order. `collapsed`: read from a completions `top_logprobs` object, where entries
+    in the server's order. `collapsed`: read from a completions top-list object, where entries
     rendered alike (tokens holding part of a character, all `""` on vLLM) share one key, the last one's
     value kept; else every entry is there (vLLM's prompt logprobs, keyed by id)."""
 

@@ -82,6 +82,8 @@ class NativeDialect(Protocol):
     tokenizes_chat: bool
     #: Scores a whole token-id prompt in one request and reports its prefix cache (`PromptScoring`).
     scores_prompts: bool
+    #: Its picks and generations carry the caller's logprobs as the target alone renders them.
+    carries_logprobs: bool
 
     async def tokenize(
         self, client: RoleClient, text: str, meter: Meter, *, special: bool, options: Mapping[str, Any] | None = None

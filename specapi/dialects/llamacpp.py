@@ -45,6 +45,7 @@ class LlamaCppDialect:
     batches_sampled: bool = False
     tokenizes_chat: bool = False
     scores_prompts: bool = False
+    carries_logprobs: bool = False
     lists_processed: bool = True
 
     async def tokenize(

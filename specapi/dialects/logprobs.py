@@ -12,15 +12,19 @@ tokens in the shape the target alone answers (`LogprobShape`).
 from __future__ import annotations
 
 from collections.abc import Mapping, MutableMapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 from ..transport._exceptions import ConfigurationError
+from ..core.acceptance import Emitted
 from ..core.alignment import Listed, ScoredToken, token_bytes
+
+if TYPE_CHECKING:
+    from .base import Generated, Pick
 
 __all__ = [
     "completion_tokens", "chat_tokens", "prompt_logprob_tokens", "WireError",
-    "caller_logprobs", "caller_fields", "chat_listed", "LogprobShape", "TokenScore", "joined", "learnt_offsets", "render", "top_list",
+    "caller_logprobs", "caller_fields", "chat_listed", "pick_for_caller", "step_entries", "LogprobShape", "TokenScore", "joined", "learnt_offsets", "render", "top_list",
 ]
 
 #: The longest top list a chat request may ask (OpenAI's and vLLM's cap).
@@ -282,3 +286,68 @@ def joined(objects: Sequence[Any]) -> Any:
         return parts[0]
     keys = [k for k in parts[0] if all(isinstance(p.get(k), list) for p in parts)]
     return {**parts[0], **{k: [item for p in parts for item in p[k]] for k in keys}}
+
+
+def step_entries(generated: Generated, chat: bool, count: int) -> tuple[Emitted, ...] | None:
+    """A target-alone step's tokens one by one, each with its logprobs entry as the server rendered it
+    and the text it holds. The text is the server's own: a token rendered as "" (part of a character)
+    holds none, the token that ends the character holds all of it, and text the rendered tokens do not
+    show (U+FFFD for bytes that make no character) goes to the "" token before it; the end of text or a
+    token past a stop string holds what is left. None where the entries do not spell the text so, or a
+    chat list cannot be told whole (`chat_listed`)."""
+    logprobs = generated.logprobs if isinstance(generated.logprobs, Mapping) else {}
+    tokens, values, tops = logprobs.get("tokens"), logprobs.get("token_logprobs"), logprobs.get("top_logprobs")
+    ids = generated.ids or ()
+    if not isinstance(tokens, list) or not isinstance(values, list) or not isinstance(tops, list) or min(len(tokens), len(values), len(tops)) < len(ids):
+        return None
+    data = generated.data
+    pieces: list[bytes] = []
+    cursor, empty = 0, None  # where the bytes not yet held start; the last token showing none
+    for index, token in enumerate(tokens[: len(ids)]):
+        shown = token_bytes(token) if isinstance(token, str) else None
+        if shown is None:
+            return None
+        found = data.find(shown, cursor) if shown else -1
+        if shown and found >= 0 and (found == cursor or empty is not None):
+            if found > cursor:
+                pieces[empty] += data[cursor:found]  # type: ignore[index]
+            pieces.append(shown)
+            cursor, empty = found + len(shown), None
+        elif shown and index == len(ids) - 1 and generated.finish_reason != "length":
+            pieces.append(data[cursor:])  # the end of text (its name) or a token past a stop string
+            cursor = len(data)
+        elif shown:
+            return None
+        else:
+            empty = len(pieces)
+            pieces.append(b"")
+    if cursor < len(data):
+        if empty is None:
+            return None
+        pieces[empty] += data[cursor:]
+    emitted = []
+    for index, (token, piece) in enumerate(zip(tokens, pieces)):
+        top = tops[index] if isinstance(tops[index], Mapping) else {}
+        value = values[index]
+        listed: Listed | None = Listed(tuple((str(t), float(v)) for t, v in top.items() if v is not None), collapsed=True)
+        if chat:
+            listed = chat_listed(listed, token, value, count)  # type: ignore[arg-type]
+            if listed is None:
+                return None
+        emitted.append(Emitted(token=token, data=piece, logprob=None if value is None else float(value), ids=(ids[index],), listed=listed))
+    return tuple(emitted)
+
+
+def pick_for_caller(pick: Pick, is_chat: bool, top: int) -> Pick:
+    """A pick whose logprobs entry is written for the caller: a chat item lists every one of its top
+    entries, which a completions object may have merged (`chat_listed`); where it did past recovery, or
+    the pick shows no entry, its bytes count as unknown, so the round ends before it and the target alone
+    writes that position (with its own entry)."""
+    if pick.listed is None or pick.token is None:
+        return pick if pick.end else replace(pick, data=None)
+    if not is_chat:
+        return pick
+    listed = chat_listed(pick.listed, pick.token, pick.logprob, top)
+    if listed is None:
+        return replace(pick, listed=None) if pick.end else replace(pick, data=None)
+    return replace(pick, listed=listed)

@@ -37,6 +37,7 @@ class SglangDialect:
     batches_sampled: bool = False
     tokenizes_chat: bool = False
     scores_prompts: bool = False
+    carries_logprobs: bool = False
     lists_processed: bool = False
     _added: list[int] | None = field(default=None, repr=False)
 

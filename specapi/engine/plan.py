@@ -19,6 +19,7 @@ from ..dialects.openai import OPENAI_LIST_CAP
 from ..core.lossy import EXACT, lossy_path_note
 from ..parts.paths import VerificationPath
 from ..parts.probe import Capabilities
+from ..parts.verifiers import Verifier
 from .request import GenerationRequest
 
 __all__ = ["PENALTIES", "Plan", "plan"]
@@ -167,11 +168,10 @@ def _logprobs_reason(request: GenerationRequest, path: VerificationPath, caps: C
     return None
 
 
-def _ids_carry_logprobs(verifier: Any, greedy: bool) -> bool:
+def _ids_carry_logprobs(verifier: Verifier, greedy: bool) -> bool:
     """Token ids carry the caller's logprobs where the server's picks and steps list each position's entry
     as the target alone renders it (vLLM), on greedy requests (sampled ones draw in batches and trees)."""
-    dialect = getattr(verifier, "dialect", None)
-    return greedy and bool(getattr(dialect, "carries_logprobs", False))
+    return greedy and verifier.carries_logprobs
 
 
 def _with_sampling(request: GenerationRequest, **changes: Any) -> GenerationRequest:

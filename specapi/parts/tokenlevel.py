@@ -40,9 +40,8 @@ from ..core.acceptance import Emitted, RoundDecision
 from ..core.alignment import Listed, ScoredToken, complete_utf8_prefix, token_bytes
 from ..core.context import Context
 from ..dialects import NativeDialect, Pick
-from ..dialects.base import Generated
-from ..dialects.base import ChatTokenizing, PromptScoring, SampledBatches, spelling
-from ..dialects.logprobs import chat_listed
+from ..dialects.base import ChatTokenizing, Generated, PromptScoring, SampledBatches, spelling
+from ..dialects.logprobs import pick_for_caller, step_entries
 from ..dialects.openai import sampling_fields
 from .drafttree import DraftTree, decide_batched, plan_tree
 from ..core.sampling import acceptance_probability
@@ -132,6 +131,11 @@ class TokenIdVerifier(VerifierBase):
     def verifies_chat(self) -> bool:  # type: ignore[override]
         """Chat requests can run on token ids here: the server renders and tokenizes a chat's messages."""
         return self.dialect.tokenizes_chat
+
+    @property
+    def carries_logprobs(self) -> bool:  # type: ignore[override]
+        """The server's picks and steps list each kept token's entry as the target alone renders it."""
+        return self.dialect.carries_logprobs
 
     async def _cache(self) -> PrefixCache:
         """The target's prefix cache as its server reports it (asked once), else vLLM's usual one."""
@@ -296,7 +300,7 @@ class TokenIdVerifier(VerifierBase):
             seeds = [next_seed()] * len(prompts)
             picks = await self._greedy_picks(context, drafted, prompts, sampling_fields(context, seeds[0]), meter)
             if self.caller_logprobs(context) is not None:
-                picks = [_for_caller(p, context) for p in picks]
+                picks = [pick_for_caller(p, context.is_chat, context.logprobs or 0) for p in picks]
         else:
             seeds = [next_seed() for _ in prompts]
             answers = await asyncio.gather(
@@ -322,7 +326,7 @@ class TokenIdVerifier(VerifierBase):
     def caller_logprobs(self, context: Context) -> int | None:
         """The caller's top count, where its logprobs are asked and this target's picks and steps carry
         them (`NativeDialect.carries_logprobs`, greedy requests); else None."""
-        if context.logprobs is None or not context.sampling.greedy or not getattr(self.dialect, "carries_logprobs", False):
+        if context.logprobs is None or not context.sampling.greedy or not self.dialect.carries_logprobs:
             return None
         return context.logprobs
 
@@ -511,71 +515,6 @@ def _decide(pieces: Sequence[tuple[int, bytes | None]], picks: Sequence[Pick], d
         stalled=not emitted,
         handover=unread,
     )
-
-
-def step_entries(generated: Generated, chat: bool, count: int) -> tuple[Emitted, ...] | None:
-    """A target-alone step's tokens one by one, each with its logprobs entry as the server rendered it
-    and the text it holds. The text is the server's own: a token rendered as "" (part of a character)
-    holds none, the token that ends the character holds all of it, and text the rendered tokens do not
-    show (U+FFFD for bytes that make no character) goes to the "" token before it; the end of text or a
-    token past a stop string holds what is left. None where the entries do not spell the text so, or a
-    chat list cannot be told whole (`chat_listed`)."""
-    logprobs = generated.logprobs if isinstance(generated.logprobs, Mapping) else {}
-    tokens, values, tops = logprobs.get("tokens"), logprobs.get("token_logprobs"), logprobs.get("top_logprobs")
-    ids = generated.ids or ()
-    if not isinstance(tokens, list) or not isinstance(values, list) or not isinstance(tops, list) or min(len(tokens), len(values), len(tops)) < len(ids):
-        return None
-    data = generated.data
-    pieces: list[bytes] = []
-    cursor, empty = 0, None  # where the bytes not yet held start; the last token showing none
-    for index, token in enumerate(tokens[: len(ids)]):
-        shown = token_bytes(token) if isinstance(token, str) else None
-        if shown is None:
-            return None
-        found = data.find(shown, cursor) if shown else -1
-        if shown and found >= 0 and (found == cursor or empty is not None):
-            if found > cursor:
-                pieces[empty] += data[cursor:found]  # type: ignore[index]
-            pieces.append(shown)
-            cursor, empty = found + len(shown), None
-        elif shown and index == len(ids) - 1 and generated.finish_reason != "length":
-            pieces.append(data[cursor:])  # the end of text (its name) or a token past a stop string
-            cursor = len(data)
-        elif shown:
-            return None
-        else:
-            empty = len(pieces)
-            pieces.append(b"")
-    if cursor < len(data):
-        if empty is None:
-            return None
-        pieces[empty] += data[cursor:]
-    emitted = []
-    for index, (token, piece) in enumerate(zip(tokens, pieces)):
-        top = tops[index] if isinstance(tops[index], Mapping) else {}
-        value = values[index]
-        listed: Listed | None = Listed(tuple((str(t), float(v)) for t, v in top.items() if v is not None), collapsed=True)
-        if chat:
-            listed = chat_listed(listed, token, value, count)  # type: ignore[arg-type]
-            if listed is None:
-                return None
-        emitted.append(Emitted(token=token, data=piece, logprob=None if value is None else float(value), ids=(ids[index],), listed=listed))
-    return tuple(emitted)
-
-
-def _for_caller(pick: Pick, context: Context) -> Pick:
-    """A pick whose logprobs entry is written for the caller: a chat item lists every one of its top
-    entries, which a completions object may have merged (`chat_listed`); where it did past recovery, or
-    the pick shows no entry, its bytes count as unknown, so the round ends before it and the target alone
-    writes that position (with its own entry)."""
-    if pick.listed is None or pick.token is None:
-        return pick if pick.end else replace(pick, data=None)
-    if not context.is_chat:
-        return pick
-    listed = chat_listed(pick.listed, pick.token, pick.logprob, context.logprobs or 0)
-    if listed is None:
-        return replace(pick, listed=None) if pick.end else replace(pick, data=None)
-    return replace(pick, listed=listed)
 
 
 def _declined(exc: EndpointError) -> bool:

@@ -95,6 +95,8 @@ class Verifier(Protocol):
     sends_token_ids: bool
     #: Chat requests go on token ids too (the server renders and tokenizes a chat's messages).
     verifies_chat: bool
+    #: Kept tokens and target-alone steps carry the caller's logprobs on greedy requests (token ids on vLLM).
+    carries_logprobs: bool
 
     async def verify(
         self, context: Context, draft: Sequence[ScoredToken], meter: Meter, next_seed: SeedSource, top_k: int, draft_meter: Meter | None = None
@@ -126,6 +128,7 @@ class VerifierBase:
     counts_plain_tokens = False
     sends_token_ids = False
     verifies_chat = False
+    carries_logprobs = False
 
     async def prompt_ids(self, context: Context, meter: Meter) -> tuple[int, ...]:
         raise NotImplementedError(f"{type(self).__name__} sends text, not token ids")
