@@ -142,11 +142,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("names", nargs="*", default=["target", "draft", "target_compute"])
     parser.add_argument("--models", type=pathlib.Path, help="a directory holding the models (default: vllm_models())")
+    parser.add_argument("--port", type=int, help="serve on this port (default: a free one)")
     args = parser.parse_args(argv)
     dirs = {n: args.models / n for n in args.names} if args.models else vllm_models()
     results = []
     for name in args.names:
-        port = free_port()
+        port = args.port or free_port()
         log = pathlib.Path(tempfile.mkdtemp(prefix="vllm-measure-")) / f"{name}.log"
         proc = start(dirs[name], name, port, log)
         try:
