@@ -143,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("names", nargs="*", default=["target", "draft", "target_compute"])
     parser.add_argument("--models", type=pathlib.Path, help="a directory holding the models (default: vllm_models())")
     parser.add_argument("--port", type=int, help="serve on this port (default: a free one)")
+    parser.add_argument("--startup-s", type=float, default=600, help="how long a server may take to start")
     args = parser.parse_args(argv)
     dirs = {n: args.models / n for n in args.names} if args.models else vllm_models()
     results = []
@@ -152,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
         proc = start(dirs[name], name, port, log)
         try:
             with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=300) as client:
-                ready = wait_ready(client, proc, log)
+                ready = wait_ready(client, proc, log, args.startup_s)
                 print(f"{name}: ready in {ready:.0f} s ({dirs[name]})", file=sys.stderr)
                 check(client, name)
                 results.append({**measure(client, name), "ready_s": round(ready)})
