@@ -142,16 +142,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("names", nargs="*", default=["target", "draft", "target_compute"])
     parser.add_argument("--models", type=pathlib.Path, help="a directory holding the models (default: vllm_models())")
+    parser.add_argument("--port", type=int, help="serve on this port (default: a free one)")
+    parser.add_argument("--startup-s", type=float, default=600, help="how long a server may take to start")
     args = parser.parse_args(argv)
     dirs = {n: args.models / n for n in args.names} if args.models else vllm_models()
     results = []
     for name in args.names:
-        port = free_port()
+        port = args.port or free_port()
         log = pathlib.Path(tempfile.mkdtemp(prefix="vllm-measure-")) / f"{name}.log"
         proc = start(dirs[name], name, port, log)
         try:
             with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=300) as client:
-                ready = wait_ready(client, proc, log)
+                ready = wait_ready(client, proc, log, args.startup_s)
                 print(f"{name}: ready in {ready:.0f} s ({dirs[name]})", file=sys.stderr)
                 check(client, name)
                 results.append({**measure(client, name), "ready_s": round(ready)})
