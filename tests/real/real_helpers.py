@@ -214,3 +214,17 @@ class Unavailable:
         from starlette.routing import Route
 
         return Starlette(routes=[Route("/{path:path}", self.handle, methods=["GET", "POST"])])
+
+
+async def greedy_text(server: Server, chat: bool, *, messages: list[dict[str, str]], prompt: str, max_tokens: int) -> str:
+    """The server's own greedy text for a chat (`messages`) or a completion (`prompt`), through the SDK."""
+    import openai
+
+    alone = openai.AsyncOpenAI(base_url=server.base_url, api_key="sk-none", max_retries=0)
+    try:
+        if chat:
+            response = await alone.chat.completions.create(model=server.model, messages=messages, max_tokens=max_tokens, temperature=0)  # type: ignore[arg-type]
+            return response.choices[0].message.content or ""
+        return (await alone.completions.create(model=server.model, prompt=prompt, max_tokens=max_tokens, temperature=0)).choices[0].text
+    finally:
+        await alone.close()

@@ -19,7 +19,7 @@ import pytest
 import pytest_asyncio
 
 from conformance_matrix import PER_CHOICE, ROWS, Row, request_args
-from real_helpers import Server, ServerPair
+from real_helpers import Server, ServerPair, greedy_text
 from specapi import AsyncSpeculativeOpenAI
 from test_conformance import Case, Observed, compare_with, observe
 
@@ -48,17 +48,6 @@ async def _compare(
     return got, expected
 
 
-async def _greedy_text(pair: ServerPair, chat: bool) -> str:
-    alone = openai.AsyncOpenAI(base_url=pair.target.base_url, api_key="sk-none", max_retries=0)
-    try:
-        if chat:
-            response = await alone.chat.completions.create(model=pair.target.model, messages=MESSAGES, max_tokens=40, temperature=0)
-            return response.choices[0].message.content or ""
-        return (await alone.completions.create(model=pair.target.model, prompt=PROMPT, max_tokens=40, temperature=0)).choices[0].text
-    finally:
-        await alone.close()
-
-
 def _stop_cases(text: str) -> list[Case]:
     """Stop strings that end the greedy text inside it (a piece from its middle, as a user would pick)."""
     middle = text[len(text) // 2 :].strip()
@@ -66,10 +55,15 @@ def _stop_cases(text: str) -> list[Case]:
     return [Case("stop-mid-text", {"max_tokens": 40, "temperature": 0, "stop": middle[:3]}), Case("max_tokens", {"max_tokens": 24, "temperature": 0})]
 
 
+async def greedy_text_of(pair: ServerPair, chat: bool) -> str:
+    """The target alone's greedy text for the module's request."""
+    return await greedy_text(pair.target, chat, messages=MESSAGES, prompt=PROMPT, max_tokens=40)
+
+
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
 @pytest.mark.parametrize("verification", PATHS)
 async def test_completions_match_llama_server_alone(ls: ServerPair, verification: str, stream: bool) -> None:
-    for case in _stop_cases(await _greedy_text(ls, False)):
+    for case in _stop_cases(await greedy_text_of(ls, False)):
         got, expected = await _compare(ls, verification, False, stream, case.args)
         assert not got.differences(expected), case.name
 
@@ -77,7 +71,7 @@ async def test_completions_match_llama_server_alone(ls: ServerPair, verification
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
 @pytest.mark.parametrize("verification", CHAT_PATHS)
 async def test_chat_matches_llama_server_alone(ls: ServerPair, verification: str, stream: bool) -> None:
-    for case in _stop_cases(await _greedy_text(ls, True)):
+    for case in _stop_cases(await greedy_text_of(ls, True)):
         got, expected = await _compare(ls, verification, True, stream, case.args)
         assert not got.differences(expected), case.name
 

@@ -22,7 +22,7 @@ import openai
 import pytest
 from scipy.stats import chi2_contingency
 
-from real_helpers import SPECULATE_TIMEOUT_S, Server, ServerPair
+from real_helpers import SPECULATE_TIMEOUT_S, Server, ServerPair, greedy_text
 from specapi import AsyncSpeculativeOpenAI
 
 PROMPT = "def read_lines(path):\n"
@@ -95,18 +95,6 @@ async def _own(pair: ServerPair, cache: dict[Any, list[str]], role: str, tempera
     return cache[key]
 
 
-async def _draft_greedy_first(pair: ServerPair, chat: bool) -> str:
-    """The text of the draft's greedy first token for the test's request."""
-    alone = openai.AsyncOpenAI(base_url=pair.draft.base_url, api_key="sk-none", max_retries=0)
-    try:
-        if chat:
-            response = await alone.chat.completions.create(model=pair.draft.model, messages=MESSAGES, max_tokens=1, temperature=0)
-            return response.choices[0].message.content or ""
-        return (await alone.completions.create(model=pair.draft.model, prompt=PROMPT, max_tokens=1, temperature=0)).choices[0].text
-    finally:
-        await alone.close()
-
-
 @pytest.mark.parametrize("temperature", [0.7, 1.0])
 @pytest.mark.parametrize(("chat", "path"), [(False, p) for p in COMPLETION_PATHS] + [(True, p) for p in CHAT_PATHS])
 async def test_sampled_two_tokens_follow_vllms_distribution_on_every_path(vllm: ServerPair, own: dict[Any, list[str]], chat: bool, path: str, temperature: float) -> None:
@@ -134,7 +122,7 @@ async def test_sampled_two_tokens_follow_vllms_distribution_on_every_path(vllm: 
     assert not unexplained, unexplained[0]
     # The draft model drafts greedily: its token is kept as often as the target samples it.
     assert all(s.drafted_tokens > 0 for s in stats), [s for s in stats if not s.drafted_tokens][0]
-    first = await _draft_greedy_first(vllm, chat)
+    first = await greedy_text(vllm.draft, chat, messages=MESSAGES, prompt=PROMPT, max_tokens=1)  # the draft's greedy first token
     share = sum(text.startswith(first) for text in target_own) / len(target_own) if first else 0.0
     assert sum(s.accepted_tokens for s in stats) > 0, (
         f"no draft token accepted: {stats[0]}; the draft's greedy first token {first!r} begins {share:.0%} of the target's own samples"
