@@ -102,7 +102,7 @@ def tiny_models() -> tuple[pathlib.Path, pathlib.Path]:
 
 
 #: The module whose tests take the session's vLLM pair over (they run last; see the ordering hook below).
-FAULTS_MODULE = "tests/real/test_real_vllm_faults.py"
+FAULTS_MODULE = "test_real_vllm_faults.py"
 
 
 def free_port() -> int:
@@ -290,7 +290,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     (stopping, killing and restarting it), which saves a start of their own."""
 
     def order(item: pytest.Item) -> tuple[bool, bool]:
-        faults = item.nodeid.startswith(FAULTS_MODULE)
+        faults = item.path.name == FAULTS_MODULE
         return faults or "vllm" in getattr(item, "fixturenames", ()), faults
 
     items.sort(key=order)
