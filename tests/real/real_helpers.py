@@ -10,11 +10,14 @@ import json
 import os
 import pathlib
 import subprocess
-from typing import Any
+from collections.abc import Awaitable
+from typing import Any, TypeVar
 
 import httpx2
 
 from specapi import AsyncSpeculativeOpenAI, Endpoint, SpeculativeStats
+
+T = TypeVar("T")
 
 
 @dataclasses.dataclass
@@ -128,17 +131,23 @@ def client_for(pair: ServerPair, **options: Any) -> AsyncSpeculativeOpenAI:
     return AsyncSpeculativeOpenAI(target=pair.target.endpoint(), draft=pair.draft.endpoint(), **options)
 
 
-#: A speculative request on these tiny models takes well under a second or two; one that runs this
-#: long is stuck (e.g. re-sending the same verification forever), and fails instead of hanging the run.
-SPECULATE_TIMEOUT_S = 15.0
+#: A speculative request on these tiny models takes well under a second or two, a few on a loaded
+#: machine with a batch of them queued at the servers; one that runs this long is stuck (e.g. re-sending
+#: the same verification forever), and fails instead of hanging the run.
+SPECULATE_TIMEOUT_S = 60.0
+
+
+async def within_deadline(request: Awaitable[T], what: str) -> T:
+    """The request's result; an AssertionError naming it if it runs past SPECULATE_TIMEOUT_S."""
+    try:
+        return await asyncio.wait_for(request, SPECULATE_TIMEOUT_S)
+    except asyncio.TimeoutError:
+        raise AssertionError(f"specapi did not finish within {SPECULATE_TIMEOUT_S:.0f} s: {what}") from None
 
 
 async def speculate(pair: ServerPair, *, chat: bool, stream: bool, client_options: dict[str, Any] | None = None, **request: Any) -> Answer:
     """specapi's answer to the request, through its public client only."""
-    try:
-        return await asyncio.wait_for(_speculate(pair, chat=chat, stream=stream, client_options=client_options, **request), SPECULATE_TIMEOUT_S)
-    except asyncio.TimeoutError:
-        raise AssertionError(f"specapi did not finish within {SPECULATE_TIMEOUT_S:.0f} s ({pair.family}, chat={chat}, stream={stream}, {request})") from None
+    return await within_deadline(_speculate(pair, chat=chat, stream=stream, client_options=client_options, **request), f"{pair.family}, chat={chat}, stream={stream}, {request}")
 
 
 async def _speculate(pair: ServerPair, *, chat: bool, stream: bool, client_options: dict[str, Any] | None = None, **request: Any) -> Answer:

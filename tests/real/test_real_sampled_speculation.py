@@ -17,7 +17,7 @@ import asyncio
 
 import pytest
 
-from real_helpers import SPECULATE_TIMEOUT_S, ServerPair, client_for
+from real_helpers import ServerPair, client_for, within_deadline
 from real_helpers import Server, oracle_post
 from test_real_sampling import MIN_EXPECTED, chi_square
 
@@ -38,7 +38,7 @@ async def _acceptance(ls: ServerPair, verification: str, temperature: float) -> 
                 request = client.completions.create(
                     prompt=prompt, max_tokens=40, temperature=temperature, seed=seed, top_p=CHAIN["top_p"],
                     extra_body={k: v for k, v in CHAIN.items() if k != "top_p"})
-                response = await asyncio.wait_for(request, SPECULATE_TIMEOUT_S)
+                response = await within_deadline(request, f"{verification} T={temperature} seed={seed} {prompt!r}")
                 stats = response.speculative
                 assert (stats.exact or stats.exact_reason) and stats.verification == verification, stats
                 inexact += not stats.exact
@@ -96,7 +96,7 @@ async def test_sampled_texts_follow_the_servers_distribution(ls: ServerPair, ver
                 request = client.completions.create(
                     prompt=CHI_PROMPT, max_tokens=2, temperature=TEMPERATURE, seed=seed, top_p=CHAIN["top_p"],
                     extra_body={k: v for k, v in CHAIN.items() if k != "top_p"})
-                response = await asyncio.wait_for(request, SPECULATE_TIMEOUT_S)
+                response = await within_deadline(request, f"two tokens of {CHI_PROMPT!r} seed={seed}")
             assert response.speculative.exact
             return response.choices[0].text, response.speculative.accepted_tokens
 

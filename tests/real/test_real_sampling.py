@@ -18,7 +18,7 @@ from collections import Counter, defaultdict
 
 from scipy.stats import chisquare
 
-from real_helpers import SPECULATE_TIMEOUT_S, Server, ServerPair, client_for, oracle_post
+from real_helpers import Server, ServerPair, client_for, oracle_post, within_deadline
 
 PROMPT = "The model"
 TEMPERATURE = 0.9
@@ -85,7 +85,7 @@ async def test_sampled_two_tokens_follow_the_servers_distribution(ls: ServerPair
             async with semaphore:
                 top_p, extra = PINNED["top_p"], {k: v for k, v in PINNED.items() if k != "top_p"}
                 request = client.completions.create(prompt=PROMPT, max_tokens=2, temperature=TEMPERATURE, top_p=top_p, extra_body=extra)
-                resp = await asyncio.wait_for(request, SPECULATE_TIMEOUT_S)
+                resp = await within_deadline(request, f"llama.cpp completions T={TEMPERATURE}")
             stats.append(resp.speculative)
             return resp.choices[0].text
 

@@ -22,7 +22,7 @@ import openai
 import pytest
 from scipy.stats import chi2_contingency
 
-from real_helpers import SPECULATE_TIMEOUT_S, Server, ServerPair, greedy_text
+from real_helpers import Server, ServerPair, greedy_text, within_deadline
 from specapi import AsyncSpeculativeOpenAI
 
 PROMPT = "def read_lines(path):\n"
@@ -61,7 +61,7 @@ async def _samples(create: Any, chat: bool, temperature: float, stats: list[Any]
 
     async def one() -> str:
         async with semaphore:
-            response = await asyncio.wait_for(create(**request, max_tokens=2, temperature=temperature, top_p=TOP_P), SPECULATE_TIMEOUT_S)
+            response = await within_deadline(create(**request, max_tokens=2, temperature=temperature, top_p=TOP_P), f"T={temperature} {request}")
         if stats is not None:
             stats.append(response.speculative)
         return (response.choices[0].message.content or "") if chat else response.choices[0].text
