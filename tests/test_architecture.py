@@ -42,7 +42,6 @@ MAX_MODULE_LINES = 600
 #: Over the limits still, each at its length today: a listed one may only shrink, and leaves the list
 #: once it is within them (the test says so). The engine's round loop and the plan are next.
 STILL_LONG = {
-    "server.metrics.__init__": 70,
     "server.app": 612,
 }
 MAX_CORE_PROBES = 10
