@@ -256,7 +256,7 @@ class ProxyMetrics:
             self.child(self.fallbacks, category).inc()
         if stats.verification_refused:
             self.child(self.verification_refused, self.model, stats.verification_refused).inc()
-        reason = getattr(stats, "load_reason", None)  # set by the load-aware policy when it holds speculation back
+        reason = stats.load_reason  # the load-aware policy's decision held speculation back
         if reason:
             label = reason_label(str(reason))
             if label not in self._reasons and len(self._reasons) >= _MAX_REASONS:
