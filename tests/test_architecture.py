@@ -39,11 +39,6 @@ PURE_CORE = {"core.sampling", "core.alignment", "core.acceptance", "core.lossy",
 WIRE_FIELDS = re.compile(r"prompt_logprobs|return_token_ids|continue_final_message|n_probs|top_logprobs|malformed=True")
 MAX_FUNCTION_LINES = 60
 MAX_MODULE_LINES = 600
-#: Over the limits still, each at its length today: a listed one may only shrink, and leaves the list
-#: once it is within them (the test says so). The engine's round loop and the plan are next.
-STILL_LONG = {
-    "server.app": 612,
-}
 MAX_CORE_PROBES = 10
 
 
@@ -189,11 +184,7 @@ def _lengths() -> dict[str, int]:
 
 
 def test_no_function_is_over_60_lines_and_no_module_over_600_outside_the_simulator_and_bench():
-    found = _lengths()
-    assert {name: n for name, n in found.items() if name not in STILL_LONG} == {}, "new long functions or modules"
-    grown = {name: (n, STILL_LONG[name]) for name, n in found.items() if name in STILL_LONG and n > STILL_LONG[name]}
-    assert grown == {}, "listed ones grew (now, listed)"
-    assert sorted(set(STILL_LONG) - set(found)) == [], "within the limits now: take them off STILL_LONG"
+    assert _lengths() == {}
 
 
 def _probes(path: pathlib.Path) -> list[tuple[int, str, str]]:
