@@ -12,6 +12,7 @@ from __future__ import annotations
 import random
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from .alignment import Listed, ScoredToken, spans, token_bytes
 from .lossy import EXACT, AcceptanceRule, divergence
@@ -113,6 +114,42 @@ def _without_eos(q: TokenDist, eos_tokens: Collection[str]) -> TokenDist:
     return TokenDist(probs={t: p / scale for t, p in q.probs.items() if t not in eos_tokens}, gap=min(1.0, q.gap / scale))
 
 
+class _Verdict(NamedTuple):
+    """How one position was decided: its token kept (`keep`), or replaced by `choice` (None: nothing to
+    emit); `handover`: the lists cannot decide it exactly. `gap`: the lists' coverage gap there; with a
+    lossy rule's keep, the tokens exact verification would have rejected and their log-probability gap."""
+
+    keep: bool
+    choice: str | None = None
+    gap: float = 0.0
+    divergent: int = 0
+    logprob_gap: float = 0.0
+    handover: bool = False
+
+
+def _decide_position(
+    position: ScoredToken, dist: dict[str, float], drafted: ScoredToken | None, params: SamplingParams, rng: random.Random, eos_tokens: Collection[str]
+) -> _Verdict:
+    """One position of a round by the caller's rule: a lossy rule keeps what it may, the exact rule
+    decides the rest (greedy: the argmax; sampled: the draw of speculative sampling)."""
+    if params.acceptance.lossy:
+        kept = _lossy_keep(position, drafted, params, eos_tokens)
+        if kept is not None:
+            return _Verdict(keep=True, divergent=kept[0], logprob_gap=kept[1])
+        # Not kept by the lossy rule: the exact rule decides this position.
+    if params.greedy:
+        choice = argmax_token(dist, prefer=position.text)
+        return _Verdict(keep=choice == position.text, choice=choice)
+    drawn = _sampled_choice(position, drafted, params, rng, eos_tokens)
+    if drawn is None:
+        # The lists cannot decide this position exactly (mass unseen, a nucleus reaching past the list).
+        # Decided before anything is drawn here, so handing the position to the target alone keeps the
+        # output exact.
+        return _Verdict(keep=False, handover=True)
+    choice, keep, gap = drawn
+    return _Verdict(keep=keep, choice=choice, gap=gap)
+
+
 def decide_round(
     positions: Sequence[ScoredToken],
     straddle: int,
@@ -136,44 +173,24 @@ def decide_round(
     all_accepted, stalled, handover = True, False, False
 
     for index, (position, span) in enumerate(zip(positions, target_spans)):
-        if index == 0 and straddle:
-            # A token merging committed text with the draft: the target's score here is conditioned on
-            # a different split of the text than its own generation had, so neither keeping nor
-            # replacing it is sound. A plain target step decides this position instead.
-            all_accepted, stalled = False, True
+        # A token merging committed text with the draft (`straddle`): the target's score here is
+        # conditioned on a different split of the text than its own generation had, so neither keeping
+        # nor replacing it is sound. Nor can a position the server listed nothing for be checked (e.g.
+        # the first prompt token). Neither is decided here: the round stalls there, and a plain target
+        # step decides the position.
+        dist = None if index == 0 and straddle else position.distribution()
+        verdict = _decide_position(position, dist, draft_by_span.get(span), params, rng, eos_tokens) if dist else _Verdict(keep=False)
+        if verdict.handover:
+            all_accepted, handover = False, True
             break
-        dist = position.distribution()
-        if not dist:
-            # The server listed nothing here (e.g. the first prompt token): this position cannot be checked.
-            all_accepted, stalled = False, not emitted
-            break
-        if params.acceptance.lossy:
-            kept = _lossy_keep(position, draft_by_span.get(span), params, eos_tokens)
-            if kept is not None:
-                divergent, logprob_gap = divergent + kept[0], logprob_gap + kept[1]
-                emitted.append(Emitted(token=position.text, data=position.data, logprob=position.logprob, top=dict(position.top or {})))
-                accepted_bytes = span[1]
-                continue
-            # Not kept by the lossy rule: the exact rule decides this position.
-        if params.greedy:
-            choice = argmax_token(dist, prefer=position.text)
-            keep = choice == position.text
-        else:
-            drawn = _sampled_choice(position, draft_by_span.get(span), params, rng, eos_tokens)
-            if drawn is None:
-                # The lists cannot decide this position exactly (mass unseen, a nucleus reaching past
-                # the list). Decided before anything is drawn here, so handing the position to the
-                # target alone keeps the output exact.
-                all_accepted, handover = False, True
-                break
-            choice, keep, position_gap = drawn
-            gap = max(gap, position_gap)
-        if keep:
+        gap = max(gap, verdict.gap)
+        divergent, logprob_gap = divergent + verdict.divergent, logprob_gap + verdict.logprob_gap
+        if verdict.keep:
             emitted.append(Emitted(token=position.text, data=position.data, logprob=position.logprob, top=dict(position.top or {})))
             accepted_bytes = span[1]
             continue
         all_accepted = False
-        replacement = _emit(choice, position, eos_tokens) if choice is not None else None
+        replacement = _emit(verdict.choice, position, eos_tokens) if verdict.choice is not None else None
         if replacement is None:
             stalled = not emitted
         else:

@@ -5,15 +5,16 @@ with the statistics; `client.py` collects them into a response or a stream. A re
 is resolved and planned (`plan.py`, pure), its rounds run here (with the next round's draft prefetched
 while one is verified), the target alone writes what rounds do not (`target_alone.py`), and the text
 grows in its `Output` (`output.py`). Everything one request holds lives on its `RequestState`
-(`request.py`); the engine holds only what its client's requests share. All the decisions are pure
-functions (`acceptance.decide_round`, `plan.plan`); this module only sequences the calls.
+(`state.py`, the one module that writes it: each call's outcome is handed to it as a record); the engine
+holds only what its client's requests share. All the decisions are pure functions
+(`acceptance.decide_round`, `plan.plan`); this module only sequences the calls.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from dataclasses import replace
 
 from ..transport._calls import Clock, Meter, RoleClient
@@ -24,13 +25,14 @@ from ..core.alignment import token_bytes
 from ..core.context import Context
 from ..parts.drafters import Draft, Drafter, ModelDrafter, as_drafter
 from ..core.load import current_request, queue_delay
-from .output import Output, complete_characters, room, with_pick_scores, within_limit
+from .output import complete_characters, room, with_pick_scores, within_limit
 from ..parts.paths import PathResolver, VerificationPath
 from .plan import Plan, plan
 from ..parts.policy import RECHECK, TARGET_ALONE, DraftLengthPolicy, PolicyState, Start, as_policy
 from ..parts.probe import Capabilities
-from .request import Finished, GenerationRequest, Piece, RequestState
-from ..core.stats import MODEL_DRAFTER, RoleUsage, RoundRecord, SpeculativeStats
+from .request import Finished, GenerationRequest, Piece
+from .state import RequestState
+from ..core.stats import MODEL_DRAFTER, RoundRecord
 from .prefetch import first_draft, settle, start_prefetch, take_prefetch
 from .target_alone import AloneStream, can_stream, plain, plain_streamed, regenerate, whole_answer
 from ..parts.verifiers import Verification
@@ -97,33 +99,30 @@ class Engine:
             request, path, self.paths.known, top_k=state.top_k, has_drafter=self.drafter is not None,
             seeded_drafter=self.seeded_drafter is not None,
         )
-        self._adopt(state, planned)
+        caps = self.paths.known
+        state.adopt(
+            planned, whole_runs=caps is not None and caps.chat_hides_partial_runs and caps.chat_logprobs > 0,
+            seeded=(self.seeded_drafter, self.seeded_policy or self.policy),
+        )
         if planned.path.whole is not None:
             assert state.drafter is not None
-            text, finish, completion_tokens = await whole_answer(self.target, planned.path.whole, state, state.drafter)
-            if text:
-                state.ttft_s = self.clock() - started
-                yield Piece(text=text)
-            yield self._finished(state, started, finish, completion_tokens)
+            answer = await whole_answer(self.target, planned.path.whole, state, state.drafter)
+            state.answered_whole(answer.record, answer.prompt_tokens)
+            if answer.text:
+                state.text_began(self.clock() - started)
+                yield Piece(text=answer.text)
+            yield self._finished(state, started, answer.finish_reason, answer.completion_tokens)
             return
         speculate, first, mode = await self._start(state, planned)
         request = state.request
-        out = state.output = Output(start=request.context, max_tokens=request.max_tokens, stop=request.stop)
+        out = state.open_output()
         finished_normally = False
         try:
             async for piece in self._steps(state, planned, speculate, first, mode, started):
                 yield piece
             finished_normally = True
         finally:
-            if state.prefetch is not None:
-                state.stale.append(state.prefetch.task)
-            if finished_normally:
-                # A draft call the server has answered is billed: wait for stale prefetches and count them.
-                await settle(state)
-            else:
-                for task in state.stale:
-                    task.cancel()
-                await asyncio.gather(*state.stale, return_exceptions=True)
+            await self._drop_prefetches(state, finished_normally)
         self._learn_refusal(state)
         if not request.stream and out.text:
             yield Piece(text=out.text)  # collected: handed out whole, once nothing can change it
@@ -141,23 +140,19 @@ class Engine:
             logprobs=context.logprobs is not None,
         )
 
-    def _adopt(self, state: RequestState, planned: Plan) -> None:
-        """Take the plan's choices into the request's state."""
-        path = planned.path
-        state.request, state.top_k = planned.request, planned.top_k
-        state.path_note, state.prefill = path.note, path.prefill
-        caps = self.paths.known
-        state.whole_runs = caps is not None and caps.chat_hides_partial_runs and caps.chat_logprobs > 0
-        state.acceptance, state.acceptance_note = planned.acceptance, planned.acceptance_note
-        # A request the plan keeps with the target alone asks what the caller asked (no counting logprobs).
-        state.verifier = path.verifier if planned.speculate else None
-        chosen = path.whole if path.whole is not None else path.verifier
-        state.verification = chosen.name if chosen is not None else "none"
-        state.fallback_reason = planned.fallback_reason
-        state.logprob_shape = planned.logprob_shape
-        if planned.seeded_drafts:
-            state.drafter = self.seeded_drafter
-            state.policy = self.seeded_policy or self.policy
+    async def _drop_prefetches(self, state: RequestState, finished_normally: bool) -> None:
+        """The request's drafts still in flight once it ends. A draft call the server has answered is
+        billed: after a normal end they are waited for and counted; else cancelled."""
+        prefetched = state.take_prefetch()
+        if prefetched is not None:
+            state.went_stale(prefetched.task)
+        if finished_normally:
+            if state.stale:
+                state.settled_stale(await settle(state.stale))
+        else:
+            for task in state.stale:
+                task.cancel()
+            await asyncio.gather(*state.stale, return_exceptions=True)
 
     async def _start(self, state: RequestState, planned: Plan) -> tuple[bool, int | None, str]:
         """The gates that ask the policy and the target: whether the request speculates, the first
@@ -169,12 +164,12 @@ class Engine:
         mode = started.mode
         if speculate and mode == TARGET_ALONE:
             speculate = False
-            state.fallback_reason = started.reason or "the draft-length policy chose the target alone"
+            state.fell_back(started.reason or "the draft-length policy chose the target alone")
         if speculate and policy.watches_queue and self.target.load.rank(current_request.get()) > 1:
             # Before the first round is chosen, for a policy that reads it: how long this client's steps
             # wait for their turn now (a burst's other requests starting), which each call of a round
             # would wait again. Not for the earliest request in flight, which is not charged for it.
-            state.queue_delay_s = await queue_delay(self.clock)
+            state.waited_in_queue(await queue_delay(self.clock))
         first: int | None = None  # the first round's draft length, when chosen before the prompt is tokenized
         if speculate and planned.first_before_tokenize:
             # Chosen before the tokenize call: a request the policy hands to the target alone
@@ -188,7 +183,8 @@ class Engine:
             if state.queue_delay_s > 0.0:
                 await asyncio.sleep(0)  # the first round's turn under load (see `_speculate`)
             draft = await self._draft(state.request.context, _draft_length(first, limit, planned.stretch, None), state)
-            speculate, state.first_draft = draft is not None, draft
+            speculate = draft is not None
+            state.drafted_first(draft)
         if speculate and planned.tokenize_prompt:  # (the choice may have said no)
             speculate = await self._tokenize(state)
         return speculate, first, mode
@@ -204,30 +200,25 @@ class Engine:
             unreadable = isinstance(exc, MalformedResponseError)
             if not (exc.refused_shape or exc.not_served or unreadable):
                 raise
-            state.fallback_reason = f"the target would not tokenize the prompt, continued with the target alone: {exc}"
+            reason = f"the target would not tokenize the prompt, continued with the target alone: {exc}"
             # An unreadable answer is a strike (three in a row write the path off); a refusal counts
             # once the plain request has been accepted (`_learn_refusal`).
+            state.fell_back(reason, refused=not unreadable)
             if unreadable:
-                self.paths.refuse(state.request.context.is_chat, state.fallback_reason, definite=False)
-            else:
-                state.refusal = state.fallback_reason
+                self.paths.refuse(state.request.context.is_chat, reason, definite=False)
             return False
         if not ids:
             # An empty prompt is no token-id prompt a server takes: the target alone reads the caller's text.
-            state.fallback_reason = "the prompt has no tokens to send as ids: the target alone generates"
+            state.fell_back("the prompt has no tokens to send as ids: the target alone generates")
             return False
-        state.request = replace(request, context=replace(request.context, token_ids=ids))
-        if state.prompt_tokens is None:
-            # The server counts the prompt as the ids it runs (a first round of several prompts bills
-            # their sum, not the prompt's own count).
-            state.prompt_tokens = len(ids)
+        state.tokenized(ids)
         return True
 
     async def _steps(
         self, state: RequestState, planned: Plan, speculate: bool, first: int | None, mode: str, started: float
     ) -> AsyncIterator[Piece | AloneStream]:
         """The request's steps until its text ends: rounds while they pay, the target alone otherwise."""
-        out, request, caps, stretch = state.out, state.request, self.paths.known, planned.stretch
+        out, request, stretch = state.out, state.request, planned.stretch
         # The previous round handed the next position to the target alone; so does a request whose
         # logprobs' offsets follow a convention its first target-alone step shows (see plan.py).
         target_decides = planned.logprob_shape is not None and planned.logprob_shape.learn_offsets
@@ -238,12 +229,7 @@ class Engine:
             # own way (a character cut at the limit, or finished past it, as each server does).
             final = remaining is not None and remaining <= stretch
             space = self._room(state)
-            if speculate and space is not None and (space < 2 + _WINDOW_STRETCH or (remaining is not None and remaining > space and not _runs_to_window(caps))):
-                # The context window ends within the request: the target alone ends it as it would (at
-                # the window with "length" on llama-server; with its own error where the request as a
-                # whole does not fit).
-                speculate = False
-                state.fallback_reason = state.fallback_reason or "the request reaches the end of the target's context window: the target alone ends it"
+            speculate = speculate and not self._window_ends(state, remaining, space)
             k = 0
             if speculate and not target_decides and not final:
                 chosen, first = (first, None) if first is not None else (self._choose(state, remaining, mode), None)
@@ -258,41 +244,92 @@ class Engine:
                     continue
                 new, target_decides = outcome
             if not new and (not speculate or final) and request.stream and can_stream(state, context):
-                if self.relay_alone and out.produced == 0 and not out.data:
-                    # The whole answer is one stream of the target's: its chunks go on as it sends them.
-                    handed = AloneStream(self.target, self.clock, state, context, remaining)
-                    yield handed  # resumed once the caller has relayed it to its end
-                    handed.settle(state, out)
-                    if handed.first_text_at is not None:
-                        state.ttft_s = handed.first_text_at - started
-                    continue
-                # The target alone finishes the text: stream it, so that text arrives as it is made.
-                async for tokens in plain_streamed(self.target, self.clock, state, context, remaining, out.produced):
-                    piece = out.add(tokens)
-                    if piece:
-                        state.ttft_s = state.ttft_s if state.ttft_s is not None else self.clock() - started
-                        yield Piece(text=piece, logprobs=state.piece_logprobs())
-                out.ended = True
+                async for event in self._alone_to_the_end(state, context, remaining, started):
+                    yield event
                 continue
             if not new and (not target_decides or final):
-                new = await plain(self.target, self.clock, state, context, 1 if speculate and not final else remaining)
+                new = await self._plain(state, context, 1 if speculate and not final else remaining)
             if state.retokenized and context.sampling.greedy:
-                # Every later request would re-read the same split: the target alone writes the
-                # whole answer again from the prompt, and the part already handed out is checked.
-                regenerated = await regenerate(self.target, self.clock, state)
-                new = regenerated if regenerated is not None else new
-                speculate = False
-            before = (out.produced, len(out.data), out.ended)
-            piece = out.add(new)
-            idle = idle + 1 if (out.produced, len(out.data), out.ended) == before else 0
-            if idle >= _MAX_IDLE_STEPS:
-                raise self.target.error(f"the target's answers added no text in {idle} steps in a row: stopped rather than loop")
-            if out.invalid_bytes and not out.ended and state.inexact_reason is None and out.context.token_ids is None:
-                state.inexact_reason = "approximate: the target generated bytes that are not UTF-8, which a text API cannot send back to it"
+                new, speculate = await self._rewrite(state, new), False
+            piece, idle = self._add(state, new, idle, started)
+            if piece and request.stream:
+                yield Piece(text=piece, logprobs=state.piece_logprobs())
+
+    def _window_ends(self, state: RequestState, remaining: int | None, space: int | None) -> bool:
+        """The context window ends within the request: the target alone ends it as it would (at the
+        window with "length" on llama-server; with its own error where the request as a whole does not
+        fit)."""
+        if space is None or not (space < 2 + _WINDOW_STRETCH or (remaining is not None and remaining > space and not _runs_to_window(self.paths.known))):
+            return False
+        state.fell_back("the request reaches the end of the target's context window: the target alone ends it", keep_earlier=True)
+        return True
+
+    async def _alone_to_the_end(
+        self, state: RequestState, context: Context, remaining: int | None, started: float
+    ) -> AsyncIterator[Piece | AloneStream]:
+        """The target alone finishes the text as a stream, so that text arrives as it is made. A whole
+        answer of one stream of the target's is handed to the caller to relay (`relay_alone`)."""
+        out = state.out
+        if self.relay_alone and out.produced == 0 and not out.data:
+            # The whole answer is one stream of the target's: its chunks go on as it sends them.
+            handed = AloneStream(self.target, self.clock, state, context, remaining, state.plain_seed(context, True, 0))
+            yield handed  # resumed once the caller has relayed it to its end
+            added, books = handed.settle(state)
+            for tokens in added:
+                out.add(tokens)
+            out.ended = True
+            state.book_alone(books)
+            if handed.first_text_at is not None:
+                state.text_began(handed.first_text_at - started)
+            return
+        if context.logprobs is not None:
+            state.caller_logprobs_streamed([])
+        seed = state.plain_seed(context, True, out.produced)
+        async for streamed in plain_streamed(self.target, self.clock, state, context, remaining, out.produced, seed):
+            if streamed.logprobs is not None:
+                state.caller_logprobs_streamed(streamed.logprobs)
+            if streamed.books is not None:
+                state.book_alone(streamed.books)
+            piece = out.add(streamed.tokens) if streamed.tokens else ""
             if piece:
-                state.ttft_s = state.ttft_s if state.ttft_s is not None else self.clock() - started
-                if request.stream:
-                    yield Piece(text=piece, logprobs=state.piece_logprobs())
+                self._first_text(state, started)
+                yield Piece(text=piece, logprobs=state.piece_logprobs())
+        out.ended = True
+
+    async def _plain(self, state: RequestState, context: Context, step_tokens: int | None) -> list[Emitted]:
+        """A target-alone step of `step_tokens` (None: the rest), booked."""
+        new, books = await plain(self.target, self.clock, state, context, step_tokens, state.step_seed(context, step_tokens))
+        state.book_alone(books)
+        return new
+
+    async def _rewrite(self, state: RequestState, new: list[Emitted]) -> list[Emitted]:
+        """The target read its own output back with other token boundaries, and every later request
+        would re-read the same split: greedy, the target alone writes the whole answer again from the
+        prompt, and the part already handed out is checked (`new` stands where it does not match)."""
+        rewrite = await regenerate(self.target, self.clock, state)
+        state.rewrote(rewrite.prompt_tokens, kept=rewrite.tokens is not None)
+        if rewrite.tokens is None:
+            return new
+        state.out.restart_after(rewrite.kept)
+        return rewrite.tokens
+
+    def _add(self, state: RequestState, new: list[Emitted], idle: int, started: float) -> tuple[str, int]:
+        """`new` into the output: the text to hand out, and the steps in a row that added nothing."""
+        out = state.out
+        before = (out.produced, len(out.data), out.ended)
+        piece = out.add(new)
+        idle = idle + 1 if (out.produced, len(out.data), out.ended) == before else 0
+        if idle >= _MAX_IDLE_STEPS:
+            raise self.target.error(f"the target's answers added no text in {idle} steps in a row: stopped rather than loop")
+        if out.invalid_bytes and not out.ended and out.context.token_ids is None:
+            state.approximate("approximate: the target generated bytes that are not UTF-8, which a text API cannot send back to it")
+        if piece:
+            self._first_text(state, started)
+        return piece, idle
+
+    def _first_text(self, state: RequestState, started: float) -> None:
+        if state.ttft_s is None:
+            state.text_began(self.clock() - started)
 
     def _room(self, state: RequestState) -> int | None:
         """How many more tokens the target's context window holds after the output so far; None: unknown."""
@@ -312,9 +349,7 @@ class Engine:
             # proxy, median of five: 0.89x the target alone's throughput without the turn, 0.92x
             # with it (`benchmarks/README.md`).
             await asyncio.sleep(0)
-        prefetched, state.prefetch = state.prefetch, None
-        taken = take_prefetch(prefetched, context, k, self.clock, state) if prefetched is not None else None
-        draft = await taken if taken is not None else first_draft(state, context, k)
+        draft = await self._drafted_ahead(state, context, k)
         if draft is None:
             draft = await self._draft(context, k, state)
         if draft is None:
@@ -329,15 +364,30 @@ class Engine:
             # Guess that every draft token is kept, and draft the next round meanwhile
             # (no longer than the model is asked for in a round sized for free drafts).
             length = state.drafter.paid_length(k)
-            state.prefetch = start_prefetch(draft.model, context.advanced(draft.text), length + 1, state)
+            state.prefetching(start_prefetch(draft.model, context.advanced(draft.text), length + 1, state.draft_meter, state.seed()))
         return await self._round(context, draft, state)
+
+    async def _drafted_ahead(self, state: RequestState, context: Context, k: int) -> Draft | None:
+        """The round's draft if one was made ahead of it: the previous round's prefetch when its guess
+        held, else the draft made before the prompt was tokenized (None: draft now)."""
+        prefetched = state.take_prefetch()
+        taken = take_prefetch(prefetched, context, k, self.clock) if prefetched is not None else None
+        if prefetched is not None and taken is None:
+            state.went_stale(prefetched.task)
+        if taken is not None:
+            draft, discarded = await taken
+        else:
+            early = state.take_first_draft()
+            draft, discarded = first_draft(early, context, k) if early is not None else (None, 0)
+        state.discarded(discarded)
+        return draft
 
     def _learn_refusal(self, state: RequestState) -> None:
         """The request ended well after its verification was refused: the target accepted the plain
         request, so the verification shape was at fault, not the caller's parameters. The path
         resolver (one per target model) counts it, and writes the path off when it is confirmed."""
         if state.refusal is not None and self.paths.refuse(state.request.context.is_chat, state.refusal, definite=True):
-            state.refused_path = state.verifier.name if state.verifier is not None else "token-ids"
+            state.refusal_confirmed(state.verifier.name if state.verifier is not None else "token-ids")
 
     def _choose(self, state: RequestState, remaining: int | None, mode: str) -> int:
         """The policy's draft length for the next round (0: the target alone from here, with the reason
@@ -356,50 +406,11 @@ class Engine:
                 sampled=not state.request.context.sampling.greedy,
             )
         )
-        if decision.load_reason is not None and (decision.length <= 0 or state.load_reason is None):
-            state.load_reason = decision.load_reason
-        if decision.length <= 0:
-            state.fallback_reason = state.fallback_reason or (decision.reason or "the draft-length policy turned speculation off")
+        state.chose(decision)
         return decision.length
 
     def _finished(self, state: RequestState, started: float, finish_reason: str, produced: int) -> Finished:
-        if not state.rounds and state.fallback_reason is None and state.path_note:
-            state.fallback_reason = state.path_note
-        # One target call wrote the whole answer: its usage is the answer's, as the target alone reports it.
-        alone = not state.rounds and state.plain_calls == 1 and not state.retokenized
-        logprobs = state.final_logprobs(alone)
-        lossy = state.acceptance != "exact"
-        stats = SpeculativeStats(
-            rounds=tuple(state.rounds),
-            draft=state.draft_meter.snapshot() if state.draft_meter else RoleUsage(),
-            target=state.target_meter.snapshot(),
-            exact=state.inexact_reason is None and not lossy,
-            exact_reason=state.inexact_reason or (
-                f"lossy acceptance {state.acceptance!r} (opted in): kept draft tokens exact verification might reject" if lossy else None
-            ),
-            speculated=bool(state.rounds),
-            fallback_reason=state.fallback_reason,
-            verification=state.verification if state.rounds else "none",
-            generated_tokens=produced,
-            wall_s=self.clock() - started,
-            ttft_s=state.ttft_s,
-            max_coverage_gap=state.max_gap,
-            discarded_draft_tokens=state.discarded_draft_tokens,
-            acceptance=state.acceptance,
-            acceptance_note=state.acceptance_note,
-            divergent_tokens=state.divergent,
-            logprob_gap=state.logprob_gap,
-            load_reason=state.load_reason,
-            verification_refused=state.refused_path,
-            seed_note=state.seed_note(),
-        )
-        caps = self.paths.known
-        return Finished(
-            finish_reason=finish_reason, stats=stats, prompt_tokens=state.prompt_tokens, completion_tokens=produced,
-            usage=state.plain_usage if alone and isinstance(state.plain_usage, Mapping) else None,
-            stream_usage=caps is not None and caps.stream_usage_unasked and not state.request.context.is_chat, logprobs=logprobs,
-            prompt_cached_tokens=state.target_meter.first_cached,
-        )
+        return state.finished(finish_reason, produced, self.clock() - started, self.paths.known)
 
     async def _draft(self, context: Context, k: int, state: RequestState) -> Draft | None:
         assert state.drafter is not None
@@ -413,11 +424,11 @@ class Engine:
                 model = isinstance(state.drafter, ModelDrafter)  # (a combined drafter chooses its own per round)
                 tokens = await verifier.native_draft(context, k, state.target_meter, state.draft_meter, state.seed(), model=model)
                 if tokens is not None:
-                    state.native_drafts = True
+                    state.drafts_natively()
                     return Draft(tokens=tokens, latency_s=self.clock() - started, drafter=MODEL_DRAFTER)
             return await state.drafter.draft(context, k, meter, state.seed())
         except (DraftError, MalformedResponseError) as exc:
-            state.fallback_reason = f"draft failed, continued with the target alone: {exc}"
+            state.fell_back(f"draft failed, continued with the target alone: {exc}")
             self.warnings.failed(exc)
             return None
 
@@ -428,9 +439,10 @@ class Engine:
             seeds = state.seeds_from(state.out.produced)
             verification = await state.verifier.verify(context, draft.tokens, state.target_meter, seeds, state.top_k, draft_meter=state.draft_meter)
         except MalformedResponseError as exc:
-            state.fallback_reason = f"target response could not be verified against, continued with the target alone: {exc}"
+            reason = f"target response could not be verified against, continued with the target alone: {exc}"
+            state.fell_back(reason)
             self.warnings.failed(exc)
-            self.paths.refuse(state.request.context.is_chat, state.fallback_reason, definite=False)
+            self.paths.refuse(state.request.context.is_chat, reason, definite=False)
             return None
         except EndpointError as exc:
             if not exc.refused_shape:
@@ -438,8 +450,7 @@ class Engine:
             # The target refuses the verification request: its shape (e.g. echo with logprobs), or the
             # caller's own parameters. The plain request that follows tells which: refused too, it
             # raises the caller's error; accepted, the shape is counted against (`_learn_refusal`).
-            state.fallback_reason = f"target refused the verification request, continued with the target alone: {exc}"
-            state.refusal = state.fallback_reason
+            state.fell_back(f"target refused the verification request, continued with the target alone: {exc}", refused=True)
             return None
         self.paths.succeeded(state.request.context.is_chat)
         return verification
@@ -451,20 +462,16 @@ class Engine:
         verification = await self._verify(context, draft, state)
         if verification is None:
             return None
-        if state.prompt_tokens is None and not context.accepted and verification.prompt_tokens is not None:
-            state.prompt_tokens = verification.prompt_tokens
+        if not context.accepted:
+            state.prompt_counted(verification.prompt_tokens)
         state.check_token_boundaries(verification, context, draft, out.token_starts)
         decision = verification.decision or decide_round(verification.positions, verification.straddle, draft.tokens, context.sampling, state.rng)
         state.check_token_counts(verification, decision.accepted, context, out.produced)
-        state.divergent += decision.divergent
-        if decision.redrawn and state.inexact_reason is None:
-            state.inexact_reason = "approximate: a drawn token's bytes could not be read back, and it was drawn again"
-        state.logprob_gap += decision.logprob_gap
+        state.decided(decision, sampled=not context.sampling.greedy)
         if verification.decision is None and verification.seeds and decision.accepted < len(verification.seeds):
             # If the target's pick after the kept tokens was unreadable, the next step redraws it.
             kept = "".join(t.data.decode("utf-8", errors="replace") for t in draft.tokens[: decision.accepted])
-            seed = verification.seeds[decision.accepted]
-            state.pending_seed = (context.accepted + kept, seed) if seed is not None else None
+            state.redraw_at(context.accepted + kept, verification.seeds[decision.accepted])
         new = list(decision.emitted)
         if decision.all_accepted and not decision.stalled:
             if verification.bonus is not None:
@@ -474,8 +481,6 @@ class Engine:
                 new.append(Emitted(token="", data=b"", eos=True))
         if verification.picks and state.logprob_shape is not None:
             new = with_pick_scores(new, verification.picks)  # the caller's logprobs: each pick's own
-        if not context.sampling.greedy:
-            state.max_gap = max(state.max_gap, decision.gap)
         if verification.decision is not None:
             new, decision = _cut_decided(new, decision, verification, context, state)
         else:
@@ -498,8 +503,7 @@ class Engine:
             accepted_by_position=decision.accepted_by_position,
             sampled=not context.sampling.greedy,
         )
-        state.rounds.append(record)
-        state.round_drafters.append(draft.drafter)
+        state.book_round(record, draft.drafter)
         state.policy.observe(record)
         state.drafter.record(draft.drafter, record.drafted, record.accepted)
         state.drafter.observe(record)  # a drafter that weighs costs (CombinedDrafter)
@@ -519,8 +523,8 @@ def _complete_characters(tokens: list[Emitted], greedy: bool, state: RequestStat
     """`output.complete_characters`; a sampled round whose tail was cut draws it again, so the
     response says it is approximate."""
     kept = complete_characters(tokens)
-    if len(kept) < len(tokens) and not greedy and state.inexact_reason is None:
-        state.inexact_reason = "approximate: a token ended inside a UTF-8 character and was drawn again"
+    if len(kept) < len(tokens) and not greedy:
+        state.approximate("approximate: a token ended inside a UTF-8 character and was drawn again")
     return kept
 
 
@@ -537,7 +541,7 @@ def _cut_decided(
         # Tokens read back together (`TokenIdVerifier._read_held`) that reach past the caller's limit.
         while new and (new[-1].eos or sum(t.count for t in new if not t.eos) > remaining):
             new = new[:-1]
-        state.inexact_reason = state.inexact_reason or "approximate: a drawn token's bytes could not be read back within the limit, and it was drawn again"
+        state.approximate("approximate: a drawn token's bytes could not be read back within the limit, and it was drawn again")
     cut = new if decision.keeps_partial else _complete_characters(new, True, state)
     kept = [t for t in cut if not t.eos]
     decided = len(drawn) + (1 if decision.handover else 0)
@@ -545,7 +549,7 @@ def _cut_decided(
         seeds = verification.seeds
         if len(kept) < len(seeds) and seeds[len(kept)] is not None:
             text = b"".join(t.data for t in kept).decode("utf-8", errors="replace")
-            state.pending_seed = (context.accepted + text, seeds[len(kept)])
+            state.redraw_at(context.accepted + text, seeds[len(kept)])
         decision = replace(decision, handover=True)
     return cut, decision
 

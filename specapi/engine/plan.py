@@ -79,16 +79,7 @@ def plan(
     draws = verifier is not None and verifier.draws_target_tokens
     if path.max_logprobs is not None:
         top_k = min(top_k, path.max_logprobs)
-    if path.raw_logprobs is not None and not request.context.sampling.greedy:
-        request = _with_sampling(request, raw_logprobs=path.raw_logprobs)
-    penalty_reason = None
-    if caps is not None and caps.sampler_defaults:
-        request, penalty_reason = _with_server_defaults(request, caps.sampler_defaults, caps)
-    penalty_reason = penalty_reason or _penalty_reason(request.context.extras, caps)
-    if not request.context.sampling.greedy and draws:
-        # Only the target's own picks are kept here, whatever the draft proposed: a position is kept
-        # with probability p(x) for a proposal x, most often for the draft's most likely token.
-        request = _with_sampling(request, point_mass_draft=True)
+    request, penalty_reason = _as_the_path_runs_it(request, path, caps, draws)
     speculate, reason = verifier is not None and has_drafter, None
     if speculate and penalty_reason is not None:
         speculate, reason = False, penalty_reason
@@ -115,6 +106,25 @@ def plan(
         base, request=request, top_k=top_k, speculate=speculate, fallback_reason=reason, seeded_drafts=seeded_drafter and not draws,
         tokenize_prompt=tokenize, first_before_tokenize=tokenize and (limit is None or limit > stretch), stretch=stretch,
     )
+
+
+def _as_the_path_runs_it(
+    request: GenerationRequest, path: VerificationPath, caps: Capabilities | None, draws: bool
+) -> tuple[GenerationRequest, str | None]:
+    """The request with the sampling settings the rounds run it with on `path` (the path's raw logprobs,
+    the server's sampler defaults, the target's own picks kept where the verifier `draws` them), and why
+    its penalties keep it with the target alone (None: they do not)."""
+    if path.raw_logprobs is not None and not request.context.sampling.greedy:
+        request = _with_sampling(request, raw_logprobs=path.raw_logprobs)
+    penalty_reason = None
+    if caps is not None and caps.sampler_defaults:
+        request, penalty_reason = _with_server_defaults(request, caps.sampler_defaults, caps)
+    penalty_reason = penalty_reason or _penalty_reason(request.context.extras, caps)
+    if not request.context.sampling.greedy and draws:
+        # Only the target's own picks are kept here, whatever the draft proposed: a position is kept
+        # with probability p(x) for a proposal x, most often for the draft's most likely token.
+        request = _with_sampling(request, point_mass_draft=True)
+    return request, penalty_reason
 
 
 #: Servers whose own logprobs verification cannot write as they do: llama-server lists one entry per

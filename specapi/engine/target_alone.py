@@ -3,15 +3,18 @@ what the engine does with such calls for one request (a step, the rest as a stre
 rewrite of an answer the target re-read differently, the whole-answer paths).
 
 `plain_step`/`plain_stream` are the wire calls (exact by construction: the target's own text); the
-functions below them work on a `RequestState` and hand the engine `Emitted` tokens to add.
-`AloneStream` is a whole answer the engine hands to its caller instead (`Engine(relay_alone=True)`,
-the proxy): the caller relays the target's chunks as they come, and the engine settles the books.
+functions below them read a `RequestState` (they never write it) and hand the engine `Emitted` tokens
+to add, with what the call reported for the request's books (`AloneBooks`, `Rewrite`, `WholeAnswer`),
+which the engine applies through `state.py`. `AloneStream` is a whole answer the engine hands to its
+caller instead (`Engine(relay_alone=True)`, the proxy): the caller relays the target's chunks as they
+come, and the engine settles the books.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from ..transport._calls import Clock, Meter, RoleClient
@@ -21,10 +24,11 @@ from ..core.context import Context
 from ..dialects.base import UNREADABLE, reading
 from ..dialects.openai import Prefill, generation_request, openai_format
 from ..parts.drafters import Drafter
-from .output import Output, find_stop
+from .output import find_stop
 from ..parts.verifiers import PlainStep
 from ..parts.whole import PredictedOutputsPath, PrefixMatchPath
-from .request import RequestState
+from ..core.stats import RoundRecord
+from .state import AloneBooks, RequestState
 
 __all__ = [
     "PlainStep",
@@ -38,6 +42,9 @@ __all__ = [
     "plain_streamed",
     "regenerate",
     "whole_answer",
+    "Streamed",
+    "Rewrite",
+    "WholeAnswer",
     "AloneStream",
 ]
 
@@ -46,6 +53,38 @@ _MAX_COMPLETE_CHARACTER_STEP = 64
 #: On text, the longest step asked again one token longer for a character to end; past it the target
 #: writes the rest of the answer in one call (see `plain`).
 _MAX_TEXT_STEP = 8
+
+
+@dataclass(frozen=True)
+class Streamed:
+    """A batch of a stream the target writes alone: its tokens, the caller's `logprobs` objects that came
+    with them (None: not asked), and on the last batch what the stream reported for the books."""
+
+    tokens: list[Emitted]
+    logprobs: list[Any] | None = None
+    books: AloneBooks | None = None
+
+
+@dataclass(frozen=True)
+class Rewrite:
+    """The answer written again alone from the prompt (`regenerate`): the tokens after the `kept`
+    characters already handed out (None: it does not begin with them), and its prompt's billed count."""
+
+    tokens: list[Emitted] | None
+    kept: int
+    prompt_tokens: int | None
+
+
+@dataclass(frozen=True)
+class WholeAnswer:
+    """A whole-answer path's answer: its text (cut at a stop string), its finish reason, the tokens the
+    target generated, the round's record (if it drafted) and the prompt's billed count."""
+
+    text: str
+    finish_reason: str
+    completion_tokens: int
+    record: RoundRecord | None
+    prompt_tokens: int | None
 
 
 async def plain_step(
@@ -241,8 +280,11 @@ async def target_call(
     )
 
 
-async def plain(target: RoleClient, clock: Clock, state: RequestState, context: Context, step_tokens: int | None) -> list[Emitted]:
-    """The target alone generates: one token while speculating, everything that remains otherwise.
+async def plain(
+    target: RoleClient, clock: Clock, state: RequestState, context: Context, step_tokens: int | None, seed: int | None
+) -> tuple[list[Emitted], AloneBooks]:
+    """The target alone generates: one token while speculating, everything that remains otherwise
+    (`seed`: `RequestState.step_seed`, so that a step asked again draws the same tokens).
 
     A step that stops inside a character (its text empty or ending in U+FFFD, depending on the
     server) is asked again for one more token with the same seed, until the text ends on a complete
@@ -251,12 +293,7 @@ async def plain(target: RoleClient, clock: Clock, state: RequestState, context: 
     out = state.out
     remaining = out.remaining
     counting = state.verifier is not None and state.verifier.counts_plain_tokens
-    whole_answer = step_tokens is None or (remaining is not None and step_tokens >= remaining)
-    seed = state.plain_seed(context, whole_answer, out.produced)  # a sampled step has one: a step asked again draws the same tokens
-    if state.pending_seed is not None and state.pending_seed[0] == context.accepted:
-        # A fan-out call drew this position but its token could not be read: draw it again, the same.
-        seed = state.pending_seed[1]
-    state.pending_seed = None
+    asked: list[Any] = []  # each call's logprobs object: only the last step's text goes into the answer
     while True:
         # The caller's last tokens, streamed to a streaming caller: servers drop an unfinished
         # character from a stream where a plain answer shows U+FFFD.
@@ -268,10 +305,7 @@ async def plain(target: RoleClient, clock: Clock, state: RequestState, context: 
             target, clock, state, context, step_tokens, seed, streamed=state.request.stream and last, count_tokens=counting, whole_runs=whole_runs,
             last=last,
         )
-        # Only the last step's text goes into the answer: one asked again longer replaces the one before.
-        state.plain_usage = state.target_meter.last_usage
-        state.plain_logprobs = step.logprobs
-        state.learn_offsets(step.logprobs)
+        asked.append(step.logprobs)
         # Text goes on only from text the target would read back as its own bytes: not from inside a
         # character, nor past a U+FFFD a server wrote for bytes that are no character (on token ids the
         # ids go on, whatever the text shows).
@@ -292,13 +326,10 @@ async def plain(target: RoleClient, clock: Clock, state: RequestState, context: 
             if step_tokens >= _MAX_COMPLETE_CHARACTER_STEP:
                 break
             step_tokens = min(2 * step_tokens, _MAX_COMPLETE_CHARACTER_STEP if remaining is None else remaining)
-    state.plain_calls += 1
-    if state.prompt_tokens is None and not context.accepted and step.prompt_tokens is not None:
-        state.prompt_tokens = step.prompt_tokens
-    state.check_prompt_count(step.prompt_tokens, context, out.produced)
     assert state.policy is not None
     state.policy.observe_plain(step.completion_tokens, step.latency_s)
-    return _step_tokens(step, step_tokens, remaining)
+    books = AloneBooks(context, out.produced, step.prompt_tokens, state.target_meter.last_usage, tuple(asked))
+    return _step_tokens(step, step_tokens, remaining), books
 
 
 def _step_tokens(step: PlainStep, step_tokens: int | None, remaining: int | None) -> list[Emitted]:
@@ -341,19 +372,19 @@ def _scored_tokens(step: PlainStep, count: int) -> list[Emitted] | None:
 
 
 async def plain_streamed(
-    target: RoleClient, clock: Clock, state: RequestState, context: Context, remaining: int | None, produced: int
-) -> AsyncIterator[list[Emitted]]:
-    """The target alone generates the rest as a stream. A chunk's text counts as one token (servers
-    stream token by token); when the server stops at the limit, the count is settled to it."""
+    target: RoleClient, clock: Clock, state: RequestState, context: Context, remaining: int | None, produced: int, seed: int | None
+) -> AsyncIterator[Streamed]:
+    """The target alone generates the rest as a stream (`seed`: `RequestState.plain_seed`). A chunk's text
+    counts as one token (servers stream token by token); when the server stops at the limit, the count
+    is settled to it. The last batch yielded carries the stream's books."""
     assert state.policy is not None
     usage: dict = {}
+    # The caller's logprobs: the target's own, handed on with the text (`RequestState.piece_logprobs`).
+    caller: list[Any] | None = [] if context.logprobs is not None else None
     # Chunks that arrived together (the reader fell behind, under load) go on as one piece: the
     # same tokens, counted one by one, with the work per piece (and per chunk sent on) done once.
-    if context.logprobs is not None:
-        state.streamed_logprobs = []  # the target's own, handed on with the text (`RequestState.piece_logprobs`)
     batches = plain_stream_batches(
-        target, context, remaining, state.target_meter, state.plain_seed(context, True, produced), state.request.stop,
-        prefill=state.prefill, usage=usage, logprobs=state.streamed_logprobs,
+        target, context, remaining, state.target_meter, seed, state.request.stop, prefill=state.prefill, usage=usage, logprobs=caller,
     )
     chunks = 0
     started = clock()
@@ -382,19 +413,23 @@ async def plain_streamed(
                     target.load.pace((now - last) / (chunks - before))
                 last = now
             if new:
-                yield new
+                yield Streamed(new, _taken(caller))
     if not finished:
         raise target.malformed("the stream ended without a finish_reason: the text may be incomplete")
     settle = _settled_count(usage, chunks, remaining, stopped_at_length)
-    if settle > 0:
-        yield [Emitted(token="", data=b"", count=settle)]
-    state.plain_calls += 1
-    state.plain_usage = state.target_meter.last_usage
     prompt_tokens = usage.get("prompt_tokens")
-    if not context.accepted and state.prompt_tokens is None and isinstance(prompt_tokens, int):
-        state.prompt_tokens = prompt_tokens
     # Streamed text is out before the usage arrives: a split found here can only be reported.
-    state.check_prompt_count(prompt_tokens if isinstance(prompt_tokens, int) else None, context, produced)
+    books = AloneBooks(context, produced, prompt_tokens if isinstance(prompt_tokens, int) else None, state.target_meter.last_usage)
+    yield Streamed([Emitted(token="", data=b"", count=settle)] if settle > 0 else [], _taken(caller), books)
+
+
+def _taken(objects: list[Any] | None) -> list[Any] | None:
+    """The objects gathered so far, the list emptied for the next ones (None stays None)."""
+    if objects is None:
+        return None
+    taken = objects.copy()
+    objects.clear()
+    return taken
 
 
 def _settled_count(usage: dict, chunks: int, remaining: int | None, stopped_at_length: bool) -> int:
@@ -407,26 +442,17 @@ def _settled_count(usage: dict, chunks: int, remaining: int | None, stopped_at_l
     return remaining - chunks if remaining is not None and stopped_at_length else 0
 
 
-async def regenerate(target: RoleClient, clock: Clock, state: RequestState) -> list[Emitted] | None:
+async def regenerate(target: RoleClient, clock: Clock, state: RequestState) -> Rewrite:
     """Greedy text from the prompt in one target call, rendered as the caller receives it (streamed
-    or not): it replaces everything not yet handed out. None when it does not begin with the text
-    already handed out (then the response stays marked approximate)."""
+    or not): it replaces everything not yet handed out. Its tokens are None when it does not begin with
+    the text already handed out (then the response stays marked approximate)."""
     request, out = state.request, state.out
-    state.retokenized = False  # one attempt per request
-    state.plain_calls += 1  # the answer is now this call's and the earlier ones' (their usage is not its)
     step = await target_call(target, clock, state, request.context, request.max_tokens, None, streamed=request.stream)
     text, finish = step.text, step.finish_reason
     kept = out.sent if request.stream else 0  # a collected response has handed out nothing yet
     sent = out.text[:kept]
     if not text.startswith(sent):
-        return None
-    state.inexact_reason = None
-    state.fallback_reason = state.fallback_reason or "the target re-read its own output with other token boundaries: it wrote the answer again alone"
-    if step.prompt_tokens is not None:
-        # The target alone's own request: its prompt as the server counts it (a BOS it adds included),
-        # where a verification call's count less its draft's would be off by the draft's re-tokenization.
-        state.prompt_tokens = step.prompt_tokens
-    out.restart_after(kept)
+        return Rewrite(None, kept, step.prompt_tokens)
     tokens = [t for t in _step_tokens(step, request.max_tokens, request.max_tokens) if not t.eos]  # with the caller's logprobs
     skipped, skipped_count = b"", 0
     while tokens and len(skipped) < len(sent.encode("utf-8")):
@@ -434,33 +460,32 @@ async def regenerate(target: RoleClient, clock: Clock, state: RequestState) -> l
         skipped, skipped_count = skipped + token.data, skipped_count + token.count
     if skipped == sent.encode("utf-8"):
         # The tokens after what was handed out, each with its scores; the end counts the ones before.
-        return [*tokens, Emitted(token="", data=b"", eos=True, finish_reason=finish or "stop", count=skipped_count)]
+        return Rewrite([*tokens, Emitted(token="", data=b"", eos=True, finish_reason=finish or "stop", count=skipped_count)], kept, step.prompt_tokens)
     rest = text[len(sent) :]
-    return [
-        Emitted(token=rest, data=rest.encode("utf-8"), count=tokens_of(step, request.max_tokens)),
-        Emitted(token="", data=b"", eos=True, finish_reason=finish or "stop", count=0),
-    ]
+    return Rewrite(
+        [
+            Emitted(token=rest, data=rest.encode("utf-8"), count=tokens_of(step, request.max_tokens)),
+            Emitted(token="", data=b"", eos=True, finish_reason=finish or "stop", count=0),
+        ],
+        kept,
+        step.prompt_tokens,
+    )
 
 
 async def whole_answer(
     target: RoleClient, path: PredictedOutputsPath | PrefixMatchPath, state: RequestState, drafter: Drafter
-) -> tuple[str, str, int]:
-    """Whole-answer paths: one draft and one target call; the target's text is the answer. Returns
-    the text (cut at a stop string), the finish reason and the tokens the target generated."""
+) -> WholeAnswer:
+    """Whole-answer paths: one draft and one target call; the target's text is the answer."""
     request = state.request
     draft_meter = state.draft_meter if state.draft_meter is not None else Meter(target.endpoint)
     # The target writes the whole text itself here: it gets the caller's seed unchanged.
-    state.alone_with_callers_seed = True
     seeds = (state.seed(), request.context.seed)
     result = await path.run(request.context, drafter, draft_meter, state.target_meter, request.max_tokens, seeds, request.stop)
     text, finish = result.text, result.finish_reason
     cut = find_stop(text, request.stop, 0)
     if cut is not None:
         text, finish = text[:cut], "stop"
-    if result.record is not None:
-        state.rounds.append(result.record)
-    state.prompt_tokens = result.prompt_tokens
-    return text, finish, result.completion_tokens
+    return WholeAnswer(text, finish, result.completion_tokens, result.record, result.prompt_tokens)
 
 
 class AloneStream:
@@ -474,11 +499,13 @@ class AloneStream:
     finish_reason raises the target's malformed-response error. Once the caller has read it to its end,
     the engine resumes and `settle`s the request from those records."""
 
-    def __init__(self, target: RoleClient, clock: Clock, state: RequestState, context: Context, remaining: int | None) -> None:
+    def __init__(
+        self, target: RoleClient, clock: Clock, state: RequestState, context: Context, remaining: int | None, seed: int | None
+    ) -> None:
         self.target = target
         self._clock = clock
         self._form = openai_format(context)
-        seed = state.plain_seed(context, True, 0)
+        self._context = context
         self.path, self.body = generation_request(
             context, remaining, seed, state.request.stop, state.prefill, stream_usage=True
         )
@@ -522,8 +549,9 @@ class AloneStream:
         if self.finish_reason is None:
             raise target.malformed("the stream ended without a finish_reason: the text may be incomplete")
 
-    def settle(self, state: RequestState, out: Output) -> None:
-        """The relayed answer into the request's output and books, as `plain_streamed` adds them."""
+    def settle(self, state: RequestState) -> tuple[list[list[Emitted]], AloneBooks]:
+        """The relayed answer as `plain_streamed` gives it: the token lists to add to the output in turn,
+        and what goes into the request's books."""
         finish = self.finish_reason
         if finish is None or self._finished_at is None:
             raise self.target.malformed("the stream handed over ended without a finish_reason: the text may be incomplete")
@@ -531,16 +559,9 @@ class AloneStream:
         tokens = [Emitted(token=text, data=text.encode("utf-8")) for text in self.texts]
         if finish != "length":
             tokens.append(Emitted(token="", data=b"", eos=True, finish_reason=finish, count=0))
-        out.add(tokens)
         assert state.policy is not None
         state.policy.observe_plain(self._remaining if finish == "length" and self._remaining else chunks, self._finished_at - self.started)
         settle = _settled_count(self.usage, chunks, self._remaining, finish == "length")
-        if settle > 0:
-            out.add([Emitted(token="", data=b"", count=settle)])
-        out.ended = True
-        state.plain_calls += 1
-        state.plain_usage = state.target_meter.last_usage
         prompt_tokens = self.usage.get("prompt_tokens")
-        if state.prompt_tokens is None and isinstance(prompt_tokens, int):
-            state.prompt_tokens = prompt_tokens
-        state.check_prompt_count(prompt_tokens if isinstance(prompt_tokens, int) else None, out.start, 0)
+        books = AloneBooks(self._context, 0, prompt_tokens if isinstance(prompt_tokens, int) else None, state.target_meter.last_usage)
+        return [tokens, [Emitted(token="", data=b"", count=settle)]] if settle > 0 else [tokens], books

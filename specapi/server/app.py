@@ -32,9 +32,8 @@ from typing import Any
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
-from starlette.types import Receive, Scope, Send
 
 from ..transport._exceptions import EndpointError, MalformedResponseError
 from ..surface.client import AsyncSpeculativeOpenAI
@@ -43,6 +42,7 @@ from ..surface.checks import EndpointChecker
 from ..core.stats import SpeculativeStats
 from ..parts.suffix import SuffixIndex
 from ..surface.streaming import SpeculativeStream
+from .asgi import ProxyApp, http_error
 from .arguments import CHAT_FIELDS, COMPLETION_FIELDS, chat_arguments, completion_arguments, parse_json_object, read_body
 from .config import ServerConfig
 from .disconnect import ClientDisconnected, run_unless_disconnected
@@ -558,40 +558,6 @@ class _Proxy:
         return response
 
 
-async def _http_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, HTTPException)
-    codes = {404: "not_found", 405: "method_not_allowed"}
-    error = ProxyError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}", code=codes.get(exc.status_code))
-    return JSONResponse(error.body(), status_code=exc.status_code, headers=exc.headers)
-
-
-class _ProxyApp(Starlette):
-    """Starlette, with the two generation routes taken straight to their handlers.
-
-    Starlette's stack (its error and exception middleware, the router, the route's own exception
-    wrapper) costs each request a few frames, and wraps `send` twice, so every chunk of a stream paid
-    for three more calls. The generation handlers turn every error into a response themselves
-    (`_Proxy._generate`), so for them that stack does nothing; the other routes, and any middleware
-    added to the app, go through it as before."""
-
-    def __init__(self, *, generation: dict[str, Callable[[Request], Awaitable[Response]]], **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self._generation = generation
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        handler = self._generation.get(scope["path"]) if scope["type"] == "http" and scope["method"] == "POST" else None
-        if handler is None or self.user_middleware or scope.get("root_path"):
-            await super().__call__(scope, receive, send)
-            return
-        scope["app"] = self
-        try:
-            response = await handler(Request(scope, receive))
-        except Exception:  # not one the handler answers itself: what Starlette's error middleware sends
-            logger.exception("request on %s failed", scope["path"])
-            response = PlainTextResponse("Internal Server Error", status_code=500)
-        await response(scope, receive, send)
-
-
 def create_app(config: ServerConfig) -> Starlette:
     """An ASGI app serving `config` (run it with uvicorn, or `specapi serve`)."""
     proxy = _Proxy(config)
@@ -606,7 +572,7 @@ def create_app(config: ServerConfig) -> Starlette:
         Route("/{path:path}", proxy.passed_on, methods=_ALL_METHODS),
     ]
     generation = {"/v1/completions": proxy.completions, "/v1/chat/completions": proxy.chat_completions}
-    app = _ProxyApp(generation=generation, routes=routes, lifespan=proxy.lifespan, exception_handlers={HTTPException: _http_error})
+    app = ProxyApp(generation=generation, routes=routes, lifespan=proxy.lifespan, exception_handlers={HTTPException: http_error})
     app.state.metrics = proxy.metrics
     app.state.config = config
     return app

@@ -11,7 +11,7 @@ from types import MappingProxyType
 from typing import Any
 
 from ..transport._exceptions import ConfigurationError
-from ..transport.endpoint import Endpoint
+from ..transport.endpoint import Endpoint, check_roles
 
 __all__ = ["ServerConfig", "DEFAULT_MAX_REQUEST_BYTES", "DEFAULT_MAX_TOKENS_LIMIT", "DEFAULT_MAX_TENANTS", "SUFFIX_SCOPES"]
 
@@ -98,10 +98,7 @@ class ServerConfig:
     expose_upstream_errors: bool = False
 
     def __post_init__(self) -> None:
-        if not isinstance(self.target, Endpoint):
-            raise ConfigurationError("target must be an Endpoint")
-        if self.draft is not None and not isinstance(self.draft, Endpoint):
-            raise ConfigurationError("draft must be an Endpoint or None")
+        check_roles(self.target, self.draft)
         if self.suffix_scope not in SUFFIX_SCOPES:
             raise ConfigurationError(f"suffix_scope must be one of {', '.join(SUFFIX_SCOPES)}, got {self.suffix_scope!r}")
         for name in ("num_speculative_tokens", "max_request_bytes", "max_tokens_limit", "suffix_max_tokens", "max_tenants"):

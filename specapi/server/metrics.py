@@ -132,6 +132,16 @@ class ProxyMetrics:
     def __init__(self, model: str = "") -> None:
         self.model = model
         self.registry = registry = CollectorRegistry(auto_describe=True)
+        self._serving(registry)
+        self._speculation(registry)
+        self._upstreams(registry)
+        self._vllm_spec_decode(registry)
+        self._reasons: set[str] = set()
+        self._children: dict[tuple[Any, ...], Any] = {}
+        self._view = self._exported()
+
+    def _serving(self, registry: CollectorRegistry) -> None:
+        """The proxy's own traffic: requests, latencies, what is in flight, readiness, sharing."""
         self.requests = Counter("specapi_requests", "HTTP requests by route and status", ["route", "status"], registry=registry)
         self.duration = Histogram(
             "specapi_request_duration_seconds", "Completed generations, seconds", ["route"], buckets=_LATENCY_BUCKETS, registry=registry
@@ -150,6 +160,9 @@ class ProxyMetrics:
         self.share_records = Counter("specapi_share_records", "Suffix sequences shared through Redis", ["direction"], registry=registry)
         self.disconnects = Counter("specapi_client_disconnects", "Clients that left before the end", ["route"], registry=registry)
         self.stream_errors = Counter("specapi_stream_errors", "Streams ended by an error event", ["route"], registry=registry)
+
+    def _speculation(self, registry: CollectorRegistry) -> None:
+        """What speculation did: responses, rounds, tokens drafted and kept (by position), fallbacks."""
         self.responses = Counter(
             "specapi_responses", "Finished generations", ["route", "speculated", "exact"], registry=registry
         )
@@ -163,10 +176,6 @@ class ProxyMetrics:
         self.accepted_by_position = Counter(
             "specapi_accepted_tokens_by_position", "Draft tokens accepted at each position", ["position"], registry=registry
         )
-        self.upstream_requests = Counter("specapi_upstream_requests", "Upstream HTTP requests", ["role"], registry=registry)
-        self.upstream_failed = Counter("specapi_upstream_failed_requests", "Failed upstream HTTP requests", ["role"], registry=registry)
-        self.upstream_tokens = Counter("specapi_upstream_tokens", "Upstream tokens billed", ["role", "kind"], registry=registry)
-        self.cost = Counter("specapi_cost_usd", "Upstream cost in USD (priced models only)", ["role"], registry=registry)
         self.fallbacks = Counter("specapi_fallbacks", "Requests served partly or wholly by the target alone", ["reason"], registry=registry)
         self.reduced = Counter(
             "specapi_speculation_reduced",
@@ -174,6 +183,23 @@ class ProxyMetrics:
             ["model_name", "reason"],
             registry=registry,
         )
+        self.verification_refused = Counter(
+            "specapi_verification_refused",
+            "Verification paths written off because the target refused their request shape while it served the "
+            "same requests plain (confirmed twice); that model's later requests go to the target alone",
+            ["model_name", "verification"],
+            registry=registry,
+        )
+
+    def _upstreams(self, registry: CollectorRegistry) -> None:
+        """The upstream calls each role made, the tokens billed and their cost."""
+        self.upstream_requests = Counter("specapi_upstream_requests", "Upstream HTTP requests", ["role"], registry=registry)
+        self.upstream_failed = Counter("specapi_upstream_failed_requests", "Failed upstream HTTP requests", ["role"], registry=registry)
+        self.upstream_tokens = Counter("specapi_upstream_tokens", "Upstream tokens billed", ["role", "kind"], registry=registry)
+        self.cost = Counter("specapi_cost_usd", "Upstream cost in USD (priced models only)", ["role"], registry=registry)
+
+    def _vllm_spec_decode(self, registry: CollectorRegistry) -> None:
+        """The counters under vLLM's own names, so that a vLLM dashboard reads them."""
         self.num_drafts = Counter(
             "specapi_spec_decode_num_drafts", "Speculation rounds that proposed draft tokens (vLLM's num_drafts)", ["model_name"], registry=registry
         )
@@ -189,16 +215,6 @@ class ProxyMetrics:
             ["model_name", "position"],
             registry=registry,
         )
-        self.verification_refused = Counter(
-            "specapi_verification_refused",
-            "Verification paths written off because the target refused their request shape while it served the "
-            "same requests plain (confirmed twice); that model's later requests go to the target alone",
-            ["model_name", "verification"],
-            registry=registry,
-        )
-        self._reasons: set[str] = set()
-        self._children: dict[tuple[Any, ...], Any] = {}
-        self._view = self._exported()
 
     def child(self, metric: Any, *labels: str) -> Any:
         """`metric.labels(*labels)`, kept: prometheus-client checks and hashes the labels at every call,
@@ -240,7 +256,7 @@ class ProxyMetrics:
             self.child(self.fallbacks, category).inc()
         if stats.verification_refused:
             self.child(self.verification_refused, self.model, stats.verification_refused).inc()
-        reason = getattr(stats, "load_reason", None)  # set by the load-aware policy when it holds speculation back
+        reason = stats.load_reason  # the load-aware policy's decision held speculation back
         if reason:
             label = reason_label(str(reason))
             if label not in self._reasons and len(self._reasons) >= _MAX_REASONS:

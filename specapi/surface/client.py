@@ -39,7 +39,7 @@ from ..core.context import Context
 from ..dialects.logprobs import caller_logprobs
 from ..dialects.openai_params import ChatCompletionCreateParams, ChatCompletionParseParams, CompletionCreateParams, declared
 from ..parts.drafters import Drafter
-from ..transport.endpoint import Endpoint
+from ..transport.endpoint import Endpoint, check_roles
 from .generation import choice_count, respond
 from ..transport.models import AsyncModels
 from .passthrough import passthrough
@@ -133,10 +133,7 @@ class AsyncSpeculativeOpenAI(openai.AsyncOpenAI):
         max_retries: int | NotGiven = not_given,
         default_headers: Mapping[str, str] | None = None,
     ) -> None:
-        if not isinstance(target, Endpoint):
-            raise ConfigurationError("target must be an Endpoint")
-        if draft is not None and not isinstance(draft, Endpoint):
-            raise ConfigurationError("draft must be an Endpoint or None")
+        check_roles(target, draft)
         sdk_options: dict[str, Any] = {"timeout": timeout, "max_retries": max_retries, "default_headers": default_headers}
         target = with_sdk_options(target, **sdk_options)  # checks them, before any request
         draft = with_sdk_options(draft, **sdk_options) if draft is not None else None

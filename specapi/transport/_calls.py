@@ -471,14 +471,12 @@ class RoleClient:
                 for chunk in batch:
                     yield chunk
 
-    async def stream_batches(
-        self, path: str, body: Mapping[str, Any], meter: Meter, *, options: Mapping[str, Any] | None = None
-    ) -> AsyncIterator[list[dict[str, Any]]]:
-        """Like `stream`, the chunks that arrived together (one read from the connection) in one list:
-        one chunk at a time while the reader keeps up, several when it falls behind (under load), so
-        that what it does per batch is done once for all of them."""
-        payload = self._body(body)
-        payload["stream"] = True
+    async def _begun_stream(
+        self, path: str, payload: dict[str, Any], meter: Meter, options: Mapping[str, Any] | None
+    ) -> tuple[Reply, float]:
+        """The reply of a stream the server has begun (opening it is retried as a call is), and when it
+        was first asked; its status and headers go where the caller captures the target's response.
+        An endpoint that fails raises the role's error."""
         data = dumps(payload)
         try:
             reply, started = await self._attempts(lambda: self._open_stream(path, data, meter, options), 1 + self.endpoint.max_retries)
@@ -489,6 +487,17 @@ class RoleClient:
         box = _capture.get() if self.role == "target" else None
         if box is not None:
             box.http_response = httpx2.Response(reply.status, headers=list(reply.headers.items()), request=reply.request())
+        return reply, started
+
+    async def stream_batches(
+        self, path: str, body: Mapping[str, Any], meter: Meter, *, options: Mapping[str, Any] | None = None
+    ) -> AsyncIterator[list[dict[str, Any]]]:
+        """Like `stream`, the chunks that arrived together (one read from the connection) in one list:
+        one chunk at a time while the reader keeps up, several when it falls behind (under load), so
+        that what it does per batch is done once for all of them."""
+        payload = self._body(body)
+        payload["stream"] = True
+        reply, started = await self._begun_stream(path, payload, meter, options)
         failed = True
         usage_seen = False
         last: dict[str, Any] | None = None

@@ -12,7 +12,7 @@ import openai
 
 from ._exceptions import ConfigurationError
 
-__all__ = ["Endpoint"]
+__all__ = ["Endpoint", "check_roles"]
 
 
 def _decimal(value: Decimal | float | int | str | None, name: str) -> Decimal | None:
@@ -115,3 +115,12 @@ class Endpoint:
             default_headers=dict(self.headers) if self.headers else None,
             http_client=self.http_client,
         )
+
+
+def check_roles(target: Any, draft: Any) -> None:
+    """A client's or proxy's roles, checked before any request: the target is an `Endpoint`, the draft
+    one or None."""
+    if not isinstance(target, Endpoint):
+        raise ConfigurationError("target must be an Endpoint")
+    if draft is not None and not isinstance(draft, Endpoint):
+        raise ConfigurationError("draft must be an Endpoint or None")
