@@ -284,9 +284,8 @@ def vllm(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The tests of the real vLLM run last, together: its servers start on the first of them and keep
-    polling for work while idle (a share of a core each) until the session ends, so every other test
-    runs before they start. The fault tests come after every other: they take the session's pair over
+    """The tests of the real vLLM run last, together: its servers start on the first of them and hold
+    about 3 GB of memory each until the session ends, so every other test runs before they start. The fault tests come after every other: they take the session's pair over
     (stopping, killing and restarting it), which saves a start of their own."""
 
     def order(item: pytest.Item) -> tuple[bool, bool]:

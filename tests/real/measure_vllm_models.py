@@ -53,7 +53,11 @@ def start(model_dir: pathlib.Path, name: str, port: int, log: pathlib.Path) -> s
         "--max-model-len", "2048", "--host", "127.0.0.1", "--port", str(port), "--seed", "0",
         "--disable-uvicorn-access-log",
     ]  # fmt: skip
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"}
+    # As the tests serve it (vllm_setup.serve_env): the model in the engine process, on one thread.
+    env = {
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1",
+        **os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
+    }  # fmt: skip
     return subprocess.Popen(argv, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
 

