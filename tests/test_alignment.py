@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specapi.core.alignment import ScoredToken, complete_utf8_prefix, locate_suffix, spans, token_bytes
+from specapi.core.alignment import ScoredToken, complete_utf8_prefix, held_text, locate_suffix, spans, token_bytes
 
 
 def toks(*texts: str) -> list[ScoredToken]:
@@ -168,3 +168,31 @@ def test_spans_are_consecutive_byte_ranges():
     assert spans(toks("ab", "é", "c")) == [(0, 2), (2, 4), (4, 5)]
     assert spans(toks("ab", "c"), start=-1) == [(-1, 1), (1, 2)]
     assert spans([]) == []
+
+
+def test_held_text_gives_a_characters_bytes_to_the_token_that_completes_it() -> None:
+    """vLLM renders a token holding part of a character as "": the token that completes it holds all of it."""
+    data = "今天".encode()
+    assert held_text([b"", "今".encode(), b"", "天".encode()], data, last_holds_rest=False) == [b"", "今".encode(), b"", "天".encode()]
+
+
+def test_held_text_gives_text_no_token_shows_to_the_empty_token_before_it() -> None:
+    """Bytes that make no character show in the server's text as U+FFFD and in no token: the "" token
+    before the next shown token holds them, so the pieces spell the text exactly."""
+    data = "\ufffdは、".encode()
+    pieces = held_text([b"", "は".encode(), "、".encode()], data, last_holds_rest=False)
+    assert pieces == ["\ufffd".encode(), "は".encode(), "、".encode()]
+    assert b"".join(pieces) == data
+
+
+def test_held_text_refuses_tokens_that_do_not_spell_the_text() -> None:
+    assert held_text([b"a", b"c"], b"abc", last_holds_rest=False) is None  # "b" held by no "" token
+    assert held_text([b"x"], b"abc", last_holds_rest=False) is None
+    assert held_text([b"ab", b"zz"], b"abc", last_holds_rest=True) == [b"ab", b"c"]  # a token past a cut stop string
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.text(min_size=1, max_size=3), min_size=1, max_size=8))
+def test_held_text_of_whole_tokens_is_the_tokens(texts: list[str]) -> None:
+    shown = [t.encode() for t in texts]
+    assert held_text(shown, b"".join(shown), last_holds_rest=False) == shown

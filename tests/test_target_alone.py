@@ -52,13 +52,33 @@ def _own_text(case: str, k: int) -> str:
     return "" if k < 5 else "\ufffdX" if k < 12 else "\ufffdXY"
 
 
+def _joined_stream(chunks: list[Any]) -> Any:
+    """A completions stream read as one response: text, logprobs tokens and values, usage, stats."""
+    from types import SimpleNamespace
+
+    tokens: list[str] = []
+    values: list[float | None] = []
+    text = ""
+    for chunk in chunks:
+        for choice in chunk.choices:
+            text += choice.text
+            if choice.logprobs is not None:
+                tokens += choice.logprobs.tokens or []
+                values += choice.logprobs.token_logprobs or []
+    usage = next(c.usage for c in reversed(chunks) if c.usage is not None)
+    logprobs = SimpleNamespace(tokens=tokens, token_logprobs=values)
+    return SimpleNamespace(choices=[SimpleNamespace(text=text, logprobs=logprobs)], usage=usage, speculative=chunks[-1].speculative)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
 @pytest.mark.parametrize("case", ["empty", "replacement"])
-async def test_a_run_of_tokens_inside_characters_is_written_whole_by_the_target_not_drawn_again(case: str) -> None:
+async def test_a_run_of_tokens_inside_characters_is_written_whole_by_the_target_not_drawn_again(case: str, stream: bool) -> None:
     """A text prompt goes on only from whole characters the target would read back as its own bytes, so
     a step that ends inside one, or holds a U+FFFD written for bytes that are no character, is asked
     again longer. Past a few tokens the target writes the rest in one call: going on from the text so
     far would draw the same tokens again, or others, and answer other text than the target alone's. The
-    caller's logprobs are then the target's own, as it sent them."""
+    caller's logprobs are then the target's own, as it sent them, streamed too: each token rendered ""
+    holds its share of the text (the U+FFFD no token shows goes with the "" token before it)."""
     from specapi import AsyncSpeculativeOpenAI, Endpoint
     from wireserver import WireReply, WireServer
 
@@ -100,7 +120,11 @@ async def test_a_run_of_tokens_inside_characters_is_written_whole_by_the_target_
         target = Endpoint(base_url=server.base_url, model="target", api_key="x", max_retries=0)
         draft = Endpoint(base_url=server.base_url, model="draft", api_key="x", max_retries=0)
         async with AsyncSpeculativeOpenAI(target=target, draft=draft, verification="echo", policy="fixed", num_speculative_tokens=4) as client:
-            got = await client.completions.create(prompt="abc", max_tokens=answer_tokens, temperature=0, logprobs=1)
+            if stream:
+                chunks = [c async for c in await client.completions.create(prompt="abc", max_tokens=answer_tokens, temperature=0, logprobs=1, stream=True, stream_options={"include_usage": True})]
+                got = _joined_stream(chunks)
+            else:
+                got = await client.completions.create(prompt="abc", max_tokens=answer_tokens, temperature=0, logprobs=1)
     assert got.choices[0].text == _own_text(case, answer_tokens), seen
     assert got.usage.completion_tokens == answer_tokens
     assert all(body["prompt"] == "abc" for body in seen if body["model"] == "target" and not body.get("echo")), seen  # never from the text so far

@@ -12,7 +12,7 @@ import codecs
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["Listed", "ScoredToken", "token_bytes", "locate_suffix", "complete_utf8_prefix", "spans"]
+__all__ = ["Listed", "ScoredToken", "token_bytes", "locate_suffix", "complete_utf8_prefix", "spans", "held_text"]
 
 
 def token_bytes(token: str) -> bytes | None:
@@ -126,3 +126,34 @@ def spans(tokens: Sequence[ScoredToken], start: int = 0) -> list[tuple[int, int]
         result.append((position, end))
         position = end
     return result
+
+
+def held_text(shown: Sequence[bytes], data: bytes, *, last_holds_rest: bool) -> list[bytes] | None:
+    """The bytes of `data` (a server's generated text) each token holds, where `shown` is what each token
+    renders as. A token rendered as "" (part of a character) holds none, the token that completes the
+    character holds all of it, and text no token shows (U+FFFD for bytes that make no character) goes
+    to the "" token before it. `last_holds_rest`: the last token holds whatever is left (the end of text
+    shown by its name, or a token past a stop string the server cut). None where the tokens do not
+    spell the text so."""
+    pieces: list[bytes] = []
+    cursor, empty = 0, None  # where the bytes not yet held start; the last token showing none
+    for index, piece in enumerate(shown):
+        found = data.find(piece, cursor) if piece else -1
+        if piece and found >= 0 and (found == cursor or empty is not None):
+            if found > cursor:
+                pieces[empty] += data[cursor:found]  # type: ignore[index]
+            pieces.append(piece)
+            cursor, empty = found + len(piece), None
+        elif piece and index == len(shown) - 1 and last_holds_rest:
+            pieces.append(data[cursor:])
+            cursor = len(data)
+        elif piece:
+            return None
+        else:
+            empty = len(pieces)
+            pieces.append(b"")
+    if cursor < len(data):
+        if empty is None:
+            return None
+        pieces[empty] += data[cursor:]
+    return pieces

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..transport._exceptions import ConfigurationError
 from ..core.acceptance import Emitted
-from ..core.alignment import Listed, ScoredToken, token_bytes
+from ..core.alignment import Listed, ScoredToken, held_text, token_bytes
 
 if TYPE_CHECKING:
     from .base import Generated, Pick
@@ -300,31 +300,12 @@ def step_entries(generated: Generated, chat: bool, count: int) -> tuple[Emitted,
     ids = generated.ids or ()
     if not isinstance(tokens, list) or not isinstance(values, list) or not isinstance(tops, list) or min(len(tokens), len(values), len(tops)) < len(ids):
         return None
-    data = generated.data
-    pieces: list[bytes] = []
-    cursor, empty = 0, None  # where the bytes not yet held start; the last token showing none
-    for index, token in enumerate(tokens[: len(ids)]):
-        shown = token_bytes(token) if isinstance(token, str) else None
-        if shown is None:
-            return None
-        found = data.find(shown, cursor) if shown else -1
-        if shown and found >= 0 and (found == cursor or empty is not None):
-            if found > cursor:
-                pieces[empty] += data[cursor:found]  # type: ignore[index]
-            pieces.append(shown)
-            cursor, empty = found + len(shown), None
-        elif shown and index == len(ids) - 1 and generated.finish_reason != "length":
-            pieces.append(data[cursor:])  # the end of text (its name) or a token past a stop string
-            cursor = len(data)
-        elif shown:
-            return None
-        else:
-            empty = len(pieces)
-            pieces.append(b"")
-    if cursor < len(data):
-        if empty is None:
-            return None
-        pieces[empty] += data[cursor:]
+    shown = [token_bytes(token) if isinstance(token, str) else None for token in tokens[: len(ids)]]
+    if any(piece is None for piece in shown):
+        return None
+    pieces = held_text(shown, generated.data, last_holds_rest=generated.finish_reason != "length")  # type: ignore[arg-type]
+    if pieces is None:
+        return None
     emitted = []
     for index, (token, piece) in enumerate(zip(tokens, pieces)):
         top = tops[index] if isinstance(tops[index], Mapping) else {}

@@ -19,7 +19,7 @@ from typing import Any
 
 from ..transport._calls import Clock, Meter, RoleClient
 from ..core.acceptance import Emitted
-from ..core.alignment import token_bytes
+from ..core.alignment import held_text, token_bytes
 from ..core.context import Context
 from ..dialects.base import UNREADABLE, reading
 from ..dialects.openai import Prefill, generation_request, openai_format
@@ -361,14 +361,21 @@ def _scored_tokens(step: PlainStep, count: int) -> list[Emitted] | None:
         return list(step.tokens) if 0 <= count - len(step.tokens) <= (0 if step.finish_reason == "length" else 1) else None
     if not step.scored or not 0 <= count - len(step.scored) <= (0 if step.finish_reason == "length" else 1):
         return None  # the list is not one entry per counted token (the end of text may be left out)
-    tokens = []
-    for token in step.scored:
-        data = token_bytes(token.text)
-        if data is None:
-            return None
-        tokens.append(Emitted(token=token.text, data=data, logprob=token.logprob, top=dict(token.top or {}), ids=(token.id,) if token.id is not None else None))
+    shown = [token_bytes(token.text) for token in step.scored]
+    if any(data is None for data in shown):
+        return None
     text = step.data if step.data is not None else step.text.encode("utf-8")
-    return tokens if b"".join(t.data for t in tokens).startswith(text) else None
+    if not b"".join(shown).startswith(text):  # type: ignore[arg-type]
+        # Tokens rendered "" (parts of a character) and text no token shows (U+FFFD): each token holds
+        # its share of the server's text.
+        held = held_text(shown, text, last_holds_rest=step.finish_reason != "length")  # type: ignore[arg-type]
+        if held is None:
+            return None
+        shown = held  # type: ignore[assignment]
+    return [
+        Emitted(token=token.text, data=data, logprob=token.logprob, top=dict(token.top or {}), ids=(token.id,) if token.id is not None else None)  # type: ignore[arg-type]
+        for token, data in zip(step.scored, shown)
+    ]
 
 
 async def plain_streamed(

@@ -103,11 +103,9 @@ MAX_TOKENS = 12
 #: Requests in flight at once (vLLM batches concurrent requests; the tiny models take many).
 CONCURRENCY = 16
 
-#: The paths that answer as the target alone on real vLLM. The forced text paths (echo, prompt-logprobs,
-#: prefill-fanout) are left out: on real vLLM they still differ from the target alone in ways listed in
-#: tests/real/README.md ("Known differences on real vLLM"), and belong here once those are fixed.
-COMPLETION_PATHS = ("auto", "token-ids")
-CHAT_PATHS = ("auto",)
+#: Every path vLLM serves: auto and each forced one (on completions prompt-logprobs is echo).
+COMPLETION_PATHS = ("auto", "token-ids", "echo", "prefill-fanout")
+CHAT_PATHS = ("auto", "prompt-logprobs", "prefill-fanout")
 REWRITE = "re-read its own output with other token boundaries"
 
 #: Rewrites per (format, path), filled by the tests and printed at the end of the module.

@@ -32,11 +32,10 @@ SAMPLES = 300
 CONCURRENCY = 16
 MIN_EXPECTED = 5.0
 ALPHA = 1e-3
-#: The paths that answer as the target alone on real vLLM. The forced text paths (echo, prompt-logprobs,
-#: prefill-fanout) are left out: on real vLLM they still differ from the target alone in ways listed in
-#: tests/real/README.md ("Known differences on real vLLM"), and belong here once those are fixed.
-COMPLETION_PATHS = ("auto", "token-ids")
-CHAT_PATHS = ("auto",)
+#: Every path vLLM serves: auto and each forced one (on completions prompt-logprobs is echo). Those that
+#: fail today are listed in vllm_known_differences.py, with what differs.
+COMPLETION_PATHS = ("auto", "token-ids", "echo", "prefill-fanout")
+CHAT_PATHS = ("auto", "prompt-logprobs", "prefill-fanout")
 
 
 def homogeneity(first: list[str], second: list[str]) -> tuple[float, dict[str, tuple[int, int]]]:
