@@ -21,7 +21,7 @@ import httpx2
 import pytest
 
 import vllm_prompts
-from real_helpers import ServerPair, client_for, oracle_post, oracle_stream
+from real_helpers import ServerPair, client_for, oracle_post, oracle_stream, within_deadline
 
 MAX_TOKENS = 32
 COMPLETIONS = vllm_prompts.completion_prompts()
@@ -29,6 +29,8 @@ CHATS = vllm_prompts.chat_messages()
 #: The tokens a fixed policy drafts a round: rounds happen whatever the default policy would predict of
 #: these cheap tiny models (it turns speculation off where the target alone is faster).
 FIXED = {"policy": "fixed"}
+#: Prompts in flight at once (vLLM batches concurrent requests).
+CONCURRENCY = 8
 REWRITE = "re-read its own output"
 
 
@@ -79,11 +81,17 @@ async def test_default_path_equals_the_target_alone_and_never_rewrites(vllm: Ser
     finish_reason and usage are the target alone's; no answer is rewritten for re-tokenization."""
     cases = _cases() if not stream else _cases()[::3]
     rewrites, rounds, failures = 0, 0, []
+    semaphore = asyncio.Semaphore(CONCURRENCY)
     async with client_for(vllm, **FIXED) as client:
-        for chat, prompt in cases:
+
+        async def both(chat: bool, prompt: Any) -> tuple[Any, Any]:
             request = {"messages" if chat else "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0}
-            own = await _own(vllm, chat, stream, request)
-            text, finish, usage, stats = await asyncio.wait_for(_specapi(client, chat, stream, request), 60)
+            async with semaphore:
+                own = await _own(vllm, chat, stream, request)
+                return own, await within_deadline(_specapi(client, chat, stream, request), f"chat={chat} stream={stream} {prompt!r}")
+
+        answers = await asyncio.gather(*(both(chat, prompt) for chat, prompt in cases))
+        for (chat, prompt), (own, (text, finish, usage, stats)) in zip(cases, answers):
             rewrites += REWRITE in (stats.fallback_reason or "")
             rounds += stats.num_rounds
             if (text, finish, usage) != own or not stats.exact:
