@@ -5,7 +5,8 @@ xpassed once fixed: then take the line out. Every entry is an open defect of spe
 _SAMPLED_TEXT_PATH = (
     "sampled completions on a forced text path do not follow vLLM's distribution: on "
     "'def read_lines(path):\\n' specapi writes '\\n\\n' in about 3 of 4 samples, vLLM alone never "
-    "(it writes '\\n' and then 'class', 'def', '#', ...)"
+    "(it writes '\\n' and then 'class', 'def', '#', ...); each such answer says exact=False, 'the target "
+    "re-tokenized the text so far' (the text context is read back with other token boundaries)"
 )
 _SAMPLING = "test_real_vllm_sampling.py::test_sampled_two_tokens_follow_vllms_distribution_on_every_path"
 
@@ -13,7 +14,8 @@ _PARTIAL_CHARACTER_REDRAWN = (
     "sampled chat at T=1.0 answers too rarely with a token that ends inside a character: such a token is "
     "drawn again (its bytes are unknown on a token-id prompt), which is exact greedy but biases a sampled "
     "answer; over 400 two-token answers vLLM alone gave 8 empty ('' with finish 'length') and 7 starting "
-    "with U+FFFD, specapi 1 and 0 (the chi-square passes or fails with the draw)"
+    "with U+FFFD, specapi 1 and 0 (the chi-square passes or fails with the draw); each answer whose token "
+    "was drawn again says exact=False ('a drawn token's bytes could not be read back'), 18 of 300 here"
 )
 
 KNOWN_DIFFERENCES: dict[str, str] = {
