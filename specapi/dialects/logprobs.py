@@ -290,11 +290,9 @@ def joined(objects: Sequence[Any]) -> Any:
 
 def step_entries(generated: Generated, chat: bool, count: int) -> tuple[Emitted, ...] | None:
     """A target-alone step's tokens one by one, each with its logprobs entry as the server rendered it
-    and the text it holds. The text is the server's own: a token rendered as "" (part of a character)
-    holds none, the token that ends the character holds all of it, and text the rendered tokens do not
-    show (U+FFFD for bytes that make no character) goes to the "" token before it; the end of text or a
-    token past a stop string holds what is left. None where the entries do not spell the text so, or a
-    chat list cannot be told whole (`chat_listed`)."""
+    and the share of the server's text it holds (`alignment.held_text`; the end of text or a token past a
+    stop string holds what is left). None where the entries do not spell the text so, or a chat list
+    cannot be told whole (`chat_listed`)."""
     logprobs = generated.logprobs if isinstance(generated.logprobs, Mapping) else {}
     tokens, values, tops = logprobs.get("tokens"), logprobs.get("token_logprobs"), logprobs.get("top_logprobs")
     ids = generated.ids or ()
