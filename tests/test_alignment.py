@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specapi.core.alignment import ScoredToken, complete_utf8_prefix, held_text, locate_suffix, spans, token_bytes
+from specapi.core.alignment import ScoredToken, complete_utf8_prefix, held_text, streamed_pieces, locate_suffix, spans, token_bytes
 
 
 def toks(*texts: str) -> list[ScoredToken]:
@@ -196,3 +196,38 @@ def test_held_text_refuses_tokens_that_do_not_spell_the_text() -> None:
 def test_held_text_of_whole_tokens_is_the_tokens(texts: list[str]) -> None:
     shown = [t.encode() for t in texts]
     assert held_text(shown, b"".join(shown), last_holds_rest=False) == shown
+
+
+# -- streamed_pieces: the text vLLM's stream adds at each token --------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("tokens", "pieces"),
+    [
+        ([b"\xe4\xb8", b"\xad", b"a"], ["", "中", "a"]),  # a character across two tokens: added at the second
+        ([b"\xe4\xb8", b"!"], ["", "\ufffd!"]),  # broken by the next token: U+FFFD, with that token's text
+        ([b"a", b"\xf0\x9f", b"\x98"], ["a", "", ""]),  # unfinished at the end: its bytes are left out
+        ([b"\xe4\xb8", b"\xe4\xb8", b"\xad"], ["", "", "\ufffd中"]),  # a second start waits with the first
+        ([b"\xad", b"a"], ["", "\ufffda"]),  # a continuation byte first
+    ],
+)
+def test_streamed_pieces_add_text_where_the_run_renders_without_a_trailing_replacement(tokens: list[bytes], pieces: list[str]) -> None:
+    renders = [b"".join(tokens[: n + 1]).decode("utf-8", errors="replace") for n in range(len(tokens))]
+    assert streamed_pieces(renders) == pieces
+
+
+def test_streamed_pieces_refuse_a_rendering_that_does_not_extend_the_text_so_far() -> None:
+    assert streamed_pieces(["ab", "axy"]) is None
+
+
+@given(st.lists(st.binary(min_size=1, max_size=3), max_size=12))
+def test_streamed_pieces_spell_the_run_once_it_renders_whole(tokens: list[bytes]) -> None:
+    renders = [b"".join(tokens[: n + 1]).decode("utf-8", errors="replace") for n in range(len(tokens))]
+    pieces = streamed_pieces(renders)
+    assert pieces is not None and len(pieces) == len(tokens)
+    shown = "".join(pieces)
+    whole = [r for r in renders if not r.endswith("\ufffd")]
+    # What was added is the run's rendering up to the last token at which it rendered whole.
+    assert shown == (max(whole, key=len) if whole else "")
+    if renders and not renders[-1].endswith("\ufffd"):
+        assert shown == renders[-1]

@@ -200,6 +200,34 @@ async def test_vllm_auto_verifies_on_the_targets_own_ids(chat):
         assert len(tokenized) == len(CHAT_PROMPTS)
 
 
+@pytest.mark.parametrize(("profile", "chat", "path", "sampled_on"), [
+    ("vllm", False, "echo", "token-ids"),
+    ("vllm", False, "prefill-fanout", "token-ids"),
+    ("vllm", True, "prompt-logprobs", "token-ids"),
+    ("vllm", True, "prefill-fanout", "token-ids"),
+    ("llamacpp", False, "prefill-fanout", "token-ids"),
+    ("llamacpp", True, "prefill-fanout", "prefill-fanout"),  # llama-server does not render chat as ids
+    ("toy", False, "echo", "echo"),  # a server specapi does not know as one that takes token ids
+])
+async def test_a_sampled_request_forced_onto_a_text_path_runs_on_ids_where_the_target_takes_them(profile, chat, path, sampled_on):
+    """A text context is re-tokenized by the target, which a sampled answer cannot be corrected for: where
+    the target takes the request as token ids, a sampled request forced onto a text path runs on them; a
+    greedy one keeps the forced path (a re-tokenized greedy answer is written again, exactly)."""
+    if profile == "toy":
+        toy = InProcessToy("paths")
+        target, draft = toy.endpoint("target"), toy.endpoint("draft")
+    else:
+        _, target, draft = sim(profile)
+    request = {"messages": [{"role": "user", "content": CHAT_PROMPTS[0]}]} if chat else {"prompt": "ab" if profile == "toy" else COMPLETION_PROMPTS[0]}
+    async with AsyncSpeculativeOpenAI(target=target, draft=draft, drafter="model", policy="fixed", verification=path) as client:
+        create = client.chat.completions.create if chat else client.completions.create
+        sampled = await create(**request, max_tokens=MAX_TOKENS, temperature=0.7, seed=3)
+        greedy = await create(**request, max_tokens=MAX_TOKENS, temperature=0)
+    assert sampled.speculative.verification == sampled_on and sampled.speculative.speculated, sampled.speculative
+    assert greedy.speculative.verification == path, greedy.speculative
+    assert sampled.speculative.exact and greedy.speculative.exact
+
+
 # ----------------------------------------------------------------------------- prefix match
 
 

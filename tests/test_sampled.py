@@ -226,7 +226,7 @@ P1 = {1: (0.6, b"a"), 4: (0.4, b"")}  # token 4 spells nothing: the end of the t
 def test_full_rejection_sampling_on_whole_distributions_gives_p():
     import random
 
-    from specapi.parts.tokenlevel import decide_processed
+    from specapi.parts.processed import decide_processed
 
     rng = random.Random(7)
     first: dict[str, int] = {}
@@ -250,7 +250,7 @@ def test_full_rejection_sampling_on_whole_distributions_gives_p():
 def test_a_position_the_server_did_not_list_goes_to_the_target_before_any_draw():
     import random
 
-    from specapi.parts.tokenlevel import decide_processed
+    from specapi.parts.processed import decide_processed
 
     class NoDraws(random.Random):
         def random(self) -> float:

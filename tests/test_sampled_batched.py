@@ -263,14 +263,17 @@ class _HidingDialect:
         assert "seed" not in fields
         return [_pick(11, None) for _ in prompts]
 
+    #: What the target writes after the held token (99: its end of text, which vLLM lists among the ids).
+    AFTER = (12, 13)
+
     async def generate(self, client, ids, fields, max_tokens, stop, meter, *, options, stream=False):  # type: ignore[no-untyped-def]
         self.generated.append((list(ids), fields.get("seed"), max_tokens))
-        out = [12, 13][: max_tokens]
-        return Generated(ids=tuple(out), data=b"", finish_reason="length", prompt_tokens=None, completion_tokens=len(out))
+        out = self.AFTER[:max_tokens]
+        finish = "stop" if out and out[-1] == 99 else "length"
+        return Generated(ids=tuple(out), data=b"", finish_reason=finish, prompt_tokens=None, completion_tokens=len(out))
 
     async def detokenize(self, client, ids, meter):  # type: ignore[no-untyped-def]
-        data = b"".join(self.BYTES[i] for i in ids)
-        return data if data.decode("utf-8", errors="replace").find("\ufffd") < 0 else None
+        return b"".join(self.BYTES.get(i, b"<end>") for i in ids).decode("utf-8", errors="replace")
 
 
 class _Client:
@@ -290,11 +293,53 @@ async def test_a_held_token_is_kept_and_its_bytes_read_back_with_the_tokens_afte
     verification = await verifier.verify(context, draft, Meter(None), lambda: next(seeds), 5)  # type: ignore[arg-type]
     decision: RoundDecision | None = verification.decision
     assert decision is not None and not decision.handover and not decision.redrawn
-    (emitted,) = decision.emitted
     # The held draw (11) is the first token, never drawn again; the tokens after it come seeded by
     # position (the seed of the position after the held one), until the bytes make whole characters.
-    assert emitted.ids == (11, 12) and emitted.data == "中".encode() and emitted.count == 2
+    # Each token adds what vLLM's stream adds at it: nothing at 11, the whole character at 12.
+    assert [(e.ids, e.data, e.count) for e in decision.emitted] == [((11,), b"", 1), ((12,), "中".encode(), 1)]
     assert dialect.generated[0][0] == [5, 11] and dialect.generated[0][1] == 101
+
+
+@pytest.mark.parametrize(
+    ("after", "pieces", "ends"),
+    [
+        # 13 breaks the character 11 began: vLLM shows U+FFFD for it, with 13's text, once 13 is there.
+        ((13, 12), [b"", "\ufffd!".encode()], False),
+        # 11 then 11 again, then the end of text: the unfinished bytes are left out, as vLLM leaves them.
+        ((11, 99), [b"", b"", b""], True),
+        # The end of text right after the held token: the held bytes are left out of the text.
+        ((99,), [b"", b""], True),
+    ],
+)
+async def test_a_held_run_adds_the_text_vllms_stream_adds_at_each_token(after: tuple[int, ...], pieces: list[bytes], ends: bool):
+    dialect = _HidingDialect()
+    dialect.AFTER = after
+    verifier = TokenIdVerifier(client=_Client(), dialect=dialect)  # type: ignore[arg-type]
+    context = Context(prompt="x", sampling=SamplingParams(temperature=0.7, point_mass_draft=True), token_ids=(5,))
+    seeds = iter(range(100, 200))
+    verification = await verifier.verify(context, (ScoredToken(text="token_id:3", logprob=0.0, id=3),), Meter(None), lambda: next(seeds), 5)  # type: ignore[arg-type]
+    decision = verification.decision
+    assert decision is not None and not decision.redrawn and not decision.handover
+    tokens = [e for e in decision.emitted if not e.eos]
+    assert [e.data for e in tokens] == pieces and all(e.count == 1 for e in tokens)
+    assert [i for e in tokens for i in e.ids or ()] == [11, *after[: len(pieces) - 1]]
+    assert decision.emitted[-1].eos == ends
+
+
+@pytest.mark.parametrize(("limit", "asked", "pieces"), [(1, [], [b""]), (2, [1], [b"", b""]), (3, [1, 2], [b"", b"", "\ufffd中".encode()])])
+async def test_a_held_run_draws_nothing_past_the_callers_limit(limit: int, asked: list[int], pieces: list[bytes]):
+    """The caller allows `limit` more tokens: the run after the held token stops there, its text what vLLM
+    alone's answer holds at that limit (nothing of an unfinished character)."""
+    dialect = _HidingDialect()
+    dialect.AFTER = (11, 12, 13)  # a second start of the character, which 12 then finishes
+    verifier = TokenIdVerifier(client=_Client(), dialect=dialect)  # type: ignore[arg-type]
+    context = Context(prompt="x", sampling=SamplingParams(temperature=0.7, point_mass_draft=True), token_ids=(5,))
+    seeds = iter(range(100, 200))
+    draft = (ScoredToken(text="token_id:3", logprob=0.0, id=3),)
+    verification = await verifier.verify(context, draft, Meter(None), lambda: next(seeds), 5, limit=limit)  # type: ignore[arg-type]
+    decision = verification.decision
+    assert decision is not None and not decision.redrawn and not decision.handover
+    assert [e.data for e in decision.emitted] == pieces and [m for _, _, m in dialect.generated] == asked
 
 
 async def test_a_draft_server_that_refuses_drafts_named_by_id_drafts_text_and_the_round_stays_batched():
@@ -324,7 +369,7 @@ async def test_a_draft_server_that_refuses_drafts_named_by_id_drafts_text_and_th
 async def test_a_held_token_whose_bytes_never_come_back_is_drawn_again_and_said_so():
     class Unreadable(_HidingDialect):
         async def detokenize(self, client, ids, meter):  # type: ignore[no-untyped-def]
-            return None
+            return "\ufffd" * len(ids)
 
     dialect = Unreadable()
     verifier = TokenIdVerifier(client=_Client(), dialect=dialect)  # type: ignore[arg-type]

@@ -12,7 +12,7 @@ import codecs
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-__all__ = ["Listed", "ScoredToken", "token_bytes", "locate_suffix", "complete_utf8_prefix", "spans", "held_text"]
+__all__ = ["Listed", "ScoredToken", "token_bytes", "locate_suffix", "complete_utf8_prefix", "spans", "held_text", "streamed_pieces"]
 
 
 def token_bytes(token: str) -> bytes | None:
@@ -156,4 +156,24 @@ def held_text(shown: Sequence[bytes], data: bytes, *, last_holds_rest: bool) -> 
         if empty is None:
             return None
         pieces[empty] += data[cursor:]
+    return pieces
+
+
+def streamed_pieces(renders: Sequence[str]) -> list[str] | None:
+    """What each of a run of generated tokens adds to the text as vLLM streams it, where `renders[i]` is
+    the server's rendering of the run's first i + 1 tokens together (U+FFFD for bytes that make no
+    character yet). A token adds text only where the run so far renders without a trailing U+FFFD (its
+    character is finished, or shown as U+FFFD once a later byte breaks it); until then it adds "", and
+    a run that ends so leaves those bytes out of the text. None where a rendering does not extend the text
+    already added (a tokenizer whose rendering of a run is not its prefix's plus more)."""
+    pieces: list[str] = []
+    shown = ""
+    for render in renders:
+        if len(render) > len(shown) and not render.endswith("\ufffd"):
+            if not render.startswith(shown):
+                return None
+            pieces.append(render[len(shown) :])
+            shown = render
+        else:
+            pieces.append("")
     return pieces

@@ -42,8 +42,9 @@ class Pick:
 
 @dataclass(frozen=True)
 class Generated:
-    """What the target generated from a token-id prompt: ids (end of text excluded; None when the
-    server did not list them) and the text's bytes, why it stopped, and what it was billed."""
+    """What the target generated from a token-id prompt: ids (None when the server did not list them;
+    vLLM lists the token that ended the text among them) and the text's bytes, why it stopped, and what
+    it was billed."""
 
     ids: tuple[int, ...] | None
     data: bytes
@@ -130,8 +131,9 @@ class SampledBatches(NativeDialect, Protocol):
         each position with the `listed` ids the draft found most likely there."""
         ...
 
-    async def detokenize(self, client: RoleClient, ids: Sequence[int], meter: Meter) -> bytes | None:
-        """The bytes of `ids` together; None where the server's rendering lost some (an unfinished character)."""
+    async def detokenize(self, client: RoleClient, ids: Sequence[int], meter: Meter) -> str:
+        """The server's rendering of `ids` together (special tokens by name, U+FFFD for bytes that make no
+        character)."""
         ...
 
 

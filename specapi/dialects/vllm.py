@@ -218,10 +218,13 @@ class VllmDialect:
         with reading(client, "sampled token-id draft /completions"):
             return [_sampled_chain(choice.get("logprobs") or {}) for choice in response["choices"]]
 
-    async def detokenize(self, client: RoleClient, ids: Sequence[int], meter: Meter) -> bytes | None:
+    async def detokenize(self, client: RoleClient, ids: Sequence[int], meter: Meter) -> str:
         response = await client.post(server_root(client) + "/detokenize", {"model": client.endpoint.model, "tokens": list(ids)}, meter)
         with reading(client, "/detokenize"):
-            return rendered_bytes(response["prompt"])
+            text = response["prompt"]
+            if not isinstance(text, str):
+                raise TypeError("prompt is not a string")
+            return text
 
     async def generate(
         self,

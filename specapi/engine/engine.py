@@ -437,7 +437,9 @@ class Engine:
         assert state.verifier is not None
         try:
             seeds = state.seeds_from(state.out.produced)
-            verification = await state.verifier.verify(context, draft.tokens, state.target_meter, seeds, state.top_k, draft_meter=state.draft_meter)
+            verification = await state.verifier.verify(
+                context, draft.tokens, state.target_meter, seeds, state.top_k, draft_meter=state.draft_meter, limit=state.out.remaining
+            )
         except MalformedResponseError as exc:
             reason = f"target response could not be verified against, continued with the target alone: {exc}"
             state.fell_back(reason)

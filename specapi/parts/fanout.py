@@ -38,7 +38,8 @@ class PrefillFanoutVerifier(VerifierBase):
     draws_target_tokens: bool = True
 
     async def verify(
-        self, context: Context, draft: Sequence[ScoredToken], meter: Meter, next_seed: SeedSource, top_k: int, draft_meter: Meter | None = None
+        self, context: Context, draft: Sequence[ScoredToken], meter: Meter, next_seed: SeedSource, top_k: int, draft_meter: Meter | None = None,
+        limit: int | None = None,
     ) -> Verification:
         seeds = [next_seed() for _ in range(len(draft) + 1)]
         # Each prefix is sent as text, so it may only end on a whole character: a draft token that

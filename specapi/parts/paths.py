@@ -38,6 +38,9 @@ REFUSALS_TO_LEARN = 2
 #: context every round (vLLM; SGLang's input logprobs bypass its radix cache likewise).
 LONG_CONTEXT_CHARS = 4000
 
+#: The round paths that send the target text (the context, and the draft after it): it re-tokenizes it.
+TEXT_PATHS = ("echo", "prompt-logprobs", "prefill-fanout")
+
 
 @dataclass(frozen=True)
 class VerificationPath:
@@ -162,6 +165,12 @@ class PathResolver:
             return VerificationPath("none", note=self.refused[chat], prefill=self.prefill())
         if self.verification == "none":
             return VerificationPath("none", note="verification='none': the target alone", prefill=self.prefill())
+        sampled = not greedy and not needs_lists
+        if sampled and not logprobs and self.verification in TEXT_PATHS:
+            # (The caller's logprobs of a sampled answer come from the text paths' scores alone.)
+            on_ids = await self._on_ids(chat, meter)
+            if on_ids is not None:
+                return on_ids
         if self.verification != "auto" and not (chat and self.verification == "prefill-fanout") and self.verification != "token-ids":
             await self._learn_facts()
             return self._build(self.verification, chat)
@@ -177,7 +186,6 @@ class PathResolver:
             return self._build(self.verification, chat)
         name = choose_verification(self.capabilities, chat=chat)
         caps = self.capabilities
-        sampled = not greedy and not needs_lists
         if caps.server == "vllm" and caps.token_ids and not needs_lists and (greedy or not logprobs):
             # The target's own ids, never text it would read back with other token boundaries; a greedy
             # round checks the draft by the scoring that recomputes least (scoring.py, docs/verification.md),
@@ -191,6 +199,25 @@ class PathResolver:
             name = "prefill-fanout"  # the same reason, for chat: the target's picks after a continued message
         path = self._build(name, chat)
         return replace(path, note=f"auto chose {path.name} from the target's capabilities")
+
+    async def _on_ids(self, chat: bool, meter: Meter) -> VerificationPath | None:
+        """A sampled request forced onto a path that sends text, where the target takes this request as
+        token ids: the token-id path, which never has the target re-read its text (None: the forced path
+        stays). Text the target re-tokenizes with other boundaries than it generated changes what it
+        samples next, and a sampled answer cannot be written again without biasing it (a greedy one is:
+        the forced path keeps greedy requests). The server's GETs tell whether it is one whose native API
+        takes ids (vLLM, llama.cpp, SGLang); only then is it probed, once, to know it does."""
+        await self._learn_facts()
+        known = self.known
+        if known is None or native_dialect(known.server) is None or await self._probe(meter) is not None:
+            return None
+        caps = self.capabilities
+        if caps is None or not caps.token_ids or native_dialect(caps.server) is None:
+            return None
+        path = self._build("token-ids", chat)
+        if path.name != "token-ids":
+            return None
+        return replace(path, note=f"sampled on token ids, not {self.verification}: a text context would be re-tokenized by the target, which biases what it samples")
 
     def refuse(self, chat: bool, reason: str, *, definite: bool) -> bool:
         """Count a failure of the path; True when it is now written off.

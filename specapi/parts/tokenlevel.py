@@ -37,21 +37,19 @@ from typing import Any, cast
 from ..transport._calls import Meter, RoleClient
 from ..transport._exceptions import EndpointError, MalformedResponseError
 from ..core.acceptance import Emitted, RoundDecision
-from ..core.alignment import Listed, ScoredToken, complete_utf8_prefix, token_bytes
+from ..core.alignment import Listed, ScoredToken, streamed_pieces, token_bytes
 from ..core.context import Context
 from ..dialects import NativeDialect, Pick
 from ..dialects.base import ChatTokenizing, Generated, PromptScoring, SampledBatches, spelling
 from ..dialects.logprobs import pick_for_caller, step_entries
 from ..dialects.openai import sampling_fields
 from .drafttree import DraftTree, decide_batched, plan_tree
-from ..core.sampling import acceptance_probability
+from .processed import covers, decide_processed
 from ..core.scoring import PICKS, SCORED, PrefixCache, choose_scoring
 from .verifiers import PlainStep, SeedSource, Verification, VerifierBase
 
-__all__ = ["TargetFacts", "TokenIdVerifier", "TOKENIZER_PROBE", "decide_processed", "covers"]
+__all__ = ["TargetFacts", "TokenIdVerifier", "TOKENIZER_PROBE"]
 
-#: A list after the sampler chain is the whole distribution when its probabilities sum to 1 within this.
-WHOLE_TOLERANCE = 1e-6
 #: The longest list asked after the sampler chain (the caller's top_k bounds the support).
 MAX_PROCESSED_LIST = 100
 
@@ -268,7 +266,8 @@ class TokenIdVerifier(VerifierBase):
         return tuple(_id_only(i, tuple((a,) for a in alternatives)) for i, alternatives in chain)
 
     async def verify(
-        self, context: Context, draft: Sequence[ScoredToken], meter: Meter, next_seed: SeedSource, top_k: int, draft_meter: Meter | None = None
+        self, context: Context, draft: Sequence[ScoredToken], meter: Meter, next_seed: SeedSource, top_k: int, draft_meter: Meter | None = None,
+        limit: int | None = None,
     ) -> Verification:
         if context.token_ids is None:
             raise self.client.malformed("token-id verification needs the context's token ids")
@@ -281,7 +280,7 @@ class TokenIdVerifier(VerifierBase):
                 return verification
             refused = True
         if self.batched_sampling(context):
-            return await self._verify_batched(context, draft, meter, next_seed, draft_meter)
+            return await self._verify_batched(context, draft, meter, next_seed, draft_meter, limit)
         pieces = await self._draft_ids(draft, meter, draft_meter)
         if list_length is not None and not refused and pieces and all(t.logprob == 0.0 for t in draft):
             # A point-mass draft (prompt lookup, the suffix index, a prediction, the draft model's most
@@ -352,7 +351,7 @@ class TokenIdVerifier(VerifierBase):
         return await self.dialect.next_tokens(self.client, prompts, fields, meter, options=context.options, **listing)
 
     async def _verify_batched(
-        self, context: Context, draft: Sequence[ScoredToken], meter: Meter, next_seed: SeedSource, draft_meter: Meter | None
+        self, context: Context, draft: Sequence[ScoredToken], meter: Meter, next_seed: SeedSource, draft_meter: Meter | None, limit: int | None
     ) -> Verification:
         """One unseeded request: the target draws after every node of the draft's tree (`DraftTree`,
         `decide_batched`). A drawn token whose bytes the answer hid is kept, and its bytes read back."""
@@ -369,18 +368,24 @@ class TokenIdVerifier(VerifierBase):
         )
         decision, held = decide_batched(tree, dict(zip(tree.nodes, picks)), len(draft))
         if held is not None:
-            decision = await self._read_held(context, decision, held, meter, next_seed)
+            decision = await self._read_held(context, decision, held, meter, next_seed, limit)
         return Verification(
             positions=(), straddle=0, bonus=None, finish_reason=None, latency_s=self.client.clock() - started,
             prompt_tokens=picks[0].prompt_tokens, decision=decision,
         )
 
-    async def _read_held(self, context: Context, decision: RoundDecision, held: int, meter: Meter, next_seed: SeedSource) -> RoundDecision:
+    async def _read_held(
+        self, context: Context, decision: RoundDecision, held: int, meter: Meter, next_seed: SeedSource, limit: int | None = None
+    ) -> RoundDecision:
         """The round's last drawn token, `held`, came without its bytes (part of a character): it is kept
         (drawing it again because of what was drawn would bias the draw). The target continues after it,
-        seeded by position so that a longer step repeats a shorter one, until the tokens together make
-        whole characters, which the server detokenizes. Where they never do, the decision says the
-        token is drawn again (`redrawn`: the response is approximate)."""
+        seeded by position so that a longer step repeats a shorter one, until the run of tokens renders
+        whole (the character finished, or shown as U+FFFD once a later token breaks it) or the target ends
+        the text. Each token then adds the text vLLM's own stream adds at it (`streamed_pieces`, from the
+        server's renderings of the run): "" while a character is unfinished, so a run the caller's limit
+        (`limit`: the tokens it still allows, where it reaches past no more are drawn) or the end of text
+        cuts short reads as the target alone's answer would. Where the run never renders whole, the
+        decision says the token is drawn again (`redrawn`: the response is approximate)."""
         assert context.token_ids is not None
         prefix = [i for e in decision.emitted for i in (e.ids or ())]
         seed = None
@@ -388,18 +393,33 @@ class TokenIdVerifier(VerifierBase):
             seed = next_seed()  # the seed of the position after the held token
         dialect = cast(SampledBatches, self.dialect)
         ids = list(context.token_ids) + prefix + [held]
-        steps = 1
+        renders: dict[tuple[int, ...], str] = {}  # the server's rendering of each start of the run
+        room = None if limit is None else max(0, limit - len(prefix) - 1)  # tokens the caller allows after it
+        steps = 1 if room is None else min(1, room)
         while True:
-            generated = await self.dialect.generate(self.client, ids, sampling_fields(context, seed), steps, (), meter, options=context.options)
-            group = [held, *(generated.ids or ())]
-            data = await dialect.detokenize(self.client, group, meter)
-            if data is not None and data and complete_utf8_prefix(data) == data:
-                emitted = Emitted(token=spelling(data), data=data, ids=tuple(group), count=len(group))
-                end = (Emitted(token="", data=b"", eos=True, count=0),) if generated.finish_reason != "length" else ()
-                return replace(decision, emitted=decision.emitted + (emitted,) + end, stalled=False, handover=False)
-            if generated.finish_reason != "length" or steps >= _MAX_HELD_STEP:
+            generated = Generated(ids=(), data=b"", finish_reason="length", prompt_tokens=None, completion_tokens=0)
+            if steps:
+                generated = await self.dialect.generate(self.client, ids, sampling_fields(context, seed), steps, (), meter, options=context.options)
+            ended = generated.finish_reason != "length"
+            run = [held, *(generated.ids or ())]
+            at_limit = room is not None and len(run) - 1 >= room
+            # The token that ended the text: vLLM lists and counts it, and its stream adds nothing for it.
+            stop_token = run.pop() if ended and generated.ids and len(generated.ids) == generated.completion_tokens else None
+            starts = [tuple(run[:n]) for n in range(1, len(run) + 1)]
+            for start in starts:
+                if start not in renders:
+                    renders[start] = await dialect.detokenize(self.client, start, meter)
+            pieces = streamed_pieces([renders[start] for start in starts])
+            if pieces is not None and (pieces[-1] or ended or at_limit):
+                tokens = tuple(Emitted(token=piece, data=piece.encode("utf-8"), ids=(i,)) for i, piece in zip(run, pieces))
+                if ended:
+                    counted = max(0, generated.completion_tokens - len(generated.ids or ()))  # counted, not listed
+                    end = Emitted(token="", data=b"", ids=(stop_token,)) if stop_token is not None else Emitted(token="", data=b"", count=counted)
+                    tokens += (end, Emitted(token="", data=b"", eos=True, count=0))
+                return replace(decision, emitted=decision.emitted + tokens, stalled=False, handover=False)
+            if ended or pieces is None or steps >= _MAX_HELD_STEP or (room is not None and steps >= room):
                 return replace(decision, handover=True, redrawn=True)
-            steps *= 2
+            steps = steps * 2 if room is None else min(steps * 2, room)
 
     async def _verify_processed(
         self,
@@ -535,66 +555,3 @@ def _is_id_only(token: ScoredToken) -> bool:
 def _other_seed(seed: int | None) -> int:
     """A seed unrelated to `seed` (a position's), derived from it so that runs repeat."""
     return random.Random(0x5EED ^ (seed if seed is not None else random.randrange(2**31))).randrange(2**31)
-
-
-def covers(dist: Mapping[int, Any]) -> bool:
-    """Whether a list after the sampler chain is the whole distribution (its probabilities sum to 1)."""
-    total = math.fsum((v[0] if isinstance(v, tuple) else v) for v in dist.values())
-    return abs(total - 1.0) <= WHOLE_TOLERANCE
-
-
-def _draw(weights: Mapping[int, float], rng: random.Random) -> int:
-    """Inverse CDF over the ids in a fixed order, so a seeded rng repeats."""
-    order = sorted(weights)
-    u = rng.random() * math.fsum(weights.values())
-    cumulative = 0.0
-    for token in order:
-        cumulative += weights[token]
-        if u < cumulative:
-            return token
-    return order[-1]
-
-
-def decide_processed(
-    draft: Sequence[tuple[int, bytes, Mapping[int, float]]], targets: Sequence[Mapping[int, tuple[float, bytes]] | None], rng: random.Random
-) -> RoundDecision:
-    """Speculative sampling on whole distributions (pure). `draft[j]` is the token drawn at position j,
-    its bytes and the whole distribution q_j it was drawn from; `targets[j]` the target's whole
-    distribution p_j after the sampler chain at position j (j = len(draft): after the draft), or None
-    where the server listed nothing. Keep x_j with probability min(1, p_j(x_j)/q_j(x_j)); at the first
-    rejection draw from max(0, p_j - q_j) renormalised; after a whole kept draft draw from p_K. A
-    position whose p is missing or not whole is handed to the target alone, before anything is drawn
-    there. Tokens that end inside a character are kept: the context continues in ids, and cutting a
-    token because of what was drawn would bias the draw."""
-    emitted: list[Emitted] = []
-    accepted = 0
-    handover = False
-    for j, target in enumerate(targets):
-        if target is None or not covers(target):
-            handover = True
-            break
-        p = {t: v for t, (v, _) in target.items()}
-        if j < len(draft):
-            token, data, q = draft[j]
-            if rng.random() < acceptance_probability(p.get(token, 0.0), q.get(token, 0.0)):
-                data = target[token][1]  # kept: p(token) > 0, so the server spelled it
-                emitted.append(Emitted(token=spelling(data), data=data, ids=(token,)))
-                accepted += 1
-                continue
-            residual = {t: v - q.get(t, 0.0) for t, v in p.items() if v > q.get(t, 0.0)}
-            choice = _draw(residual if math.fsum(residual.values()) > 1e-12 else p, rng)
-        else:
-            choice = _draw(p, rng)
-        data = target[choice][1]
-        # A candidate with no bytes is the end of the text (the only token a chain keeps that spells nothing).
-        emitted.append(Emitted(token=spelling(data), data=data, ids=(choice,)) if data else Emitted(token="", data=b"", eos=True))
-        break
-    return RoundDecision(
-        emitted=tuple(emitted),
-        accepted=accepted,
-        accepted_by_position=tuple(i < accepted for i in range(len(draft))),
-        all_accepted=accepted == len(draft) and not handover,
-        stalled=not emitted,
-        handover=handover,
-        keeps_partial=True,
-    )

@@ -99,8 +99,12 @@ class Verifier(Protocol):
     carries_logprobs: bool
 
     async def verify(
-        self, context: Context, draft: Sequence[ScoredToken], meter: Meter, next_seed: SeedSource, top_k: int, draft_meter: Meter | None = None
-    ) -> Verification: ...
+        self, context: Context, draft: Sequence[ScoredToken], meter: Meter, next_seed: SeedSource, top_k: int, draft_meter: Meter | None = None,
+        limit: int | None = None,
+    ) -> Verification:
+        """The target's view of `draft` after the context; `limit`: how many more tokens the caller allows
+        (None: no limit), which the round's tokens, read back together, need not pass."""
+        ...
 
     async def prompt_ids(self, context: Context, meter: Meter) -> tuple[int, ...]: ...
 
@@ -192,7 +196,8 @@ class EchoVerifier(VerifierBase):
     counts_plain_tokens = True
 
     async def verify(
-        self, context: Context, draft: Sequence[ScoredToken], meter: Meter, next_seed: SeedSource, top_k: int, draft_meter: Meter | None = None
+        self, context: Context, draft: Sequence[ScoredToken], meter: Meter, next_seed: SeedSource, top_k: int, draft_meter: Meter | None = None,
+        limit: int | None = None,
     ) -> Verification:
         draft_text = _text(draft)
         prompt = context.completion_prompt(draft_text)
@@ -236,7 +241,8 @@ class ChatPromptLogprobsVerifier(VerifierBase):
     counts_plain_tokens = True
 
     async def verify(
-        self, context: Context, draft: Sequence[ScoredToken], meter: Meter, next_seed: SeedSource, top_k: int, draft_meter: Meter | None = None
+        self, context: Context, draft: Sequence[ScoredToken], meter: Meter, next_seed: SeedSource, top_k: int, draft_meter: Meter | None = None,
+        limit: int | None = None,
     ) -> Verification:
         draft_text = _text(draft)
         path, body = prompt_scores_request(context, draft_text, top_k, next_seed())

@@ -86,6 +86,8 @@ async def _two_token_distribution(ls: ServerPair) -> dict[str, float]:
 
 @pytest.mark.parametrize("verification", ["token-ids", "prefill-fanout"])
 async def test_sampled_texts_follow_the_servers_distribution(ls: ServerPair, verification: str) -> None:
+    """Forced or not, a sampled completion runs on token ids on llama-server (a path forced onto text
+    goes to them: text the target re-tokenizes would bias its draws), and follows its distribution."""
     dist = await _two_token_distribution(ls)
     assert sum(1 for p in dist.values() if p * CHI_SAMPLES >= MIN_EXPECTED) >= 3, dist
     semaphore = asyncio.Semaphore(6)
@@ -97,7 +99,7 @@ async def test_sampled_texts_follow_the_servers_distribution(ls: ServerPair, ver
                     prompt=CHI_PROMPT, max_tokens=2, temperature=TEMPERATURE, seed=seed, top_p=CHAIN["top_p"],
                     extra_body={k: v for k, v in CHAIN.items() if k != "top_p"})
                 response = await within_deadline(request, f"two tokens of {CHI_PROMPT!r} seed={seed}")
-            assert response.speculative.exact
+            assert response.speculative.exact and response.speculative.verification == "token-ids", response.speculative
             return response.choices[0].text, response.speculative.accepted_tokens
 
         results = await asyncio.gather(*(sample(seed) for seed in range(CHI_SAMPLES)))

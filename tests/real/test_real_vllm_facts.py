@@ -25,6 +25,7 @@ from specapi import MalformedResponseError
 from specapi.transport._calls import Meter, RoleClient
 from specapi.dialects.logprobs import CHAT_MAX_TOP, chat_tokens, completion_tokens, prompt_logprob_tokens
 from specapi.core.acceptance import SamplingParams
+from specapi.core.alignment import streamed_pieces
 from specapi.core.context import Context
 from specapi.dialects.vllm import VllmDialect, prompt_scores_probe, prompt_scores_request, read_prompt_scores, scores_prompt
 
@@ -251,6 +252,26 @@ async def test_a_pick_inside_a_character_comes_without_its_bytes(vllm: ServerPai
     assert pick.id == partial and pick.data is None and not pick.end
 
 
+async def test_the_text_is_what_the_stream_adds_where_the_run_so_far_renders_without_a_trailing_replacement(vllm: ServerPair) -> None:
+    """vLLM's text of a generation is its tokens' run as `/detokenize` renders it, each token adding text
+    only where the run so far renders without a trailing U+FFFD (`alignment.streamed_pieces`): an
+    unfinished character at the end is left out, and one a later token breaks shows as U+FFFD. Sampled
+    at T=1.0 after CJK text, seeded, until answers with tokens inside characters have been compared."""
+    prompt = await ids_of(vllm.target, CJK * 3)
+    compared = 0
+    for seed in range(60):
+        body = {"prompt": prompt, "max_tokens": 8, "temperature": 1.0, "seed": seed, "return_token_ids": True}
+        choice = (await post(vllm.target, "/completions", body))["choices"][0]
+        ids = choice["token_ids"][: len(choice["token_ids"]) - (choice["finish_reason"] == "stop")]
+        renders = [(await post(vllm.target, "/detokenize", {"tokens": ids[:n]}))["prompt"] for n in range(1, len(ids) + 1)]
+        pieces = streamed_pieces(renders)
+        assert pieces is not None and "".join(pieces) == choice["text"], (ids, renders, choice["text"])
+        compared += any(r.endswith("\ufffd") for r in renders)
+        if compared >= 5:
+            return
+    raise AssertionError(f"only {compared} answers of 60 held part of a character: too few to compare")
+
+
 # -- /tokenize, /detokenize -----------------------------------------------------------------------------------
 
 
@@ -263,9 +284,9 @@ async def test_tokenize_and_detokenize_round_trip_at_the_servers_root(vllm: Serv
         assert answer["count"] == len(answer["tokens"]) and answer["max_model_len"] == MAX_MODEL_LEN and answer["token_strs"] is None
         pieces = await VllmDialect().tokenize(target, text, meter(target), special=False)
         assert [i for i, _ in pieces] == answer["tokens"]
-        assert await VllmDialect().detokenize(target, answer["tokens"], meter(target)) == text.encode()
+        assert await VllmDialect().detokenize(target, answer["tokens"], meter(target)) == text
     partial = await partial_token(vllm.target)
-    assert await VllmDialect().detokenize(target, [partial], meter(target)) is None
+    assert await VllmDialect().detokenize(target, [partial], meter(target)) == "\ufffd"
     chat = await post(vllm.target, "/tokenize", {"messages": MESSAGES, "add_generation_prompt": True})
     answer = await post(vllm.target, "/chat/completions", {"messages": MESSAGES, "max_tokens": 1, "return_token_ids": True})
     assert chat["tokens"] == answer["prompt_token_ids"] and answer["usage"]["prompt_tokens"] == chat["count"]
