@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from ..core.acceptance import Emitted, RoundDecision
 from ..core.sampling import acceptance_probability
