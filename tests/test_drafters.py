@@ -123,6 +123,23 @@ async def test_lookup_drafter_output_is_the_targets(chat):
         "\n".join(map(repr, mismatches))
 
 
+async def test_a_lookup_drafter_with_nothing_to_propose_costs_a_few_target_calls_not_one_a_token():
+    """A text the prompt holds nothing of: each empty lookup is followed by a longer step of the target
+    alone (1, 2, 4, ... tokens), so 40 tokens take a handful of target requests, and the text is the
+    target's own."""
+    provider, target, _ = sim("vllm")
+    prompt = "Q"
+    expected = await target_alone(provider, prompt=prompt, max_tokens=40)
+    async with AsyncSpeculativeOpenAI(target=target, drafter="lookup", policy="fixed", num_speculative_tokens=8) as client:
+        await client.completions.create(prompt="warm up", max_tokens=2, temperature=0)  # probing, outside the count
+        resp = await client.completions.create(prompt=prompt, max_tokens=40, temperature=0)
+    s = resp.speculative
+    assert answer(resp) == expected and s.generated_tokens == 40 and s.exact
+    # Nothing proposed: steps of 1, 1, 2, 4, 8, 16 and the last 8 (one call), plus the prompt's tokenize
+    # call; a round whenever the text repeats itself adds one request each.
+    assert s.target.requests <= 8 + len(s.rounds), (s.target.requests, len(s.rounds), s.fallback_reason)
+
+
 # ----------------------------------------------------------------------------- per-call predictions
 
 

@@ -223,6 +223,7 @@ class Engine:
         # logprobs' offsets follow a convention its first target-alone step shows (see plan.py).
         target_decides = planned.logprob_shape is not None and planned.logprob_shape.learn_offsets
         idle = 0  # steps in a row that added nothing
+        empty = 0  # rounds in a row whose drafter proposed nothing
         while not out.ended and (out.remaining is None or out.remaining > 0):
             remaining, context = out.remaining, out.context
             # The caller's last tokens come from one target call, so the server ends the text its
@@ -243,12 +244,13 @@ class Engine:
                     speculate = False
                     continue
                 new, target_decides = outcome
+                empty = empty + 1 if not new and not target_decides else 0
             if not new and (not speculate or final) and request.stream and can_stream(state, context):
                 async for event in self._alone_to_the_end(state, context, remaining, started):
                     yield event
                 continue
             if not new and (not target_decides or final):
-                new = await self._plain(state, context, 1 if speculate and not final else remaining)
+                new = await self._plain(state, context, _plain_step(empty, remaining, context.sampling.greedy) if speculate and not final else remaining)
             if state.retokenized and context.sampling.greedy:
                 new, speculate = await self._rewrite(state, new), False
             piece, idle = self._add(state, new, idle, started)
@@ -519,6 +521,16 @@ def _draft_length(chosen: int, remaining: int | None, stretch: int, space: int |
     if space is not None:
         k = min(k, space - 1 - _WINDOW_STRETCH)
     return k
+
+
+def _plain_step(empty: int, remaining: int | None, greedy: bool) -> int:
+    """Tokens the target writes alone after `empty` rounds in a row whose drafter proposed nothing (a
+    lookup or suffix drafter with no match): 1, 2, 4, ... for a greedy request, so that a text no draft
+    fits costs a few requests, not one a token; a sampled request steps one token (a seed a position)."""
+    if empty <= 1 or not greedy:
+        return 1
+    step = 2 ** min(empty - 1, 8)
+    return step if remaining is None else min(step, remaining)
 
 
 def _complete_characters(tokens: list[Emitted], greedy: bool, state: RequestState) -> list[Emitted]:
