@@ -61,12 +61,14 @@ def test_the_first_screen_says_who_it_is_for_then_gives_the_two_commands():
         assert question in first_screen, question
     # Where the figures come from, and who wins on real servers, said plainly before the commands.
     said = " ".join(first_screen[:commands].split())
-    assert "come from the embedded simulator" in said and "the engine's own speculation currently wins" in said
+    assert "speedups beside them are a model of servers" in said and "the engine's own speculation currently wins" in said
     (block,) = _blocks(_section("Two commands"), "bash")
     lines = [line.split("#")[0].strip() for line in block.strip().splitlines()]
     assert lines == ["pip install '.[bench]' && specapi bench", "pip install '.[test]' && python -m pytest -q"]
-    # The real-server table the guide refers to is in the README itself.
-    assert "llama.cpp's own speculation in one llama-server" in README
+    # The real-server tables the guide refers to are in the README itself, before the simulator's.
+    measured = _section("Measured")
+    assert measured.index("vLLM's own draft-model speculation") < measured.index("llama.cpp's own speculation in one llama-server")
+    assert measured.index("llama.cpp's own speculation in one llama-server") < measured.index("On the embedded simulator")
 
 
 def test_the_readme_bench_command_runs_with_the_quick_flag_it_shows(tmp_path):
