@@ -206,6 +206,8 @@ async def test_vllm_auto_verifies_on_the_targets_own_ids(chat):
     ("vllm", True, "prompt-logprobs", "token-ids"),
     ("vllm", True, "prefill-fanout", "token-ids"),
     ("llamacpp", False, "prefill-fanout", "token-ids"),
+    ("sglang", False, "echo", "token-ids"),
+    ("sglang", True, "prefill-fanout", "prefill-fanout"),  # nor does SGLang's API
     ("llamacpp", True, "prefill-fanout", "prefill-fanout"),  # llama-server does not render chat as ids
     ("toy", False, "echo", "echo"),  # a server specapi does not know as one that takes token ids
 ])
