@@ -29,6 +29,9 @@ PROMPT = "def read_lines(path):\n"
 MESSAGES = [{"role": "user", "content": "Write a function that reads a file."}]
 TOP_P = 0.9
 SAMPLES = 300
+#: Chat at T=1.0, where the target's and the draft's two-token texts are closest: with 300 of specapi's
+#: samples the draft was told apart at p = 0.002-0.006 in some runs (needs < 0.001).
+HOT_CHAT_SAMPLES = 600
 #: The draft's own samples, drawn once a module: at T=1.0 on chat its distribution is close to the
 #: target's, and 300 of them told the two apart in some runs only (p 0.63 to 2e-6 here).
 DRAFT_SAMPLES = 1200
@@ -93,10 +96,15 @@ def own() -> dict[tuple[str, float, bool], list[str]]:
     return {}
 
 
+def _count(chat: bool, temperature: float) -> int:
+    """How many samples specapi and the target each draw for a case."""
+    return HOT_CHAT_SAMPLES if chat and temperature >= 1.0 else SAMPLES
+
+
 async def _own(pair: ServerPair, cache: dict[Any, list[str]], role: str, temperature: float, chat: bool) -> list[str]:
     key = (role, temperature, chat)
     if key not in cache:
-        cache[key] = await _own_samples(pair.target if role == "target" else pair.draft, chat, temperature, SAMPLES if role == "target" else DRAFT_SAMPLES)
+        cache[key] = await _own_samples(pair.target if role == "target" else pair.draft, chat, temperature, _count(chat, temperature) if role == "target" else DRAFT_SAMPLES)
     return cache[key]
 
 
@@ -114,7 +122,7 @@ async def test_sampled_two_tokens_follow_vllms_distribution_on_every_path(vllm: 
         drafter="model",
     )  # fmt: skip
     try:
-        samples = await _samples(client.chat.completions.create if chat else client.completions.create, chat, temperature, stats)
+        samples = await _samples(client.chat.completions.create if chat else client.completions.create, chat, temperature, stats, n=_count(chat, temperature))
     finally:
         await client.close()
     p, table = homogeneity(samples, target_own)
