@@ -250,7 +250,7 @@ class Engine:
                     yield event
                 continue
             if not new and (not target_decides or final):
-                new = await self._plain(state, context, _plain_step(empty, remaining, context.sampling.greedy) if speculate and not final else remaining)
+                new = await self._plain(state, context, _plain_step(empty, remaining, context.sampling.greedy and not request.stream) if speculate and not final else remaining)
             if state.retokenized and context.sampling.greedy:
                 new, speculate = await self._rewrite(state, new), False
             piece, idle = self._add(state, new, idle, started)
@@ -523,11 +523,12 @@ def _draft_length(chosen: int, remaining: int | None, stretch: int, space: int |
     return k
 
 
-def _plain_step(empty: int, remaining: int | None, greedy: bool) -> int:
+def _plain_step(empty: int, remaining: int | None, grows: bool) -> int:
     """Tokens the target writes alone after `empty` rounds in a row whose drafter proposed nothing (a
-    lookup or suffix drafter with no match): 1, 2, 4, ... for a greedy request, so that a text no draft
-    fits costs a few requests, not one a token; a sampled request steps one token (a seed a position)."""
-    if empty <= 1 or not greedy:
+    lookup or suffix drafter with no match): 1, 2, 4, ... where `grows` (a greedy request not streamed),
+    so that a text no draft fits costs a few requests, not one a token; else one token (a sampled request
+    draws with a seed a position, and a streamed one hands out each token as it comes)."""
+    if empty <= 1 or not grows:
         return 1
     step = 2 ** min(empty - 1, 8)
     return step if remaining is None else min(step, remaining)
