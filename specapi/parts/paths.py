@@ -211,10 +211,7 @@ class PathResolver:
         known = self.known
         if known is None or native_dialect(known.server) is None or await self._probe(meter) is not None:
             return None
-        caps = self.capabilities
-        if caps is None or not caps.token_ids or native_dialect(caps.server) is None:
-            return None
-        path = self._build("token-ids", chat)
+        path = self._build("token-ids", chat)  # "none" where the probe found no token ids, or chat on other paths
         if path.name != "token-ids":
             return None
         return replace(path, note=f"sampled on token ids, not {self.verification}: a text context would be re-tokenized by the target, which biases what it samples")
