@@ -179,6 +179,43 @@ def test_the_target_is_measured_on_the_last_tokens_of_the_first_request_not_on_a
     assert lan.start_request().mode != TARGET_ALONE  # request 2 is not given up to measurement
 
 
+@pytest.mark.parametrize(("per_token_s", "speculates_next"), [(0.0025, False), (0.2, True)])
+def test_the_first_request_measures_the_target_on_its_rest_after_two_rounds(per_token_s, speculates_next):
+    """A fresh client: the first request's second round measures speculation (the first also opens
+    connections); the target writes that request's rest alone, which measures the target. A target
+    faster alone (real vLLM's 5 M target on this CPU: 2.5 ms a token, a round 31 ms) is then sent
+    requests alone from the second request on, after two rounds rather than a whole request of them;
+    a slow one (612 M: 200 ms a token) goes on speculating."""
+    policy = AdaptiveDraftLength()
+    assert policy.start_request().mode != TARGET_ALONE
+    verify_s = 0.031 if per_token_s < 0.01 else 0.68
+    records = rounds(random.Random(7), 2, acceptance=0.8, lengths=[4], draft_s=(0.005, 0.002), verify_s=verify_s)
+    remaining = 32
+    for done, record in enumerate(records):
+        assert policy.choose(PolicyState(remaining_tokens=remaining, rounds_so_far=done)).length == 4
+        policy.observe(record)
+        remaining -= record.emitted
+    measuring = policy.choose(PolicyState(remaining_tokens=remaining, rounds_so_far=2))
+    assert measuring.length == 0 and "measure" in measuring.reason
+    policy.observe_plain(remaining, 0.007 + per_token_s * remaining)
+    started = policy.start_request()
+    assert (started.mode != TARGET_ALONE) == speculates_next, started
+    # One request measures: another one's early rounds do not hand their rest over again.
+    if speculates_next:
+        assert policy.choose(PolicyState(remaining_tokens=32, rounds_so_far=2)).length > 0
+
+
+def test_a_long_request_is_not_handed_to_the_target_alone_to_measure_it():
+    """The rest measured early is at most 256 tokens: a longer request keeps speculating (its last
+    tokens, or the third request, measure the target)."""
+    policy = AdaptiveDraftLength()
+    policy.start_request()
+    for record in rounds(random.Random(8), 2, acceptance=0.8, lengths=[4], draft_s=(0.005, 0.002), verify_s=0.031):
+        policy.observe(record)
+    assert policy.choose(PolicyState(remaining_tokens=1000, rounds_so_far=2)).length > 0
+    assert policy.choose(PolicyState(remaining_tokens=200, rounds_so_far=2)).length == 0
+
+
 def test_hosted_costs_turn_speculation_off_once_the_target_is_measured():
     policy = hosted_policy()
     started = policy.start_request()

@@ -26,7 +26,8 @@ from specapi.transport._exceptions import EndpointError
 from specapi.dialects.base import Generated, SampledStep
 from specapi.sim import EOS_TOKEN_ID, SimProvider, SimResponse, decode_text, encode_text, get_model, simulated_endpoints
 from specapi.sim.corpus import UNIVERSE_SIZE
-from specapi.parts.drafttree import DraftTree, decide_batched, plan_tree, tempered_estimate
+from specapi.core.load import LoadCurve
+from specapi.parts.drafttree import DraftTree, PromptCosts, decide_batched, plan_tree, tempered_estimate
 from specapi.parts.tokenlevel import DRAFT_TEMPERATURE, LISTED, SAMPLED_CHAINS, TokenIdVerifier
 from toyclient import chisquare_p, text_probs
 
@@ -180,6 +181,29 @@ def test_the_tree_keeps_the_sampled_and_listed_nodes_the_target_is_likely_to_rea
     assert plan_tree([], 1.0).nodes == ((),) and plan_tree([], 1.0).chain == ()
 
 
+def test_where_a_prompt_costs_the_target_work_only_the_nodes_that_raise_the_rate_are_kept():
+    """Reach .6, .3, .3, .27, .24 (the tree above). A node pays when reach * (round's seconds) > its
+    prompt's seconds * the round's expected tokens so far. Prompts nearly free beside the call (a GPU
+    server): every node. Each prompt a decoding step's worth (vLLM on a CPU, 0.2 s a prompt beside
+    0.15 s fixed): (1) .6 * .35 > .2 * 1, kept; (2) .3 * .55 < .2 * 1.6, and the tree ends there."""
+    first = {1: 0.6, 2: 0.3}
+    chains = [
+        (_step(1, first), _step(3, {3: 0.5, 4: 0.02}), _step(5, {5: 0.9})),
+        (_step(2, first), _step(6, {7: 0.8, 6: 0.05})),
+        (_step(1, first), _step(3, {3: 0.5, 4: 0.02})),
+    ]
+    everything = set(plan_tree(chains, 1.0, min_reach=0.03).nodes)
+    assert set(plan_tree(chains, 1.0, min_reach=0.03, costs=PromptCosts(fixed_s=0.05, per_prompt_s=0.0005)).nodes) == everything
+    dear = plan_tree(chains, 1.0, min_reach=0.03, costs=PromptCosts(fixed_s=0.15, per_prompt_s=0.2))
+    assert dear.nodes == ((), (1,)) and dear.chain == (1,)
+    # Between the two (0.05 s fixed, 0.01 a prompt), each node checked as the rate grows: (2) .3 * .07 >
+    # .01 * 1.6, (1,3) .3 * .08 > .01 * 1.9, (1,3,5) .27 * .09 > .01 * 2.2, and (2,7) .24 * .10 < .01 * 2.47.
+    middle = plan_tree(chains, 1.0, min_reach=0.03, costs=PromptCosts(fixed_s=0.05, per_prompt_s=0.01))
+    assert set(middle.nodes) == {(), (1,), (2,), (1, 3), (1, 3, 5)} and middle.chain == (1, 3, 5)
+    # Whatever the costs, the likeliest first id stays.
+    assert plan_tree(chains, 1.0, costs=PromptCosts(fixed_s=0.0, per_prompt_s=10.0)).nodes == ((), (1,))
+
+
 def test_what_the_chains_show_at_one_place_is_read_together_whatever_their_order():
     # Two chains from the root: one samples 1 (the two likeliest listed), one samples 9 (listed with them).
     one = _step(1, {1: 0.6, 2: 0.3})
@@ -278,6 +302,7 @@ class _HidingDialect:
 
 class _Client:
     endpoint = None
+    load = LoadCurve()  # nothing else in flight
 
     @staticmethod
     def clock() -> float:
@@ -433,6 +458,44 @@ async def test_the_draft_tree_sends_one_prompt_per_node_and_the_output_walks_a_s
     decision = verification.decision
     assert decision is not None and [e.ids for e in decision.emitted] == [(5,), (6,), (9,), (10,)]
     assert decision.accepted == 3
+
+
+class _TimedClient(_Client):
+    """A target whose one-token prompts cost `fixed + per_prompt * n` seconds a request (the dialect's
+    `next_tokens` advances the clock)."""
+
+    def __init__(self, fixed: float, per_prompt: float) -> None:
+        self.now, self.fixed, self.per_prompt = 0.0, fixed, per_prompt
+
+    def clock(self) -> float:  # type: ignore[override]
+        return self.now
+
+
+async def test_the_tree_is_sized_by_what_the_targets_prompts_cost_once_its_rounds_measured_it():
+    """Unmeasured, the tree keeps every likely node (here 7); two rounds of different sizes measure what
+    a prompt costs the target. Where a prompt costs a decoding step's worth of work (0.2 s beside 0.15 s
+    a request: vLLM on a CPU, where each prompt recomputes the context's partial cache block), the next
+    tree is the likeliest first id alone; where prompts are nearly free, it stays whole."""
+    for per_prompt, expected in ((0.2, {(), (5,)}), (0.0005, {(), (5,), (5, 6), (5, 6, 9), (5, 6, 7), (1,), (1, 2), (1, 2, 8)})):
+        client = _TimedClient(0.15, per_prompt)
+        dialect = _TreeDialect()
+        original = dialect.next_tokens
+
+        async def timed(client_, prompts, fields, meter, *, options, _original=original, _client=client):  # type: ignore[no-untyped-def]
+            _client.now += _client.fixed + _client.per_prompt * len(prompts)
+            return await _original(client_, prompts, fields, meter, options=options)
+
+        dialect.next_tokens = timed  # type: ignore[method-assign]
+        verifier = TokenIdVerifier(client=client, dialect=dialect, draft_client=_Client())  # type: ignore[arg-type]
+        sizes = []
+        for k in (3, 1, 3):  # a round of 3 tokens (the whole tree), of 1 (a smaller tree), then of 3 again
+            context = Context(prompt="x", sampling=SamplingParams(temperature=0.7, top_p=0.9, point_mass_draft=True), token_ids=(100,))
+            draft = await verifier.native_draft(context, k, Meter(None), Meter(None), None)  # type: ignore[arg-type]
+            assert draft is not None
+            await verifier.verify(context, draft, Meter(None), lambda: 1, 5, draft_meter=Meter(None))  # type: ignore[arg-type]
+            sizes.append({tuple(p[1:]) for p in dialect.prompts})
+        assert len(sizes[0]) == 8 and len(sizes[1]) == 3  # unmeasured: every likely node
+        assert sizes[2] == expected, per_prompt
 
 
 async def test_a_caller_above_the_draft_temperature_gets_chains_sampled_cooler():

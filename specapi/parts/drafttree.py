@@ -23,7 +23,7 @@ from ..core.acceptance import Emitted, RoundDecision
 from ..dialects import Pick
 from ..dialects.base import SampledStep, spelling
 
-__all__ = ["DraftTree", "MAX_NODES", "MIN_REACH", "decide_batched", "plan_tree", "tempered_estimate"]
+__all__ = ["DraftTree", "MAX_NODES", "MIN_REACH", "UNMEASURED_NODES", "PromptCosts", "decide_batched", "plan_tree", "tempered_estimate"]
 
 #: The least estimated reach of a kept node. A node costs the prefill of its prompt's uncached tokens
 #: (the context's last, partial cache block and its path: about 10 tokens); it pays when the target
@@ -32,6 +32,11 @@ __all__ = ["DraftTree", "MAX_NODES", "MIN_REACH", "decide_batched", "plan_tree",
 MIN_REACH = 0.03
 #: The most nodes a tree holds (besides the root): a flat draft distribution passes many nodes.
 MAX_NODES = 32
+#: The most nodes while what a prompt costs the target is not measured yet: on a target where each
+#: prompt recomputes its share of work (vLLM on a CPU: the context's partial cache block, about 16
+#: tokens at 13 ms each beside a 200 ms decoding step on a 612 M model), a first tree of 32 nodes took
+#: 8.5 s, where the target alone writes 40 tokens.
+UNMEASURED_NODES = 8
 
 
 @dataclass(frozen=True)
@@ -73,13 +78,36 @@ def tempered_estimate(listed: Mapping[int, float], temperature: float) -> dict[i
     return {t: w / total for t, w in weights.items()} if total > 0 else {}
 
 
+@dataclass(frozen=True)
+class PromptCosts:
+    """What one target request of `n` prompts costs: `fixed_s + per_prompt_s * n` (measured on the
+    target's batched rounds)."""
+
+    fixed_s: float
+    per_prompt_s: float
+
+
+def _pays(reach: float, expected: float, prompts: int, costs: PromptCosts) -> bool:
+    """Whether one more node, reached with probability `reach`, raises the round's expected tokens per
+    second: (expected + reach) / (seconds + per prompt) > expected / seconds, where the round so far
+    has `prompts` prompts and `expected` tokens."""
+    seconds = costs.fixed_s + costs.per_prompt_s * prompts
+    return reach * seconds > costs.per_prompt_s * expected
+
+
 def plan_tree(
-    chains: Sequence[Sequence[SampledStep]], temperature: float, *, min_reach: float = MIN_REACH, max_nodes: int = MAX_NODES
+    chains: Sequence[Sequence[SampledStep]], temperature: float, *, min_reach: float = MIN_REACH, max_nodes: int = MAX_NODES,
+    costs: PromptCosts | None = None,
 ) -> DraftTree:
     """The tree of the draft's sampled `chains` and the ids each position lists: every node whose
     estimated reach (the product of `tempered_estimate` along its path) is at least `min_reach`, the
     likeliest `max_nodes` of them, and always the likeliest first id. Its `chain` goes from the root to
-    the likeliest kept child at each step."""
+    the likeliest kept child at each step.
+
+    With `costs`, a node is kept only while it raises the round's expected tokens per second: the
+    target walks to it with its reach and draws one more token there, for one more prompt. Nodes are
+    taken likeliest first, so the first that does not pay ends the tree (the rate only grows as nodes
+    are added, and the reach falls)."""
     shown: dict[tuple[int, ...], dict[int, float]] = {}  # after each sampled prefix: every id shown there
     for steps in chains:
         path: tuple[int, ...] = ()
@@ -98,7 +126,15 @@ def plan_tree(
         reach[node] = reach.get(node[:-1], 1.0) * estimate[node]
     # Reach never grows along a path, so the best nodes, shorter first among equals, hold their parents.
     ranked = sorted(reach, key=lambda v: (-reach[v], len(v), v))
-    kept = [v for v in ranked if reach[v] >= min_reach][:max_nodes] or [v for v in ranked if len(v) == 1][:1]
+    kept = [v for v in ranked if reach[v] >= min_reach][:max_nodes]
+    if costs is not None and kept:
+        expected = 1.0  # the root's draw
+        for n, node in enumerate(kept):
+            if n and not _pays(reach[node], expected, n + 1, costs):
+                kept = kept[:n]
+                break
+            expected += reach[node]
+    kept = kept or [v for v in ranked if len(v) == 1][:1]
     children: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
     for node in kept:
         children.setdefault(node[:-1], []).append(node)

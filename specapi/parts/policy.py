@@ -75,9 +75,11 @@ class AdaptiveDraftLength(PolicyBase):
 
     Cold start: no request is given up to measurement. The target's own speed is a line in the tokens
     of a call; verify calls give its one-token end, and while the per-token slope is unknown the
-    target writes the last `calibration_tokens` tokens of a request alone (text it would have written
-    anyway), which gives the other end. A request with no end in sight (no `max_tokens`) measures on
-    its rest, from the third request on, if nothing has measured it by then.
+    target writes the rest of the first request alone once two of its rounds have measured
+    speculation (text it would have written anyway; at most `_MEASURED_REST` tokens, else its last
+    `calibration_tokens`), which gives the other end: on a target that is faster alone, speculation
+    stops after two rounds, not after a request. A request with no end in sight (no `max_tokens`)
+    measures on its rest, from the third request on, if nothing has measured it by then.
 
     Load: with `watch_load` (the client does it), the policy sees each upstream's `LoadCurve`: requests
     in flight and how call latency grows with them. A round's calls then also cost the requests
@@ -116,6 +118,9 @@ class AdaptiveDraftLength(PolicyBase):
     watches_queue = True  # reads `PolicyState.queue_delay_s`: the engine measures it for this policy
     _PRIOR_SEEN = 2.0  # pseudo-observations of the prior per position (Beta(1, 1) at the first)
     _JUDGED_TOKENS = 64  # the length a request is judged at before its own length is known
+    # The longest rest of a request the target writes alone to measure its own speed once speculation is
+    # measured: what the client gives up is the speculation of at most this many tokens, once.
+    _MEASURED_REST = 256
     _OWN_PRIOR_SEEN = 5.0  # draft positions the client-wide acceptance is worth against a request's own
     # The same for a drafter without a call: its drafts for one request come from one source (an earlier
     # answer, the prompt), and whether that source fits the request its first rounds show at once.
@@ -342,7 +347,16 @@ class AdaptiveDraftLength(PolicyBase):
     def choose(self, state: PolicyState) -> Decision:
         self._sampled = state.sampled
         rank = self._rank()
+        if rank <= 1 and self._measure_target_early(state):
+            # Speculation's cost is measured and the target's is not: the target writes this request's
+            # rest alone (what it would cost without speculation), and from the next request on the two
+            # are compared. On a target faster alone, this is where the first request stops losing.
+            self._measuring = True
+            return Decision(0, "adaptive policy: the target wrote the rest alone once, to measure its own speed")
         if self._rounds_seen < self.min_rounds or not self._verify.known:
+            if state.last_round_free and self._verify.known and rank <= 1:
+                # Free drafts add no call: their length is judged on the verify calls' cost alone.
+                return self._choose_free(state, rank)
             return self._unmeasured_under_load() if rank > 1 else Decision(self.start_length)
         if rank > 1 and state.rounds_so_far == 0 and not self._target.has_slope:
             # The target's own speed is not measured yet: nothing to weigh the added calls against,
@@ -462,11 +476,20 @@ class AdaptiveDraftLength(PolicyBase):
         return Decision(0, "adaptive policy: " + LOAD_TARGET_ALONE + " (not measured yet)", LOAD_TARGET_ALONE)
 
     def _measure_target_now(self, state: PolicyState) -> bool:
-        """While the target's speed is unknown: at the end of a request (its last few tokens), or on the
-        rest of one from the third request on (requests that never come near their limit)."""
+        """While the target's speed is unknown: at the end of a request (its last few tokens); on the rest
+        of one from the third request on (requests that never come near their limit); earlier, see
+        `_measure_target_early`."""
         if state.remaining_tokens <= self.calibration_tokens:
             return state.remaining_tokens >= 2
         return self._requests >= 3 and state.rounds_so_far >= self.min_rounds and not self._measuring
+
+    def _measure_target_early(self, state: PolicyState) -> bool:
+        """Whether the target writes this request's rest alone now, to measure its own speed: speculation
+        is measured and the target is not, the request has run two rounds (the first also opens
+        connections) and has at most `_MEASURED_REST` tokens left."""
+        if self._target.has_slope or not self._verify.known or self._measuring:
+            return False
+        return state.remaining_tokens <= self._MEASURED_REST and 2 <= state.rounds_so_far <= self.min_rounds
 
     def observe(self, record: RoundRecord) -> None:
         decay = 0.98

@@ -43,7 +43,8 @@ from ..dialects import NativeDialect, Pick
 from ..dialects.base import ChatTokenizing, Generated, PromptScoring, SampledBatches, spelling
 from ..dialects.logprobs import pick_for_caller, step_entries
 from ..dialects.openai import sampling_fields
-from .drafttree import DraftTree, decide_batched, plan_tree
+from .drafttree import MAX_NODES, UNMEASURED_NODES, DraftTree, PromptCosts, decide_batched, plan_tree
+from .policy_costs import _Linear
 from .processed import covers, decide_processed
 from ..core.scoring import PICKS, SCORED, PrefixCache, choose_scoring
 from .verifiers import PlainStep, SeedSource, Verification, VerifierBase
@@ -88,6 +89,16 @@ class TargetFacts:
     same_tokenizer: bool | None = None
     prefix_cache: PrefixCache | None = None
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    #: What a request of n one-token prompts costs the target (seconds against n), from its rounds.
+    prompt_line: _Linear = field(default_factory=_Linear)
+
+    def prompt_costs(self) -> PromptCosts | None:
+        """`prompt_line` as a tree's costs, once requests of two sizes have measured it."""
+        line = self.prompt_line
+        if not line.has_slope:
+            return None
+        fixed = line.predict(0)
+        return PromptCosts(fixed_s=fixed, per_prompt_s=line.predict(1) - fixed)
 
 
 @dataclass
@@ -247,7 +258,8 @@ class TokenIdVerifier(VerifierBase):
                     raise
                 self._sampled_refused = True  # a server without `n` (or unreadable choices): the chain and its alternatives
             else:
-                tree = plan_tree(chains, context.sampling.temperature)
+                costs = self.facts.prompt_costs()
+                tree = plan_tree(chains, context.sampling.temperature, costs=costs, max_nodes=MAX_NODES if costs is not None else UNMEASURED_NODES)
                 if tree.chain:
                     on_chain = set(tree.nodes[: len(tree.chain) + 1])
                     branches = tuple(node for node in tree.nodes if node not in on_chain)
@@ -348,7 +360,16 @@ class TokenIdVerifier(VerifierBase):
                 self._scored_refused = True  # the target's picks on K + 1 prompts from now on
             else:
                 return picks
-        return await self.dialect.next_tokens(self.client, prompts, fields, meter, options=context.options, **listing)
+        started = self.client.clock()
+        picks = await self.dialect.next_tokens(self.client, prompts, fields, meter, options=context.options, **listing)
+        self._timed(len(prompts), self.client.clock() - started)
+        return picks
+
+    def _timed(self, prompts: int, seconds: float) -> None:
+        """A request of `prompts` one-token prompts took `seconds`: what the next trees are sized by. Under
+        load a call is slower by what others ask, not by its prompts: such calls move the line's level
+        only (as the policy's lines)."""
+        self.facts.prompt_line.add(prompts, seconds, keep_slope=self.client.load.requests > 1)
 
     async def _verify_batched(
         self, context: Context, draft: Sequence[ScoredToken], meter: Meter, next_seed: SeedSource, draft_meter: Meter | None, limit: int | None
@@ -366,6 +387,7 @@ class TokenIdVerifier(VerifierBase):
         picks = await self.dialect.next_tokens(
             self.client, [base + list(node) for node in tree.nodes], sampling_fields(context, None), meter, options=context.options
         )
+        self._timed(len(tree.nodes), self.client.clock() - started)
         decision, held = decide_batched(tree, dict(zip(tree.nodes, picks)), len(draft))
         if held is not None:
             decision = await self._read_held(context, decision, held, meter, next_seed, limit)
