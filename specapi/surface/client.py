@@ -150,9 +150,7 @@ class AsyncSpeculativeOpenAI(openai.AsyncOpenAI):
             acceptance=acceptance_rule(acceptance, acceptance_threshold, typical_epsilon, typical_delta),
         )
         self._runtime.request_timeout = timeout
-        # Once per process, at construction rather than in the first request (about 0.3 s on a fresh
-        # process: a first answer from a fast target took four times the target's own time).
-        self._runtime.warm()
+        self._runtime.warm()  # at construction, not in the first request (0.3 s once per process)
         self._owns_connections = True
         self._specapi_options = {
             "target": target,
