@@ -450,3 +450,26 @@ def test_greedy_and_sampled_traffic_each_get_their_own_draft_length():
         policy.observe(replace(record, sampled=True))
     assert policy.choose(PolicyState(remaining_tokens=REMAINING, rounds_so_far=40, sampled=True)).length < 4
     assert policy.choose(PolicyState(remaining_tokens=REMAINING, rounds_so_far=40, sampled=False)).length >= 8
+
+
+def test_the_free_draft_gate_leaves_sampled_requests_to_the_policy():
+    """The index knows the answer to this prompt (a greedy one): a greedy request is gated (free rounds
+    where the policy would let the target write alone), a sampled one is not, since it keeps a free
+    draft's token only with the target's probability of it (on real vLLM at T=0.7 a gated request's
+    32 free tokens kept 2, for a verify call as long as 35 of the target's tokens)."""
+    from specapi.core.acceptance import SamplingParams
+    from specapi.core.context import Context
+    from specapi.parts.free_gate import FreeDraftGate, gate_free_drafts
+    from specapi.parts.suffix import SuffixIndex, learn
+
+    prompt = "def read_lines(path):\n    "
+    index = SuffixIndex()
+    answer = 'with open(path) as handle:\n        return [line.rstrip("\\n") for line in handle]\n'
+    learn(index, Context(prompt=prompt, sampling=SamplingParams(temperature=0.0)), answer)
+    policy = AdaptiveDraftLength()
+    for temperature, gated in ((0.0, True), (0.7, False)):
+        context = Context(prompt=prompt, sampling=SamplingParams(temperature=temperature))
+        _, chosen = gate_free_drafts(None, policy, context, index, 64)
+        assert isinstance(chosen, FreeDraftGate) == gated, temperature
+        if gated:
+            assert chosen.expected >= chosen.min_tokens  # the index does expect to continue this text

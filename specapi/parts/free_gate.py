@@ -128,7 +128,15 @@ class FreeDraftGate(PolicyBase):
 
 def gate_free_drafts(drafter: Any, policy: Any, context: Context, index: SuffixIndex, max_tokens: int | None) -> tuple[Any, Any]:
     """This request's drafter and policy: a `FreeDraftGate` around `policy`, and a copy of a combined
-    drafter that the gate can restrict to its free drafters (what it learns is shared)."""
+    drafter that the gate can restrict to its free drafters (what it learns is shared).
+
+    A sampled request is not gated: the index's expectation counts tokens a greedy answer would repeat,
+    but a sampled request keeps a free draft's token with the target's probability of it. On real vLLM
+    (81 M target, T=0.7, after greedy requests on the same prompts) a gated request drafted 32 tokens
+    free, kept 2 of them, and its verify call took 932 ms, 35 of the target's tokens: the client ran
+    0.78x the target alone. Its rounds are the policy's own."""
+    if not context.sampling.greedy:
+        return drafter, policy
     if isinstance(drafter, CombinedDrafter):
         drafter = drafter.with_drafters(list(drafter.drafters))
     policy = as_policy(policy)
