@@ -34,8 +34,8 @@ MIN_REACH = 0.03
 MAX_NODES = 32
 #: The most nodes while what a prompt costs the target is not measured yet: on a target where each
 #: prompt recomputes its share of work (vLLM on a CPU: the context's partial cache block, about 16
-#: tokens at 13 ms each beside a 200 ms decoding step on a 612 M model), a first tree of 32 nodes took
-#: 8.5 s, where the target alone writes 40 tokens.
+#: tokens at 13 ms each beside a 190 ms decoding step on a 612 M model), a round of 33 one-token prompts
+#: took 8.3 s, where the target alone writes 40 tokens.
 UNMEASURED_NODES = 8
 
 
