@@ -138,7 +138,7 @@ async def test_fresh_client_streams_the_targets_text_on_its_first_three_requests
 def test_a_new_client_loads_what_the_first_request_would_otherwise_wait_for():
     """In a fresh process, constructing a client loads the suffix index's tokenizer, the price table and
     each role's HTTP client; before, the first request loaded them on the event loop (0.35 s here: a
-    first answer from a 5 M vLLM target took four times the target alone's)."""
+    first answer from a 5 M vLLM target took 559 ms against the target alone's 109 ms)."""
     import subprocess
     import sys
     import textwrap
